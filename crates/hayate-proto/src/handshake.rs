@@ -1,1 +1,322 @@
-//! see docs/PROTOCOL.md
+//! The two-message handshake (PROTOCOL.md, "Handshake"): PSK-MACed ClientHello, PSK+DH-MACed
+//! ServerHello, and the key schedule that turns them into per-session AES-GCM keys.
+
+use ring::hkdf::{KeyType, Prk, Salt, HKDF_SHA256};
+use ring::hmac;
+use x25519_dalek::{PublicKey, StaticSecret};
+
+use crate::crypto::{fill_random, PacketKey, Psk, SessionKeys};
+use crate::wire::{
+    client_hello_ids, peek_kind, ClientHello, HelloReject, PacketKind, RejectReason, ServerHello,
+    WireError, CLIENT_HELLO_LEN, CLIENT_HELLO_MAC_OFFSET, HELLO_REJECT_LEN, MIN_MTU,
+    SERVER_HELLO_LEN, SERVER_HELLO_MAC_OFFSET, VERSION,
+};
+
+const HELLO_SALT: &[u8] = b"hayate v1 hello";
+const LABEL_HELLO_MAC: &[u8] = b"client hello mac";
+const LABEL_C2S: &[u8] = b"hayate v1 c2s";
+const LABEL_S2C: &[u8] = b"hayate v1 s2c";
+const LABEL_SERVER_HELLO: &[u8] = b"hayate v1 server hello";
+
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    #[error("malformed handshake packet: {0}")]
+    Malformed(WireError),
+    #[error("handshake MAC does not verify (peer holds another key, or forged packet)")]
+    BadMac,
+    #[error("unsupported protocol version {0}")]
+    UnsupportedVersion(u8),
+    #[error("packet not expected at this point of the handshake")]
+    UnexpectedPacket,
+    #[error("server rejected the hello: {0:?}")]
+    Rejected(RejectReason),
+}
+
+impl From<WireError> for HandshakeError {
+    fn from(e: WireError) -> Self {
+        match e {
+            WireError::UnsupportedVersion(v) => HandshakeError::UnsupportedVersion(v),
+            e => HandshakeError::Malformed(e),
+        }
+    }
+}
+
+struct Len32;
+
+impl KeyType for Len32 {
+    fn len(&self) -> usize {
+        32
+    }
+}
+
+fn expand32(prk: &Prk, label: &[u8]) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    prk.expand(&[label], Len32)
+        .and_then(|okm| okm.fill(&mut out))
+        .expect("32 bytes is a valid HKDF-SHA256 output length");
+    out
+}
+
+fn hello_mac_key(psk: &Psk) -> hmac::Key {
+    let prk = Salt::new(HKDF_SHA256, HELLO_SALT).extract(psk.as_bytes());
+    hmac::Key::new(hmac::HMAC_SHA256, &expand32(&prk, LABEL_HELLO_MAC))
+}
+
+/// Everything derived from the DH: the traffic keys and the ServerHello MAC key.
+struct Schedule {
+    c2s: [u8; 32],
+    s2c: [u8; 32],
+    server_hello_key: hmac::Key,
+}
+
+fn schedule(
+    psk: &Psk,
+    own: &StaticSecret,
+    peer_eph: &[u8; 32],
+    client_random: &[u8; 32],
+    server_random: &[u8; 32],
+) -> Result<Schedule, HandshakeError> {
+    let dh = own.diffie_hellman(&PublicKey::from(*peer_eph));
+    // A low-order peer key makes dh all-zero: no forward secrecy, so refuse it.
+    if !dh.was_contributory() {
+        return Err(HandshakeError::Malformed(WireError::BadValue(
+            "non-contributory X25519 key",
+        )));
+    }
+    let mut salt = [0u8; 64];
+    salt[..32].copy_from_slice(client_random);
+    salt[32..].copy_from_slice(server_random);
+    let mut ikm = [0u8; 64];
+    ikm[..32].copy_from_slice(psk.as_bytes());
+    ikm[32..].copy_from_slice(dh.as_bytes());
+    let prk = Salt::new(HKDF_SHA256, &salt).extract(&ikm);
+    ikm.fill(0);
+    Ok(Schedule {
+        c2s: expand32(&prk, LABEL_C2S),
+        s2c: expand32(&prk, LABEL_S2C),
+        server_hello_key: hmac::Key::new(hmac::HMAC_SHA256, &expand32(&prk, LABEL_SERVER_HELLO)),
+    })
+}
+
+/// What the ServerHello MAC covers: the whole ClientHello, then the ServerHello up to its MAC.
+fn server_hello_mac_input(
+    client_hello: &[u8],
+    server_hello: &[u8],
+) -> [u8; CLIENT_HELLO_LEN + SERVER_HELLO_MAC_OFFSET] {
+    let mut m = [0u8; CLIENT_HELLO_LEN + SERVER_HELLO_MAC_OFFSET];
+    m[..CLIENT_HELLO_LEN].copy_from_slice(client_hello);
+    m[CLIENT_HELLO_LEN..].copy_from_slice(&server_hello[..SERVER_HELLO_MAC_OFFSET]);
+    m
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    fill_random(&mut b);
+    u64::from_be_bytes(b)
+}
+
+fn random32() -> [u8; 32] {
+    let mut b = [0u8; 32];
+    fill_random(&mut b);
+    b
+}
+
+fn eq_ct(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Client side of the handshake. Immutable after `new`: retransmissions resend the same
+/// bytes, and a forged or garbled reply cannot disturb it.
+pub struct ClientHandshake {
+    hello: [u8; CLIENT_HELLO_LEN],
+    cid: u64,
+    random: [u8; 32],
+    mtu: u16,
+    // StaticSecret rather than EphemeralSecret: DH must be repeatable, or the first
+    // forged ServerHello would consume the key.
+    eph: StaticSecret,
+}
+
+/// Outcome of a successful client handshake.
+#[derive(Debug)]
+pub struct ClientEstablished {
+    pub server_cid: u64,
+    pub mtu: u16,
+    /// send = c2s, recv = s2c
+    pub keys: SessionKeys,
+}
+
+impl ClientHandshake {
+    /// Fresh cid, random and ephemeral key; builds and MACs the hello once. An `mtu` below
+    /// `MIN_MTU` is raised to it (the protocol has no smaller paths).
+    pub fn new(psk: &Psk, mtu: u16) -> Self {
+        let mtu = mtu.max(MIN_MTU);
+        let eph = StaticSecret::from(random32());
+        let hello = ClientHello {
+            client_cid: random_u64(),
+            client_random: random32(),
+            client_eph: PublicKey::from(&eph).to_bytes(),
+            mtu,
+            mac: [0; 32],
+        };
+        let mut bytes = hello.encode();
+        let mac = hmac::sign(&hello_mac_key(psk), &bytes[..CLIENT_HELLO_MAC_OFFSET]);
+        bytes[CLIENT_HELLO_MAC_OFFSET..].copy_from_slice(mac.as_ref());
+        ClientHandshake {
+            hello: bytes,
+            cid: hello.client_cid,
+            random: hello.client_random,
+            mtu,
+            eph,
+        }
+    }
+
+    /// The ClientHello datagram; the same bytes on every retransmission.
+    pub fn hello(&self) -> &[u8] {
+        &self.hello
+    }
+
+    pub fn client_cid(&self) -> u64 {
+        self.cid
+    }
+
+    /// The mtu this client offered.
+    pub fn mtu(&self) -> u16 {
+        self.mtu
+    }
+
+    /// Feeds a datagram from the server. `Ok` = established. `Err(Rejected)` = a HelloReject
+    /// echoing our cid and random. Anything else is an error the caller counts and ignores
+    /// while it keeps waiting: `BadMac` (forged, or a server with another key),
+    /// `Malformed`, `UnexpectedPacket` (not for us, or not a handshake reply).
+    pub fn handle(&self, psk: &Psk, datagram: &[u8]) -> Result<ClientEstablished, HandshakeError> {
+        match peek_kind(datagram)? {
+            PacketKind::ServerHello => {
+                let sh = ServerHello::decode(datagram)?;
+                if sh.client_cid != self.cid {
+                    return Err(HandshakeError::UnexpectedPacket);
+                }
+                let s = schedule(
+                    psk,
+                    &self.eph,
+                    &sh.server_eph,
+                    &self.random,
+                    &sh.server_random,
+                )
+                .map_err(|_| HandshakeError::BadMac)?;
+                hmac::verify(
+                    &s.server_hello_key,
+                    &server_hello_mac_input(&self.hello, datagram),
+                    &sh.mac,
+                )
+                .map_err(|_| HandshakeError::BadMac)?;
+                if sh.mtu > self.mtu {
+                    return Err(HandshakeError::Malformed(WireError::BadValue(
+                        "server mtu above the offered one",
+                    )));
+                }
+                Ok(ClientEstablished {
+                    server_cid: sh.server_cid,
+                    mtu: sh.mtu,
+                    keys: SessionKeys {
+                        send: PacketKey::new(&s.c2s),
+                        recv: PacketKey::new(&s.s2c),
+                    },
+                })
+            }
+            PacketKind::HelloReject => {
+                let rj = HelloReject::decode(datagram)?;
+                if rj.client_cid != self.cid {
+                    return Err(HandshakeError::UnexpectedPacket);
+                }
+                // The echoed random is the reject's only authenticator.
+                if !eq_ct(&rj.client_random, &self.random) {
+                    return Err(HandshakeError::BadMac);
+                }
+                Err(HandshakeError::Rejected(rj.reason))
+            }
+            PacketKind::ClientHello | PacketKind::Sealed => Err(HandshakeError::UnexpectedPacket),
+        }
+    }
+}
+
+/// Outcome of a verified ClientHello on the server.
+#[derive(Debug)]
+pub struct ServerAccept {
+    pub client_cid: u64,
+    pub server_cid: u64,
+    pub client_random: [u8; 32],
+    /// Negotiated: min(client's, server's limit).
+    pub mtu: u16,
+    /// The ServerHello to send. Cache it: a retransmitted ClientHello must get these same
+    /// bytes (calling `server_accept` again would make a new session).
+    pub reply: [u8; SERVER_HELLO_LEN],
+    /// send = s2c, recv = c2s
+    pub keys: SessionKeys,
+}
+
+/// Verifies a ClientHello and builds the ServerHello with fresh cid, random and ephemeral
+/// key. `mtu = min(client's, max_mtu)`, `max_mtu` raised to `MIN_MTU` if below.
+/// `BadMac` / `UnsupportedVersion` are worth a [`hello_reject`]; `Malformed` is dropped.
+pub fn server_accept(
+    psk: &Psk,
+    hello: &[u8],
+    max_mtu: u16,
+) -> Result<ServerAccept, HandshakeError> {
+    let ch = ClientHello::decode(hello)?;
+    hmac::verify(
+        &hello_mac_key(psk),
+        &hello[..CLIENT_HELLO_MAC_OFFSET],
+        &ch.mac,
+    )
+    .map_err(|_| HandshakeError::BadMac)?;
+
+    let eph = StaticSecret::from(random32());
+    let mut sh = ServerHello {
+        client_cid: ch.client_cid,
+        server_cid: random_u64(),
+        server_random: random32(),
+        server_eph: PublicKey::from(&eph).to_bytes(),
+        mtu: ch.mtu.min(max_mtu.max(MIN_MTU)),
+        mac: [0; 32],
+    };
+    let s = schedule(
+        psk,
+        &eph,
+        &ch.client_eph,
+        &ch.client_random,
+        &sh.server_random,
+    )?;
+    let unsigned = sh.encode();
+    let mac = hmac::sign(
+        &s.server_hello_key,
+        &server_hello_mac_input(hello, &unsigned),
+    );
+    sh.mac.copy_from_slice(mac.as_ref());
+    Ok(ServerAccept {
+        client_cid: ch.client_cid,
+        server_cid: sh.server_cid,
+        client_random: ch.client_random,
+        mtu: sh.mtu,
+        reply: sh.encode(),
+        keys: SessionKeys {
+            send: PacketKey::new(&s.s2c),
+            recv: PacketKey::new(&s.c2s),
+        },
+    })
+}
+
+/// A HelloReject for `hello` (which failed with `BadMac` or `UnsupportedVersion`), if it is
+/// shaped enough like a ClientHello to echo its ids. Rate limiting is the caller's job.
+pub fn hello_reject(hello: &[u8], reason: RejectReason) -> Option<[u8; HELLO_REJECT_LEN]> {
+    let (client_cid, client_random) = client_hello_ids(hello)?;
+    Some(
+        HelloReject {
+            client_cid,
+            client_random,
+            reason,
+            max_version: u16::from(VERSION),
+        }
+        .encode(),
+    )
+}

@@ -1,1 +1,901 @@
-//! see docs/PROTOCOL.md
+//! Byte layouts of docs/PROTOCOL.md: hellos, the sealed-packet header and the frames inside
+//! sealed packets. Everything here is allocation-free except decoding a LOSSMAP's gap list.
+
+use std::ops::Range;
+
+pub const VERSION: u8 = 1;
+pub const MAGIC: [u8; 3] = *b"HYT";
+pub const CLIENT_HELLO_LEN: usize = 1200;
+pub const SERVER_HELLO_LEN: usize = 120;
+pub const HELLO_REJECT_LEN: usize = 48;
+pub const SEALED_HEADER_LEN: usize = 17;
+pub const TAG_LEN: usize = 16;
+/// DATA frame header: type u8, xfer u32, block u64.
+pub const DATA_HEADER_LEN: usize = 13;
+pub const MIN_MTU: u16 = 1280;
+/// Largest value a QUIC varint can carry.
+pub const MAX_VARINT: u64 = (1 << 62) - 1;
+
+pub const KIND_CLIENT_HELLO: u8 = 0x01;
+pub const KIND_SERVER_HELLO: u8 = 0x02;
+pub const KIND_SEALED: u8 = 0x03;
+pub const KIND_HELLO_REJECT: u8 = 0x04;
+
+pub const FRAME_PADDING: u8 = 0x00;
+pub const FRAME_PING: u8 = 0x01;
+pub const FRAME_ACK: u8 = 0x02;
+pub const FRAME_CTRL: u8 = 0x03;
+pub const FRAME_DATA: u8 = 0x04;
+pub const FRAME_LOSSMAP: u8 = 0x05;
+pub const FRAME_CLOSE: u8 = 0x06;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AddrFamily {
+    V4,
+    V6,
+}
+
+/// Largest UDP payload for an IP packet of `mtu` bytes (IP + UDP headers subtracted).
+pub fn udp_payload_limit(mtu: u16, fam: AddrFamily) -> usize {
+    let overhead = match fam {
+        AddrFamily::V4 => 28,
+        AddrFamily::V6 => 48,
+    };
+    (mtu as usize).saturating_sub(overhead)
+}
+
+/// File bytes per DATA block: what is left of a full datagram after the sealed header, the
+/// tag and the DATA frame header.
+pub fn block_size(mtu: u16, fam: AddrFamily) -> usize {
+    udp_payload_limit(mtu, fam).saturating_sub(SEALED_HEADER_LEN + TAG_LEN + DATA_HEADER_LEN)
+}
+
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+pub enum WireError {
+    #[error("truncated")]
+    Truncated,
+    #[error("bad magic")]
+    BadMagic,
+    #[error("unknown packet kind {0:#04x}")]
+    UnknownKind(u8),
+    #[error("unsupported version {0}")]
+    UnsupportedVersion(u8),
+    #[error("unknown frame type {0:#04x}")]
+    UnknownFrame(u8),
+    #[error("bad value: {0}")]
+    BadValue(&'static str),
+    #[error("trailing bytes")]
+    TrailingBytes,
+    #[error("no space left in the output buffer")]
+    NoSpace,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PacketKind {
+    ClientHello,
+    ServerHello,
+    Sealed,
+    HelloReject,
+}
+
+/// Classifies a datagram without validating more than its first bytes. A sealed packet must
+/// at least hold a header and a tag; hellos are checked for magic here and fully by `decode`.
+pub fn peek_kind(datagram: &[u8]) -> Result<PacketKind, WireError> {
+    match datagram.first() {
+        None => Err(WireError::Truncated),
+        Some(&KIND_SEALED) => {
+            if datagram.len() >= SEALED_HEADER_LEN + TAG_LEN {
+                Ok(PacketKind::Sealed)
+            } else {
+                Err(WireError::Truncated)
+            }
+        }
+        Some(_) => {
+            if datagram.len() < 4 {
+                return Err(if MAGIC.starts_with(datagram) {
+                    WireError::Truncated
+                } else {
+                    WireError::BadMagic
+                });
+            }
+            if datagram[..3] != MAGIC {
+                return Err(WireError::BadMagic);
+            }
+            match datagram[3] {
+                KIND_CLIENT_HELLO => Ok(PacketKind::ClientHello),
+                KIND_SERVER_HELLO => Ok(PacketKind::ServerHello),
+                KIND_HELLO_REJECT => Ok(PacketKind::HelloReject),
+                k => Err(WireError::UnknownKind(k)),
+            }
+        }
+    }
+}
+
+fn sealed_header(datagram: &[u8]) -> Result<&[u8; SEALED_HEADER_LEN], WireError> {
+    if datagram.len() < SEALED_HEADER_LEN + TAG_LEN {
+        return Err(WireError::Truncated);
+    }
+    if datagram[0] != KIND_SEALED {
+        return Err(WireError::UnknownKind(datagram[0]));
+    }
+    Ok(datagram[..SEALED_HEADER_LEN]
+        .try_into()
+        .expect("length checked"))
+}
+
+/// Destination connection id of a sealed packet (used to route it before opening).
+pub fn sealed_dest_cid(datagram: &[u8]) -> Result<u64, WireError> {
+    let h = sealed_header(datagram)?;
+    Ok(u64::from_be_bytes(h[1..9].try_into().expect("8 bytes")))
+}
+
+/// Packet number of a sealed packet (unauthenticated until the packet opens).
+pub fn sealed_pn(datagram: &[u8]) -> Result<u64, WireError> {
+    let h = sealed_header(datagram)?;
+    Ok(u64::from_be_bytes(h[9..17].try_into().expect("8 bytes")))
+}
+
+/// Writes the 17-byte sealed header. Panics if `buf` is shorter than that (caller bug).
+pub fn write_sealed_header(buf: &mut [u8], dest_cid: u64, pn: u64) {
+    let h = &mut buf[..SEALED_HEADER_LEN];
+    h[0] = KIND_SEALED;
+    h[1..9].copy_from_slice(&dest_cid.to_be_bytes());
+    h[9..17].copy_from_slice(&pn.to_be_bytes());
+}
+
+/// Writes a DATA frame header at the start of `buf`; the caller places the payload right
+/// after it (`buf[DATA_HEADER_LEN..]`) without an intermediate copy. Panics if `buf` is
+/// shorter than `DATA_HEADER_LEN` (caller bug).
+pub fn write_data_header(buf: &mut [u8], xfer: u32, block: u64) {
+    let h = &mut buf[..DATA_HEADER_LEN];
+    h[0] = FRAME_DATA;
+    h[1..5].copy_from_slice(&xfer.to_be_bytes());
+    h[5..13].copy_from_slice(&block.to_be_bytes());
+}
+
+/// Encoded size of `v` as a QUIC varint (8 for values too large to encode, which
+/// `put_varint` rejects).
+pub fn varint_len(v: u64) -> usize {
+    if v < (1 << 6) {
+        1
+    } else if v < (1 << 14) {
+        2
+    } else if v < (1 << 30) {
+        4
+    } else {
+        8
+    }
+}
+
+/// Cursor writer over a caller buffer; every put returns `Err(NoSpace)` instead of panicking,
+/// and writes nothing when it fails.
+pub struct Writer<'a> {
+    buf: &'a mut [u8],
+    pos: usize,
+}
+
+impl<'a> Writer<'a> {
+    pub fn new(buf: &'a mut [u8]) -> Self {
+        Writer { buf, pos: 0 }
+    }
+
+    pub fn pos(&self) -> usize {
+        self.pos
+    }
+
+    pub fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    /// The bytes written so far.
+    pub fn written(&self) -> &[u8] {
+        &self.buf[..self.pos]
+    }
+
+    fn take(&mut self, n: usize) -> Result<&mut [u8], WireError> {
+        if self.remaining() < n {
+            return Err(WireError::NoSpace);
+        }
+        let s = &mut self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    pub fn put_u8(&mut self, v: u8) -> Result<(), WireError> {
+        self.take(1)?[0] = v;
+        Ok(())
+    }
+
+    pub fn put_u16(&mut self, v: u16) -> Result<(), WireError> {
+        self.put_bytes(&v.to_be_bytes())
+    }
+
+    pub fn put_u32(&mut self, v: u32) -> Result<(), WireError> {
+        self.put_bytes(&v.to_be_bytes())
+    }
+
+    pub fn put_u64(&mut self, v: u64) -> Result<(), WireError> {
+        self.put_bytes(&v.to_be_bytes())
+    }
+
+    pub fn put_varint(&mut self, v: u64) -> Result<(), WireError> {
+        if v > MAX_VARINT {
+            return Err(WireError::BadValue("varint out of range"));
+        }
+        match varint_len(v) {
+            1 => self.put_u8(v as u8),
+            2 => self.put_u16(v as u16 | 0x4000),
+            4 => self.put_u32(v as u32 | 0x8000_0000),
+            _ => self.put_u64(v | 0xc000_0000_0000_0000),
+        }
+    }
+
+    pub fn put_bytes(&mut self, b: &[u8]) -> Result<(), WireError> {
+        self.take(b.len())?.copy_from_slice(b);
+        Ok(())
+    }
+}
+
+/// Cursor reader; every get returns `Err(Truncated)` if the input runs out.
+#[derive(Debug, Clone)]
+pub struct Reader<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(buf: &'a [u8]) -> Self {
+        Reader { buf }
+    }
+
+    pub fn remaining(&self) -> usize {
+        self.buf.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buf.is_empty()
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], WireError> {
+        let (head, rest) = self
+            .buf
+            .split_first_chunk::<N>()
+            .ok_or(WireError::Truncated)?;
+        self.buf = rest;
+        Ok(*head)
+    }
+
+    pub fn get_u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.array::<1>()?[0])
+    }
+
+    pub fn get_u16(&mut self) -> Result<u16, WireError> {
+        Ok(u16::from_be_bytes(self.array()?))
+    }
+
+    pub fn get_u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_be_bytes(self.array()?))
+    }
+
+    pub fn get_u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_be_bytes(self.array()?))
+    }
+
+    pub fn get_varint(&mut self) -> Result<u64, WireError> {
+        let first = *self.buf.first().ok_or(WireError::Truncated)?;
+        let len = 1usize << (first >> 6);
+        if self.buf.len() < len {
+            return Err(WireError::Truncated);
+        }
+        let mut v = u64::from(first & 0x3f);
+        for &b in &self.buf[1..len] {
+            v = (v << 8) | u64::from(b);
+        }
+        self.buf = &self.buf[len..];
+        Ok(v)
+    }
+
+    pub fn get_bytes(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        if self.buf.len() < n {
+            return Err(WireError::Truncated);
+        }
+        let (head, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Ok(head)
+    }
+
+    /// Takes everything that is left.
+    pub fn rest(&mut self) -> &'a [u8] {
+        std::mem::take(&mut self.buf)
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AckFrame {
+    pub largest_pn: u64,
+    pub ack_delay_us: u64,
+    pub ctrl_offset: u64,
+    pub rx_bytes: u64,
+    pub rx_time_us: u64,
+    pub rx_queue: u64,
+    pub rx_drops: u64,
+}
+
+impl AckFrame {
+    fn fields(&self) -> [u64; 7] {
+        [
+            self.largest_pn,
+            self.ack_delay_us,
+            self.ctrl_offset,
+            self.rx_bytes,
+            self.rx_time_us,
+            self.rx_queue,
+            self.rx_drops,
+        ]
+    }
+}
+
+/// A receiver's view of one incoming transfer. `gaps` are ABSOLUTE block ranges (missing
+/// blocks), sorted, disjoint, non-empty and within `[start, end)`; `cum <= start <= end`.
+/// On the wire they are deltas (PROTOCOL.md, LOSSMAP).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LossMapFrame {
+    pub xfer: u32,
+    pub cum: u64,
+    pub start: u64,
+    pub end: u64,
+    pub gaps: Vec<Range<u64>>,
+}
+
+impl LossMapFrame {
+    /// Checks the invariants the decoder enforces, so we never send what the peer rejects.
+    pub fn validate(&self) -> Result<(), WireError> {
+        if self.cum > self.start || self.start > self.end {
+            return Err(WireError::BadValue("lossmap bounds"));
+        }
+        if self.end > MAX_VARINT {
+            return Err(WireError::BadValue("varint out of range"));
+        }
+        let mut prev = self.start;
+        for g in &self.gaps {
+            if g.start >= g.end {
+                return Err(WireError::BadValue("empty gap"));
+            }
+            if g.start < prev {
+                return Err(WireError::BadValue("gaps unsorted or overlapping"));
+            }
+            if g.end > self.end {
+                return Err(WireError::BadValue("gap outside the map"));
+            }
+            prev = g.end;
+        }
+        Ok(())
+    }
+
+    fn gap_len(prev_end: u64, g: &Range<u64>) -> usize {
+        varint_len(g.start.saturating_sub(prev_end)) + varint_len(g.end.saturating_sub(g.start))
+    }
+
+    fn head_len(&self) -> usize {
+        1 + varint_len(u64::from(self.xfer)) + varint_len(self.cum) + varint_len(self.start)
+    }
+
+    pub fn encoded_len(&self) -> usize {
+        let mut n = self.head_len() + varint_len(self.end) + varint_len(self.gaps.len() as u64);
+        let mut prev = self.start;
+        for g in &self.gaps {
+            n += Self::gap_len(prev, g);
+            prev = g.end;
+        }
+        n
+    }
+
+    fn encode_prefix(&self, w: &mut Writer, end: u64, ngaps: usize) -> Result<(), WireError> {
+        let mut tmp = [0u8; 1 + 5 * 8];
+        let mut hw = Writer::new(&mut tmp);
+        hw.put_u8(FRAME_LOSSMAP)?;
+        for v in [
+            u64::from(self.xfer),
+            self.cum,
+            self.start,
+            end,
+            ngaps as u64,
+        ] {
+            hw.put_varint(v)?;
+        }
+        let need = hw.pos()
+            + self.gaps[..ngaps]
+                .iter()
+                .scan(self.start, |prev, g| {
+                    let l = Self::gap_len(*prev, g);
+                    *prev = g.end;
+                    Some(l)
+                })
+                .sum::<usize>();
+        if w.remaining() < need {
+            return Err(WireError::NoSpace);
+        }
+        w.put_bytes(hw.written())?;
+        let mut prev = self.start;
+        for g in &self.gaps[..ngaps] {
+            w.put_varint(g.start - prev)?;
+            w.put_varint(g.end - g.start)?;
+            prev = g.end;
+        }
+        Ok(())
+    }
+
+    /// Writes the whole map, or nothing (`Err`) if it is invalid or does not fit.
+    pub fn encode(&self, w: &mut Writer) -> Result<(), WireError> {
+        self.validate()?;
+        self.encode_prefix(w, self.end, self.gaps.len())
+    }
+
+    /// Writes as many leading gaps as fit in `w`. If some are left out, the map written ends
+    /// at the start of the first one left out, so it still states only facts. Returns the
+    /// `end` actually written (`self.end` if every gap fit). `Err(NoSpace)` if not even an
+    /// empty map fits; nothing is written on error.
+    pub fn encode_fitting(&self, w: &mut Writer) -> Result<u64, WireError> {
+        self.validate()?;
+        let room = w.remaining();
+        let head = self.head_len();
+        // The size strictly grows with k (each gap adds >= 2 bytes, and end/count never
+        // shrink), so the first k that does not fit ends the search.
+        let mut best: Option<(usize, u64)> = None;
+        let mut gaps_len = 0usize;
+        let mut prev = self.start;
+        for k in 0..=self.gaps.len() {
+            let end = self.gaps.get(k).map_or(self.end, |g| g.start);
+            if head + varint_len(end) + varint_len(k as u64) + gaps_len > room {
+                break;
+            }
+            best = Some((k, end));
+            if let Some(g) = self.gaps.get(k) {
+                gaps_len += Self::gap_len(prev, g);
+                prev = g.end;
+            }
+        }
+        let (k, end) = best.ok_or(WireError::NoSpace)?;
+        self.encode_prefix(w, end, k)?;
+        Ok(end)
+    }
+
+    fn decode(r: &mut Reader) -> Result<Self, WireError> {
+        let xfer =
+            u32::try_from(r.get_varint()?).map_err(|_| WireError::BadValue("xfer out of range"))?;
+        let cum = r.get_varint()?;
+        let start = r.get_varint()?;
+        let end = r.get_varint()?;
+        if cum > start || start > end {
+            return Err(WireError::BadValue("lossmap bounds"));
+        }
+        let n = r.get_varint()?;
+        // Each gap takes at least two bytes: refuse counts the packet cannot hold before
+        // allocating for them.
+        if n > (r.remaining() / 2) as u64 {
+            return Err(WireError::Truncated);
+        }
+        let mut gaps = Vec::with_capacity(n as usize);
+        let mut prev = start;
+        for _ in 0..n {
+            let delta = r.get_varint()?;
+            let len = r.get_varint()?;
+            if len == 0 {
+                return Err(WireError::BadValue("empty gap"));
+            }
+            let gs = prev
+                .checked_add(delta)
+                .ok_or(WireError::BadValue("gap outside the map"))?;
+            let ge = gs
+                .checked_add(len)
+                .ok_or(WireError::BadValue("gap outside the map"))?;
+            if ge > end {
+                return Err(WireError::BadValue("gap outside the map"));
+            }
+            gaps.push(gs..ge);
+            prev = ge;
+        }
+        Ok(LossMapFrame {
+            xfer,
+            cum,
+            start,
+            end,
+            gaps,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Frame<'a> {
+    /// Ends the frame list; the rest of the packet is zeros. Encodes as a single zero byte.
+    Padding,
+    Ping,
+    Ack(AckFrame),
+    Ctrl {
+        offset: u64,
+        data: &'a [u8],
+    },
+    /// Payload runs to the end of the packet, so DATA must be the last frame.
+    Data {
+        xfer: u32,
+        block: u64,
+        payload: &'a [u8],
+    },
+    LossMap(LossMapFrame),
+    Close {
+        code: u64,
+        reason: &'a str,
+    },
+}
+
+impl Frame<'_> {
+    /// Whether a packet carrying this frame asks the peer for an acknowledgement.
+    pub fn is_ack_eliciting(&self) -> bool {
+        matches!(self, Frame::Ping | Frame::Ctrl { .. } | Frame::Data { .. })
+    }
+
+    pub fn encoded_len(&self) -> usize {
+        match self {
+            Frame::Padding | Frame::Ping => 1,
+            Frame::Ack(a) => 1 + a.fields().iter().map(|&v| varint_len(v)).sum::<usize>(),
+            Frame::Ctrl { offset, data } => {
+                1 + varint_len(*offset) + varint_len(data.len() as u64) + data.len()
+            }
+            Frame::Data { payload, .. } => DATA_HEADER_LEN + payload.len(),
+            Frame::LossMap(m) => m.encoded_len(),
+            Frame::Close { code, reason } => {
+                1 + varint_len(*code) + varint_len(reason.len() as u64) + reason.len()
+            }
+        }
+    }
+
+    /// Appends this frame to `w`. On error nothing is written.
+    pub fn encode(&self, w: &mut Writer) -> Result<(), WireError> {
+        if let Frame::LossMap(m) = self {
+            return m.encode(w);
+        }
+        match self {
+            Frame::Ack(a) if a.fields().iter().any(|&v| v > MAX_VARINT) => {
+                return Err(WireError::BadValue("varint out of range"))
+            }
+            Frame::Ctrl { offset, data }
+                if offset.saturating_add(data.len() as u64) > MAX_VARINT =>
+            {
+                return Err(WireError::BadValue("ctrl offset out of range"))
+            }
+            Frame::Close { code, .. } if *code > MAX_VARINT => {
+                return Err(WireError::BadValue("varint out of range"))
+            }
+            _ => {}
+        }
+        if w.remaining() < self.encoded_len() {
+            return Err(WireError::NoSpace);
+        }
+        match self {
+            Frame::Padding => w.put_u8(FRAME_PADDING),
+            Frame::Ping => w.put_u8(FRAME_PING),
+            Frame::Ack(a) => {
+                w.put_u8(FRAME_ACK)?;
+                a.fields().iter().try_for_each(|&v| w.put_varint(v))
+            }
+            Frame::Ctrl { offset, data } => {
+                w.put_u8(FRAME_CTRL)?;
+                w.put_varint(*offset)?;
+                w.put_varint(data.len() as u64)?;
+                w.put_bytes(data)
+            }
+            Frame::Data {
+                xfer,
+                block,
+                payload,
+            } => {
+                w.put_u8(FRAME_DATA)?;
+                w.put_u32(*xfer)?;
+                w.put_u64(*block)?;
+                w.put_bytes(payload)
+            }
+            Frame::Close { code, reason } => {
+                w.put_u8(FRAME_CLOSE)?;
+                w.put_varint(*code)?;
+                w.put_varint(reason.len() as u64)?;
+                w.put_bytes(reason.as_bytes())
+            }
+            Frame::LossMap(_) => unreachable!("handled above"),
+        }
+    }
+}
+
+/// Iterates over the frames of an opened packet's plaintext.
+pub fn parse_frames(plain: &[u8]) -> FrameIter<'_> {
+    FrameIter {
+        r: Reader::new(plain),
+        done: false,
+    }
+}
+
+/// Yields frames until the plaintext ends, a PADDING or DATA frame consumes the rest, or an
+/// error (yielded once, then the iterator ends). A packet with any error must be dropped as a
+/// whole: frames yielded before the error are not trustworthy on their own.
+pub struct FrameIter<'a> {
+    r: Reader<'a>,
+    done: bool,
+}
+
+impl<'a> FrameIter<'a> {
+    fn parse_one(&mut self) -> Result<Frame<'a>, WireError> {
+        let r = &mut self.r;
+        match r.get_u8()? {
+            FRAME_PADDING => {
+                if r.rest().iter().any(|&b| b != 0) {
+                    return Err(WireError::BadValue("non-zero padding"));
+                }
+                Ok(Frame::Padding)
+            }
+            FRAME_PING => Ok(Frame::Ping),
+            FRAME_ACK => {
+                let mut f = [0u64; 7];
+                for v in &mut f {
+                    *v = r.get_varint()?;
+                }
+                let [largest_pn, ack_delay_us, ctrl_offset, rx_bytes, rx_time_us, rx_queue, rx_drops] =
+                    f;
+                Ok(Frame::Ack(AckFrame {
+                    largest_pn,
+                    ack_delay_us,
+                    ctrl_offset,
+                    rx_bytes,
+                    rx_time_us,
+                    rx_queue,
+                    rx_drops,
+                }))
+            }
+            FRAME_CTRL => {
+                let offset = r.get_varint()?;
+                let len = r.get_varint()?;
+                if len > r.remaining() as u64 {
+                    return Err(WireError::Truncated);
+                }
+                if offset + len > MAX_VARINT {
+                    return Err(WireError::BadValue("ctrl offset out of range"));
+                }
+                let data = r.get_bytes(len as usize)?;
+                Ok(Frame::Ctrl { offset, data })
+            }
+            FRAME_DATA => {
+                let xfer = r.get_u32()?;
+                let block = r.get_u64()?;
+                Ok(Frame::Data {
+                    xfer,
+                    block,
+                    payload: r.rest(),
+                })
+            }
+            FRAME_LOSSMAP => Ok(Frame::LossMap(LossMapFrame::decode(r)?)),
+            FRAME_CLOSE => {
+                let code = r.get_varint()?;
+                let len = r.get_varint()?;
+                if len > r.remaining() as u64 {
+                    return Err(WireError::Truncated);
+                }
+                let bytes = r.get_bytes(len as usize)?;
+                let reason = std::str::from_utf8(bytes)
+                    .map_err(|_| WireError::BadValue("close reason not UTF-8"))?;
+                Ok(Frame::Close { code, reason })
+            }
+            t => Err(WireError::UnknownFrame(t)),
+        }
+    }
+}
+
+impl<'a> Iterator for FrameIter<'a> {
+    type Item = Result<Frame<'a>, WireError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done || self.r.is_empty() {
+            return None;
+        }
+        let res = self.parse_one();
+        if res.is_err() || self.r.is_empty() {
+            self.done = true;
+        }
+        Some(res)
+    }
+}
+
+impl std::iter::FusedIterator for FrameIter<'_> {}
+
+// ---------------------------------------------------------------------------------------
+// Handshake packets
+// ---------------------------------------------------------------------------------------
+
+/// Offset of the MAC in a ClientHello (it covers bytes `0..CLIENT_HELLO_MAC_OFFSET`).
+pub const CLIENT_HELLO_MAC_OFFSET: usize = 1168;
+/// Offset of the MAC in a ServerHello (it covers ClientHello ‖ bytes `0..SERVER_HELLO_MAC_OFFSET`).
+pub const SERVER_HELLO_MAC_OFFSET: usize = 88;
+const CLIENT_HELLO_PAD: Range<usize> = 79..CLIENT_HELLO_MAC_OFFSET;
+
+fn check_len(d: &[u8], len: usize) -> Result<(), WireError> {
+    match d.len().cmp(&len) {
+        std::cmp::Ordering::Less => Err(WireError::Truncated),
+        std::cmp::Ordering::Greater => Err(WireError::TrailingBytes),
+        std::cmp::Ordering::Equal => Ok(()),
+    }
+}
+
+/// Magic, kind and version of a hello of exactly `len` bytes.
+fn check_hello_prefix(d: &[u8], len: usize, kind: u8) -> Result<(), WireError> {
+    check_len(d, len)?;
+    if d[..3] != MAGIC {
+        return Err(WireError::BadMagic);
+    }
+    if d[3] != kind {
+        return Err(WireError::UnknownKind(d[3]));
+    }
+    if d[4] != VERSION {
+        return Err(WireError::UnsupportedVersion(d[4]));
+    }
+    Ok(())
+}
+
+fn write_hello_prefix(b: &mut [u8], kind: u8) {
+    b[..3].copy_from_slice(&MAGIC);
+    b[3] = kind;
+    b[4] = VERSION;
+}
+
+fn u16_at(d: &[u8], at: usize) -> u16 {
+    u16::from_be_bytes(d[at..at + 2].try_into().expect("2 bytes"))
+}
+
+fn u64_at(d: &[u8], at: usize) -> u64 {
+    u64::from_be_bytes(d[at..at + 8].try_into().expect("8 bytes"))
+}
+
+fn arr32_at(d: &[u8], at: usize) -> [u8; 32] {
+    d[at..at + 32].try_into().expect("32 bytes")
+}
+
+fn check_mtu(mtu: u16) -> Result<u16, WireError> {
+    if mtu < MIN_MTU {
+        Err(WireError::BadValue("mtu below 1280"))
+    } else {
+        Ok(mtu)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientHello {
+    pub client_cid: u64,
+    pub client_random: [u8; 32],
+    pub client_eph: [u8; 32],
+    pub mtu: u16,
+    pub mac: [u8; 32],
+}
+
+impl ClientHello {
+    pub fn encode(&self) -> [u8; CLIENT_HELLO_LEN] {
+        let mut b = [0u8; CLIENT_HELLO_LEN];
+        write_hello_prefix(&mut b, KIND_CLIENT_HELLO);
+        b[5..13].copy_from_slice(&self.client_cid.to_be_bytes());
+        b[13..45].copy_from_slice(&self.client_random);
+        b[45..77].copy_from_slice(&self.client_eph);
+        b[77..79].copy_from_slice(&self.mtu.to_be_bytes());
+        b[CLIENT_HELLO_MAC_OFFSET..].copy_from_slice(&self.mac);
+        b
+    }
+
+    /// Strict: exact length, magic, kind, version, zero padding, mtu ≥ 1280. Does not check
+    /// the MAC. A wrong version gives `UnsupportedVersion` (see [`client_hello_ids`]).
+    pub fn decode(d: &[u8]) -> Result<Self, WireError> {
+        check_hello_prefix(d, CLIENT_HELLO_LEN, KIND_CLIENT_HELLO)?;
+        if d[CLIENT_HELLO_PAD].iter().any(|&b| b != 0) {
+            return Err(WireError::BadValue("non-zero hello padding"));
+        }
+        Ok(ClientHello {
+            client_cid: u64_at(d, 5),
+            client_random: arr32_at(d, 13),
+            client_eph: arr32_at(d, 45),
+            mtu: check_mtu(u16_at(d, 77))?,
+            mac: arr32_at(d, CLIENT_HELLO_MAC_OFFSET),
+        })
+    }
+}
+
+/// `(client_cid, client_random)` of anything shaped like a ClientHello of any version (magic,
+/// kind, at least 1200 bytes), so a HelloReject can echo them. Only hellos at least as large
+/// as ours qualify, so a reject never amplifies.
+pub fn client_hello_ids(d: &[u8]) -> Option<(u64, [u8; 32])> {
+    if d.len() < CLIENT_HELLO_LEN || d[..3] != MAGIC || d[3] != KIND_CLIENT_HELLO {
+        return None;
+    }
+    Some((u64_at(d, 5), arr32_at(d, 13)))
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerHello {
+    pub client_cid: u64,
+    pub server_cid: u64,
+    pub server_random: [u8; 32],
+    pub server_eph: [u8; 32],
+    pub mtu: u16,
+    pub mac: [u8; 32],
+}
+
+impl ServerHello {
+    pub fn encode(&self) -> [u8; SERVER_HELLO_LEN] {
+        let mut b = [0u8; SERVER_HELLO_LEN];
+        write_hello_prefix(&mut b, KIND_SERVER_HELLO);
+        b[5..13].copy_from_slice(&self.client_cid.to_be_bytes());
+        b[13..21].copy_from_slice(&self.server_cid.to_be_bytes());
+        b[21..53].copy_from_slice(&self.server_random);
+        b[53..85].copy_from_slice(&self.server_eph);
+        b[85..87].copy_from_slice(&self.mtu.to_be_bytes());
+        b[SERVER_HELLO_MAC_OFFSET..].copy_from_slice(&self.mac);
+        b
+    }
+
+    /// Strict: exact length, magic, kind, version, zero reserved byte, mtu ≥ 1280. Does not
+    /// check the MAC.
+    pub fn decode(d: &[u8]) -> Result<Self, WireError> {
+        check_hello_prefix(d, SERVER_HELLO_LEN, KIND_SERVER_HELLO)?;
+        if d[87] != 0 {
+            return Err(WireError::BadValue("non-zero reserved byte"));
+        }
+        Ok(ServerHello {
+            client_cid: u64_at(d, 5),
+            server_cid: u64_at(d, 13),
+            server_random: arr32_at(d, 21),
+            server_eph: arr32_at(d, 53),
+            mtu: check_mtu(u16_at(d, 85))?,
+            mac: arr32_at(d, SERVER_HELLO_MAC_OFFSET),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum RejectReason {
+    AuthFailed = 1,
+    VersionUnsupported = 2,
+    Busy = 3,
+}
+
+impl RejectReason {
+    pub fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(RejectReason::AuthFailed),
+            2 => Some(RejectReason::VersionUnsupported),
+            3 => Some(RejectReason::Busy),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HelloReject {
+    pub client_cid: u64,
+    pub client_random: [u8; 32],
+    pub reason: RejectReason,
+    pub max_version: u16,
+}
+
+impl HelloReject {
+    pub fn encode(&self) -> [u8; HELLO_REJECT_LEN] {
+        let mut b = [0u8; HELLO_REJECT_LEN];
+        write_hello_prefix(&mut b, KIND_HELLO_REJECT);
+        b[5..13].copy_from_slice(&self.client_cid.to_be_bytes());
+        b[13..45].copy_from_slice(&self.client_random);
+        b[45] = self.reason as u8;
+        b[46..48].copy_from_slice(&self.max_version.to_be_bytes());
+        b
+    }
+
+    pub fn decode(d: &[u8]) -> Result<Self, WireError> {
+        check_hello_prefix(d, HELLO_REJECT_LEN, KIND_HELLO_REJECT)?;
+        Ok(HelloReject {
+            client_cid: u64_at(d, 5),
+            client_random: arr32_at(d, 13),
+            reason: RejectReason::from_u8(d[45]).ok_or(WireError::BadValue("reject reason"))?,
+            max_version: u16_at(d, 46),
+        })
+    }
+}
