@@ -1,0 +1,115 @@
+//! Pre-shared key files: created private (0600) from the first byte on, never silently
+//! overwritten.
+
+use std::fs::{self, File, OpenOptions, Permissions};
+use std::io::{self, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum KeyFileWriteError {
+    #[error("key file exists: {} (use --force to overwrite)", .0.display())]
+    Exists(PathBuf),
+    #[error("cannot write key file {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("cannot read key file {}: {source}", path.display())]
+pub struct KeyFileReadError {
+    pub path: PathBuf,
+    #[source]
+    pub source: io::Error,
+}
+
+/// A key file's contents and whether its permissions were too open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyFileContents {
+    pub contents: String,
+    /// True when group or others may read (or write) the file: the caller should warn.
+    pub too_open: bool,
+    /// Permission bits as found (`mode & 0o7777`).
+    pub mode: u32,
+}
+
+/// Writes a new key file with mode 0600. Without `force`, fails if `path` exists
+/// (`O_CREAT|O_EXCL`, so no race either). With `force`, writes a private temp sibling and
+/// renames it over `path`, so the old key is replaced atomically and never exposed.
+pub fn write_new_key_file(path: &Path, contents: &str, force: bool) -> Result<(), KeyFileWriteError> {
+    let io_err = |source| KeyFileWriteError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    if !force {
+        let file = create_private(path).map_err(|e| {
+            if e.kind() == io::ErrorKind::AlreadyExists {
+                KeyFileWriteError::Exists(path.to_path_buf())
+            } else {
+                io_err(e)
+            }
+        })?;
+        if let Err(e) = fill(file, contents) {
+            // Do not leave a truncated key behind.
+            let _ = fs::remove_file(path);
+            return Err(io_err(e));
+        }
+        return Ok(());
+    }
+
+    let name = path
+        .file_name()
+        .ok_or_else(|| io_err(io::Error::new(io::ErrorKind::InvalidInput, "no file name")))?;
+    let mut attempt = 0u32;
+    let (tmp, file) = loop {
+        let mut tmp_name = std::ffi::OsString::from(".");
+        tmp_name.push(name);
+        tmp_name.push(format!(".tmp{}-{attempt}", std::process::id()));
+        let tmp = path.with_file_name(tmp_name);
+        match create_private(&tmp) {
+            Ok(f) => break (tmp, f),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && attempt < 100 => attempt += 1,
+            Err(e) => return Err(io_err(e)),
+        }
+    };
+    let result = fill(file, contents).and_then(|()| fs::rename(&tmp, path));
+    if let Err(e) = result {
+        let _ = fs::remove_file(&tmp);
+        return Err(io_err(e));
+    }
+    Ok(())
+}
+
+/// Reads a key file; `too_open` tells the caller to warn about group/other access.
+pub fn read_key_file(path: &Path) -> Result<KeyFileContents, KeyFileReadError> {
+    let err = |source| KeyFileReadError {
+        path: path.to_path_buf(),
+        source,
+    };
+    let contents = fs::read_to_string(path).map_err(err)?;
+    let mode = fs::metadata(path).map_err(err)?.permissions().mode() & 0o7777;
+    Ok(KeyFileContents {
+        contents,
+        too_open: mode & 0o077 != 0,
+        mode,
+    })
+}
+
+fn create_private(path: &Path) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    // The umask can only remove bits; make the mode exactly 0600 regardless.
+    file.set_permissions(Permissions::from_mode(0o600))?;
+    Ok(file)
+}
+
+fn fill(mut file: File, contents: &str) -> io::Result<()> {
+    file.write_all(contents.as_bytes())?;
+    file.sync_all()
+}

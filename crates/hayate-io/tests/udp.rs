@@ -1,0 +1,202 @@
+use std::net::SocketAddr;
+use std::os::fd::AsFd;
+use std::time::{Duration, Instant};
+
+use hayate_io::udp::{RecvBufs, UdpSocket, DEFAULT_RECV_BATCH};
+
+fn lo() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+/// `count` datagrams: the i-th is `len(i)` bytes, each byte derived from (i, offset).
+fn payload(count: usize, seg: usize, last: usize) -> Vec<u8> {
+    let mut data = Vec::new();
+    for i in 0..count {
+        let len = if i + 1 == count { last } else { seg };
+        data.extend((0..len).map(|j| (i * 31 + j * 7) as u8 ^ (i >> 8) as u8));
+    }
+    data
+}
+
+/// Receives until `want` datagrams arrived (or 5 s passed); returns (source, bytes) each.
+fn recv_n(sock: &UdpSocket, want: usize) -> Vec<(SocketAddr, Vec<u8>)> {
+    let mut bufs = RecvBufs::new(DEFAULT_RECV_BATCH);
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while got.len() < want && Instant::now() < deadline {
+        let n = sock.recv_batch(&mut bufs).unwrap();
+        if n == 0 {
+            sock.wait_readable(Some(Duration::from_millis(100))).unwrap();
+            continue;
+        }
+        let before = got.len();
+        got.extend(bufs.datagrams().map(|(a, d)| (a, d.to_vec())));
+        assert_eq!(got.len() - before, n, "recv_batch count != datagrams yielded");
+    }
+    got
+}
+
+fn check_batch(tx: &UdpSocket, rx: &UdpSocket, count: usize, seg: usize, last: usize) {
+    let data = payload(count, seg, last);
+    let dest = rx.local_addr().unwrap();
+    let mut off = 0;
+    let mut sent = 0;
+    while sent < count {
+        match tx.send_batch(dest, &data[off..], seg) {
+            Ok(n) => {
+                sent += n;
+                off = (off + n * seg).min(data.len());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                tx.wait_writable(Some(Duration::from_secs(1))).unwrap();
+            }
+            Err(e) => panic!("send_batch: {e}"),
+        }
+    }
+    assert_eq!(sent, count);
+    let got = recv_n(rx, count);
+    assert_eq!(got.len(), count, "all datagrams arrive");
+    let from = tx.local_addr().unwrap();
+    for (i, (src, d)) in got.iter().enumerate() {
+        assert_eq!(*src, from);
+        let len = if i + 1 == count { last } else { seg };
+        assert_eq!(d.len(), len, "datagram {i} length");
+        let start = i * seg;
+        assert_eq!(&d[..], &data[start..start + len], "datagram {i} intact, in order");
+    }
+}
+
+#[test]
+fn hundred_datagrams_arrive_intact_and_in_order() {
+    let tx = UdpSocket::bind(lo()).unwrap();
+    let rx = UdpSocket::bind(lo()).unwrap();
+    check_batch(&tx, &rx, 100, 1400, 1400);
+}
+
+#[test]
+fn gso_batch_with_odd_last_segment_is_split_by_stride() {
+    let tx = UdpSocket::bind(lo()).unwrap();
+    let rx = UdpSocket::bind(lo()).unwrap();
+    eprintln!(
+        "gso segments {}, gro segments {}, rcvbuf {}, sndbuf {}",
+        tx.max_gso_segments(),
+        rx.gro_segments(),
+        rx.recv_buffer_size(),
+        rx.send_buffer_size()
+    );
+    assert!(tx.max_gso_segments() > 1, "GSO expected on Linux 6.x loopback");
+    // One GSO send (40 × 1400 < 64 KiB) that loopback hands to the GRO socket whole.
+    check_batch(&tx, &rx, 41, 1400, 777);
+    // Several GSO sends per call, and tiny segments (limited by segment count, not bytes).
+    check_batch(&tx, &rx, 300, 1200, 1);
+    check_batch(&tx, &rx, 200, 100, 99);
+}
+
+#[test]
+fn gro_coalesces_on_loopback() {
+    let tx = UdpSocket::bind(lo()).unwrap();
+    let rx = UdpSocket::bind(lo()).unwrap();
+    let data = payload(40, 1400, 1400);
+    assert_eq!(tx.send_batch(rx.local_addr().unwrap(), &data, 1400).unwrap(), 40);
+    rx.wait_readable(Some(Duration::from_secs(1))).unwrap();
+    let mut bufs = RecvBufs::new(4);
+    // 40 datagrams fit in 4 buffers only if the kernel delivered them coalesced.
+    assert_eq!(rx.recv_batch(&mut bufs).unwrap(), 40);
+    assert_eq!(bufs.datagrams().count(), 40);
+}
+
+#[test]
+fn sendmmsg_fallback_without_gso() {
+    let tx = UdpSocket::bind(lo()).unwrap();
+    let rx = UdpSocket::bind(lo()).unwrap();
+    tx.disable_gso();
+    assert_eq!(tx.max_gso_segments(), 1);
+    check_batch(&tx, &rx, 150, 1400, 3);
+}
+
+#[test]
+fn ipv6_and_single_sends() {
+    let Ok(rx) = UdpSocket::bind("[::1]:0".parse().unwrap()) else {
+        eprintln!("skipping: no IPv6 loopback");
+        return;
+    };
+    let tx = UdpSocket::bind("[::1]:0".parse().unwrap()).unwrap();
+    check_batch(&tx, &rx, 50, 1400, 10);
+    tx.send_to(rx.local_addr().unwrap(), b"hello").unwrap();
+    let got = recv_n(&rx, 1);
+    assert_eq!(got, vec![(tx.local_addr().unwrap(), b"hello".to_vec())]);
+}
+
+#[test]
+fn several_sources_are_reported() {
+    let rx = UdpSocket::bind(lo()).unwrap();
+    let a = UdpSocket::bind(lo()).unwrap();
+    let b = UdpSocket::bind(lo()).unwrap();
+    let dest = rx.local_addr().unwrap();
+    a.send_to(dest, b"from a").unwrap();
+    b.send_to(dest, b"from b").unwrap();
+    a.send_to(dest, b"a again").unwrap();
+    let got = recv_n(&rx, 3);
+    let aa = a.local_addr().unwrap();
+    let ba = b.local_addr().unwrap();
+    assert_eq!(
+        got,
+        vec![
+            (aa, b"from a".to_vec()),
+            (ba, b"from b".to_vec()),
+            (aa, b"a again".to_vec())
+        ]
+    );
+}
+
+#[test]
+fn recv_when_empty_and_wait_timeouts() {
+    let rx = UdpSocket::bind(lo()).unwrap();
+    let mut bufs = RecvBufs::new(8);
+    assert_eq!(rx.recv_batch(&mut bufs).unwrap(), 0);
+    assert_eq!(bufs.datagrams().count(), 0);
+    let t = Instant::now();
+    assert!(!rx.wait_readable(Some(Duration::from_millis(20))).unwrap());
+    assert!(t.elapsed() >= Duration::from_millis(20));
+    assert!(rx.wait_writable(Some(Duration::ZERO)).unwrap());
+    let tx = UdpSocket::bind(lo()).unwrap();
+    tx.send_to(rx.local_addr().unwrap(), b"x").unwrap();
+    assert!(rx.wait_readable(Some(Duration::from_secs(1))).unwrap());
+}
+
+#[test]
+fn bad_segment_size_is_rejected() {
+    let tx = UdpSocket::bind(lo()).unwrap();
+    let dest = tx.local_addr().unwrap();
+    assert!(tx.send_batch(dest, b"abc", 0).is_err());
+    assert!(tx.send_batch(dest, b"abc", 70_000).is_err());
+    assert_eq!(tx.send_batch(dest, b"", 1400).unwrap(), 0);
+}
+
+#[test]
+fn kernel_drops_are_counted() {
+    let rx = UdpSocket::bind(lo()).unwrap();
+    let tx = UdpSocket::bind(lo()).unwrap();
+    assert_eq!(rx.kernel_drops(), 0);
+    // Shrink the receive buffer so a burst overflows it.
+    socket2::SockRef::from(&rx.as_fd())
+        .set_recv_buffer_size(4096)
+        .unwrap();
+    let dest = rx.local_addr().unwrap();
+    let data = payload(40, 1400, 1400);
+    tx.disable_gso(); // individual skbs, so the queue overflows datagram by datagram
+    for _ in 0..20 {
+        let _ = tx.send_batch(dest, &data, 1400);
+    }
+    let mut bufs = RecvBufs::new(DEFAULT_RECV_BATCH);
+    while rx.recv_batch(&mut bufs).unwrap() > 0 {}
+    // The SO_RXQ_OVFL counter rides on the next datagram that gets queued.
+    tx.send_to(dest, b"after").unwrap();
+    assert_eq!(recv_n(&rx, 1).len(), 1);
+    let drops = rx.kernel_drops();
+    let proc = rx.kernel_drops_proc();
+    eprintln!("kernel_drops {drops}, /proc says {proc:?}");
+    assert!(drops > 0, "a 4 KiB receive buffer must have overflowed");
+    assert!(drops <= 800);
+    assert_eq!(proc, Some(drops));
+}
