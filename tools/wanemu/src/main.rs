@@ -1,1 +1,351 @@
-fn main() {}
+//! hayate-wanemu: emulate a WAN link per direction on NFQUEUE.
+//!
+//! Run it in a router namespace whose FORWARD chain sends each direction to its
+//! own queue, e.g. `iptables -t mangle -A FORWARD -i veth-c -j NFQUEUE --queue-num 0`.
+//! Each direction runs on its own thread with its own netlink socket; packets stay
+//! in the kernel and only verdicts (by id) travel.
+
+use std::collections::VecDeque;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use clap::Parser;
+use hayate_wanemu::model::{self, Decision, Histogram, Link, LinkConfig, LinkStats};
+use hayate_wanemu::nfq::{self, MsgBuf, Queue, RecvBatch};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "hayate-wanemu",
+    about = "WAN link emulator on NFQUEUE: rate, tail-drop queue, random loss, delay"
+)]
+struct Args {
+    /// NFQUEUE number for the forward direction (client → server).
+    #[arg(long, default_value_t = 0)]
+    queue_fwd: u16,
+    /// NFQUEUE number for the reverse direction (server → client).
+    #[arg(long, default_value_t = 1)]
+    queue_rev: u16,
+    /// Link rate per direction, e.g. 1gbit, 500mbit; 0 = unlimited.
+    #[arg(long, default_value = "1gbit", value_parser = model::parse_rate)]
+    rate: u64,
+    /// Round-trip propagation delay; each direction adds half.
+    #[arg(long, default_value = "100ms", value_parser = model::parse_duration_ns)]
+    rtt: u64,
+    /// Random loss per packet, both directions (e.g. 1% or 0.01).
+    #[arg(long, default_value = "0", value_parser = model::parse_loss)]
+    loss: f64,
+    /// Random loss on the reverse direction (default: same as --loss).
+    #[arg(long, value_parser = model::parse_loss)]
+    loss_rev: Option<f64>,
+    /// Tail-drop queue in bytes (e.g. 12500000 or 12M); default 1 BDP.
+    #[arg(long, value_parser = model::parse_bytes)]
+    buffer: Option<u64>,
+    /// Bytes added to each IP packet for serialization (Ethernet header).
+    #[arg(long, default_value_t = 14)]
+    overhead: u64,
+    /// Seed for the loss coins (the reverse direction uses seed+1).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Kernel queue length in packets (packets held in flight per direction).
+    #[arg(long, default_value_t = 262_144)]
+    queue_maxlen: u32,
+    /// Netlink socket receive buffer in bytes.
+    #[arg(long, default_value = "64M", value_parser = model::parse_bytes)]
+    rcvbuf: u64,
+    /// Bytes of each packet copied to us (enough for the IP header).
+    #[arg(long, default_value_t = 64)]
+    copy_range: u32,
+    /// SCHED_FIFO priority for the link threads (0 = normal scheduling).
+    #[arg(long, default_value_t = 0)]
+    rt_prio: i32,
+    /// Print per-direction stats every N seconds to stderr (0 = only at exit).
+    #[arg(long, default_value_t = 0.0)]
+    stats_interval: f64,
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::Relaxed);
+}
+
+fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid out-pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+struct DirStats {
+    name: &'static str,
+    queue: u16,
+    link: LinkStats,
+    lateness: Histogram,
+    recv_calls: u64,
+    verdict_sends: u64,
+}
+
+impl DirStats {
+    fn line(&self, secs: f64) -> String {
+        let q = |p| {
+            self.lateness
+                .quantile_us(p)
+                .map_or("-".to_string(), |v| v.to_string())
+        };
+        format!(
+            "wanemu dir={} queue={} packets={} bytes={} delivered={} drop_queue={} drop_loss={} \
+             max_backlog={} rate_in_mbps={:.1} late_p50_us={} late_p99_us={} late_max_us={} \
+             recv_calls={} verdict_sends={}",
+            self.name,
+            self.queue,
+            self.link.packets,
+            self.link.bytes,
+            self.link.delivered,
+            self.link.drops_queue,
+            self.link.drops_loss,
+            self.link.max_backlog,
+            if secs > 0.0 {
+                self.link.bytes as f64 * 8.0 / secs / 1e6
+            } else {
+                0.0
+            },
+            q(0.5),
+            q(0.99),
+            self.lateness.max_ns() / 1000,
+            self.recv_calls,
+            self.verdict_sends,
+        )
+    }
+}
+
+fn run_direction(
+    name: &'static str,
+    q: Queue,
+    cfg: LinkConfig,
+    rt_prio: i32,
+    stats_interval: f64,
+) -> std::io::Result<DirStats> {
+    // Default timer slack (50 µs) would show up directly as release lateness.
+    // SAFETY: prctl with integer args.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1, 0, 0, 0) };
+    if rt_prio > 0 {
+        let p = libc::sched_param {
+            sched_priority: rt_prio,
+        };
+        // SAFETY: p is valid; 0 = calling thread.
+        if unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) } != 0 {
+            eprintln!(
+                "wanemu: {name}: SCHED_FIFO unavailable: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+    let mut link = Link::new(cfg);
+    let mut pending: VecDeque<(u32, u64)> = VecDeque::with_capacity(1 << 16);
+    let mut out = MsgBuf::default();
+    let mut batch = RecvBatch::new(64, 512);
+    let mut st = DirStats {
+        name,
+        queue: q.num,
+        link: LinkStats::default(),
+        lateness: Histogram::new(100_000),
+        recv_calls: 0,
+        verdict_sends: 0,
+    };
+    let start = now_ns();
+    let mut next_report = if stats_interval > 0.0 {
+        start + (stats_interval * 1e9) as u64
+    } else {
+        u64::MAX
+    };
+
+    // Accept every packet whose release time has come, as one batch verdict.
+    let release_due = |now: u64,
+                       pending: &mut VecDeque<(u32, u64)>,
+                       out: &mut MsgBuf,
+                       lateness: &mut Histogram| {
+        let mut last = None;
+        while let Some(&(id, t)) = pending.front() {
+            if t > now {
+                break;
+            }
+            lateness.record_ns(now - t);
+            last = Some(id);
+            pending.pop_front();
+        }
+        if let Some(id) = last {
+            out.verdict_batch(q.num, id, nfq::NF_ACCEPT);
+        }
+    };
+
+    while !STOP.load(Ordering::Relaxed) {
+        let now = now_ns();
+        release_due(now, &mut pending, &mut out, &mut st.lateness);
+        let n = batch.recv(&q)?;
+        st.recv_calls += 1;
+        if n > 0 {
+            let arrival = now_ns();
+            for i in 0..n {
+                let res = nfq::parse_packets(batch.get(i), |p| {
+                    match link.on_packet(arrival, p.len as u64) {
+                        Decision::Release(t) => pending.push_back((p.id, t)),
+                        // Drops go out before any later batch accept, so they can't be swept up by it.
+                        Decision::Drop(_) => out.verdict(q.num, p.id, nfq::NF_DROP),
+                    }
+                });
+                if let Err(e) = res {
+                    eprintln!(
+                        "wanemu: {name}: netlink error: {}",
+                        std::io::Error::from_raw_os_error(e)
+                    );
+                }
+            }
+            release_due(now_ns(), &mut pending, &mut out, &mut st.lateness);
+            if !out.buf.is_empty() {
+                st.verdict_sends += 1;
+            }
+            q.send(&mut out)?;
+            if n == 64 {
+                continue; // more may be waiting: drain before sleeping
+            }
+        } else if !out.buf.is_empty() {
+            st.verdict_sends += 1;
+            q.send(&mut out)?;
+        }
+        if now >= next_report {
+            st.link = link.stats;
+            eprintln!("{}", st.line((now - start) as f64 / 1e9));
+            next_report += (stats_interval * 1e9) as u64;
+        }
+        // Sleep until a packet arrives or the head packet is due (capped so STOP is seen).
+        let now = now_ns();
+        let wait = pending
+            .front()
+            .map_or(50_000_000, |&(_, t)| t.saturating_sub(now))
+            .min(50_000_000);
+        if wait == 0 {
+            continue;
+        }
+        let ts = libc::timespec {
+            tv_sec: (wait / 1_000_000_000) as libc::time_t,
+            tv_nsec: (wait % 1_000_000_000) as libc::c_long,
+        };
+        let mut pfd = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&q),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: pfd and ts are valid for the call.
+        unsafe { libc::ppoll(&mut pfd, 1, &ts, std::ptr::null()) };
+    }
+    st.link = link.stats;
+    Ok(st)
+}
+
+fn main() {
+    let args = Args::parse();
+    let one_way = args.rtt / 2;
+    let bdp = (args.rate as u128 * args.rtt as u128 / 8_000_000_000) as u64;
+    let buffer = args.buffer.unwrap_or(bdp).max(1514);
+    let mk = |loss: f64, seed: u64| LinkConfig {
+        rate_bps: args.rate,
+        delay_ns: one_way,
+        buffer_bytes: buffer,
+        loss,
+        overhead_bytes: args.overhead,
+        seed,
+    };
+    let fwd_cfg = mk(args.loss, args.seed);
+    let rev_cfg = mk(
+        args.loss_rev.unwrap_or(args.loss),
+        args.seed.wrapping_add(1),
+    );
+
+    // SAFETY: installing an async-signal-safe handler that only stores an atomic.
+    unsafe {
+        libc::signal(
+            libc::SIGINT,
+            on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        );
+        libc::signal(
+            libc::SIGTERM,
+            on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        );
+    }
+
+    let open = |num| {
+        Queue::open(
+            num,
+            args.copy_range,
+            args.queue_maxlen,
+            args.rcvbuf as usize,
+        )
+        .unwrap_or_else(|e| {
+            eprintln!("wanemu: cannot open NFQUEUE {num}: {e} (root? nfnetlink_queue?)");
+            std::process::exit(2);
+        })
+    };
+    let qf = open(args.queue_fwd);
+    let qr = open(args.queue_rev);
+
+    eprintln!(
+        "wanemu: rate={} bit/s rtt={} ms buffer={} B (bdp {} B) loss fwd={} rev={} queues fwd={} rev={}",
+        args.rate,
+        args.rtt as f64 / 1e6,
+        buffer,
+        bdp,
+        fwd_cfg.loss,
+        rev_cfg.loss,
+        args.queue_fwd,
+        args.queue_rev
+    );
+    let started = now_ns();
+    let failed = Arc::new(AtomicBool::new(false));
+    let spawn = |name: &'static str, q: Queue, cfg: LinkConfig| {
+        let (rt, si, failed) = (args.rt_prio, args.stats_interval, failed.clone());
+        std::thread::Builder::new()
+            .name(format!("wanemu-{name}"))
+            .spawn(move || {
+                let r = run_direction(name, q, cfg, rt, si);
+                if let Err(e) = &r {
+                    eprintln!("wanemu: {name}: {e}");
+                    failed.store(true, Ordering::Relaxed);
+                    STOP.store(true, Ordering::Relaxed);
+                }
+                r
+            })
+            .expect("spawn")
+    };
+    let hf = spawn("fwd", qf, fwd_cfg);
+    let hr = spawn("rev", qr, rev_cfg);
+    // The bench script waits for this line before sending traffic.
+    println!("wanemu: ready");
+    let _ = std::io::stdout().flush();
+
+    let results = [hf.join(), hr.join()];
+    let secs = (now_ns() - started) as f64 / 1e9;
+    let mut all = Histogram::new(100_000);
+    for r in results.into_iter().flatten().flatten() {
+        println!("{}", r.line(secs));
+        all.merge(&r.lateness);
+    }
+    let q = |p| {
+        all.quantile_us(p)
+            .map_or("-".to_string(), |v| v.to_string())
+    };
+    println!(
+        "wanemu total seconds={:.3} released={} late_p50_us={} late_p99_us={} late_max_us={}",
+        secs,
+        all.count(),
+        q(0.5),
+        q(0.99),
+        all.max_ns() / 1000
+    );
+    if failed.load(Ordering::Relaxed) {
+        std::process::exit(1);
+    }
+}
