@@ -338,4 +338,84 @@ mod tests {
             assert!(w.is_fresh(pn));
         }
     }
+
+    const HEX: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
+
+    fn seq_key() -> Psk {
+        Psk::from_bytes(std::array::from_fn(|i| i as u8))
+    }
+
+    #[test]
+    fn key_file_round_trip() {
+        let k = Psk::generate();
+        let text = k.to_key_file_string();
+        assert!(text.starts_with("# hayate pre-shared key; keep it secret\nhayate-key-v1 "));
+        assert!(text.ends_with('\n'));
+        assert_eq!(Psk::parse_key_file(&text).unwrap(), k);
+        assert_eq!(
+            seq_key().to_key_file_string(),
+            format!("# hayate pre-shared key; keep it secret\nhayate-key-v1 {HEX}\n")
+        );
+        assert_ne!(Psk::generate(), Psk::generate());
+    }
+
+    #[test]
+    fn key_file_tolerance_and_errors() {
+        let ok = |t: &str| Psk::parse_key_file(t);
+        assert_eq!(ok(&format!("hayate-key-v1 {HEX}")).unwrap(), seq_key());
+        assert_eq!(
+            ok(&format!(
+                "\n  # c\n#x\r\n\t hayate-key-v1   {HEX}  \r\n\n# trailing\n"
+            ))
+            .unwrap(),
+            seq_key()
+        );
+        assert_eq!(
+            ok(&format!("hayate-key-v1 {}", HEX.to_uppercase())).unwrap(),
+            seq_key()
+        );
+        assert_eq!(ok(""), Err(KeyFileError::Missing));
+        assert_eq!(ok("# only a comment\n\n"), Err(KeyFileError::Missing));
+        assert!(matches!(
+            ok(&format!("hayate-key-v2 {HEX}")),
+            Err(KeyFileError::BadFormat(_))
+        ));
+        assert!(matches!(ok(HEX), Err(KeyFileError::BadFormat(_))));
+        assert!(matches!(
+            ok("hayate-key-v1"),
+            Err(KeyFileError::BadFormat(_))
+        ));
+        assert!(matches!(
+            ok(&format!("hayate-key-v1 {HEX} x")),
+            Err(KeyFileError::BadFormat(_))
+        ));
+        assert!(matches!(
+            ok(&format!("hayate-key-v1 {HEX}\nhayate-key-v1 {HEX}")),
+            Err(KeyFileError::BadFormat(_))
+        ));
+        assert_eq!(
+            ok(&format!("hayate-key-v1 {}", &HEX[..62])),
+            Err(KeyFileError::WrongLength(62))
+        );
+        assert_eq!(
+            ok(&format!("hayate-key-v1 {HEX}00")),
+            Err(KeyFileError::WrongLength(66))
+        );
+        assert_eq!(
+            ok(&format!("hayate-key-v1 {}g", &HEX[..63])),
+            Err(KeyFileError::BadHex)
+        );
+        assert_eq!(
+            ok(&format!("hayate-key-v1 {}é", &HEX[..62])),
+            Err(KeyFileError::BadHex)
+        );
+    }
+
+    #[test]
+    fn debug_does_not_leak_the_key() {
+        let k = Psk::from_bytes([0xab; 32]);
+        let s = format!("{k:?}");
+        assert!(!s.to_lowercase().contains("ab"), "{s}");
+        assert!(!format!("{:?}", PacketKey::new(&[0xab; 32])).contains("171"));
+    }
 }

@@ -335,12 +335,15 @@ impl AckFrame {
 }
 
 /// A receiver's view of one incoming transfer. `gaps` are ABSOLUTE block ranges (missing
-/// blocks), sorted, disjoint, non-empty and within `[start, end)`; `cum <= start <= end`.
+/// blocks), sorted, disjoint, non-empty and within `[start, end)`;
+/// `cum <= start <= end <= top`. `top` is one past the highest block received: nothing at or
+/// above it has arrived, which lets the sender find losses at the tail.
 /// On the wire they are deltas (PROTOCOL.md, LOSSMAP).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LossMapFrame {
     pub xfer: u32,
     pub cum: u64,
+    pub top: u64,
     pub start: u64,
     pub end: u64,
     pub gaps: Vec<Range<u64>>,
@@ -349,10 +352,10 @@ pub struct LossMapFrame {
 impl LossMapFrame {
     /// Checks the invariants the decoder enforces, so we never send what the peer rejects.
     pub fn validate(&self) -> Result<(), WireError> {
-        if self.cum > self.start || self.start > self.end {
+        if self.cum > self.start || self.start > self.end || self.end > self.top {
             return Err(WireError::BadValue("lossmap bounds"));
         }
-        if self.end > MAX_VARINT {
+        if self.top > MAX_VARINT {
             return Err(WireError::BadValue("varint out of range"));
         }
         let mut prev = self.start;
@@ -376,7 +379,10 @@ impl LossMapFrame {
     }
 
     fn head_len(&self) -> usize {
-        1 + varint_len(u64::from(self.xfer)) + varint_len(self.cum) + varint_len(self.start)
+        1 + varint_len(u64::from(self.xfer))
+            + varint_len(self.cum)
+            + varint_len(self.top)
+            + varint_len(self.start)
     }
 
     pub fn encoded_len(&self) -> usize {
@@ -390,12 +396,13 @@ impl LossMapFrame {
     }
 
     fn encode_prefix(&self, w: &mut Writer, end: u64, ngaps: usize) -> Result<(), WireError> {
-        let mut tmp = [0u8; 1 + 5 * 8];
+        let mut tmp = [0u8; 1 + 6 * 8];
         let mut hw = Writer::new(&mut tmp);
         hw.put_u8(FRAME_LOSSMAP)?;
         for v in [
             u64::from(self.xfer),
             self.cum,
+            self.top,
             self.start,
             end,
             ngaps as u64,
@@ -463,9 +470,10 @@ impl LossMapFrame {
         let xfer =
             u32::try_from(r.get_varint()?).map_err(|_| WireError::BadValue("xfer out of range"))?;
         let cum = r.get_varint()?;
+        let top = r.get_varint()?;
         let start = r.get_varint()?;
         let end = r.get_varint()?;
-        if cum > start || start > end {
+        if cum > start || start > end || end > top {
             return Err(WireError::BadValue("lossmap bounds"));
         }
         let n = r.get_varint()?;
@@ -497,6 +505,7 @@ impl LossMapFrame {
         Ok(LossMapFrame {
             xfer,
             cum,
+            top,
             start,
             end,
             gaps,
