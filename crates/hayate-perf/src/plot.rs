@@ -1,0 +1,237 @@
+//! `--plot FILE.svg`: throughput per interval (and loss % for UDP) as a self-contained SVG.
+
+use crate::ctl::IntervalReport;
+use crate::units::per_sec;
+use std::fmt::Write;
+
+const W: f64 = 800.0;
+const H: f64 = 420.0;
+const L: f64 = 80.0; // margins: room for tick labels and axis titles
+const R: f64 = 80.0;
+const T: f64 = 50.0;
+const B: f64 = 60.0;
+
+/// The smallest 1, 2 or 5 × 10^k that is ≥ v.
+fn nice_ceil(v: f64) -> f64 {
+    if v <= 0.0 || !v.is_finite() {
+        return 1.0;
+    }
+    let p = 10f64.powf(v.log10().floor());
+    for m in [1.0, 2.0, 5.0, 10.0] {
+        if m * p >= v * (1.0 - 1e-12) {
+            return m * p;
+        }
+    }
+    10.0 * p
+}
+
+fn esc(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn fmt_tick(v: f64) -> String {
+    if v == v.round() {
+        format!("{v:.0}")
+    } else if (v * 10.0) == (v * 10.0).round() {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// Receiver intervals → SVG. `with_loss` adds the loss series and its right-hand axis.
+pub fn svg(title: &str, iv: &[IntervalReport], with_loss: bool) -> String {
+    let tmax = nice_ceil(iv.iter().map(|r| r.end).fold(0.0, f64::max).max(1.0));
+    let mbps: Vec<(f64, f64)> = iv
+        .iter()
+        .map(|r| (r.end, 8.0 * per_sec(r.bytes, r.end - r.start) / 1e6))
+        .collect();
+    let loss: Vec<(f64, f64)> = iv
+        .iter()
+        .map(|r| {
+            let lost = r.lost.unwrap_or(0);
+            let exp = r.datagrams + lost;
+            (
+                r.end,
+                if exp > 0 {
+                    100.0 * lost as f64 / exp as f64
+                } else {
+                    0.0
+                },
+            )
+        })
+        .collect();
+    let ymax = nice_ceil(mbps.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-3) * 1.1);
+    let lmax = nice_ceil(loss.iter().map(|p| p.1).fold(0.0, f64::max).max(1.0) * 1.1).min(100.0);
+    let (pw, ph) = (W - L - R, H - T - B);
+    let x = |t: f64| L + pw * t / tmax;
+    let y = |v: f64| T + ph * (1.0 - v / ymax);
+    let yl = |v: f64| T + ph * (1.0 - v / lmax);
+
+    let mut s = String::new();
+    let _ = writeln!(s, r#"<?xml version="1.0" encoding="UTF-8"?>"#);
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<title>{}</title>"#, esc(title));
+    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="25" text-anchor="middle" font-size="15">{}</text>"#,
+        W / 2.0,
+        esc(title)
+    );
+    // Grid and ticks.
+    let _ = writeln!(s, r##"<g id="grid" stroke="#ddd" stroke-width="1">"##);
+    for i in 0..=5 {
+        let f = i as f64 / 5.0;
+        let _ = writeln!(
+            s,
+            r#"<line x1="{L}" x2="{}" y1="{:.1}" y2="{:.1}"/>"#,
+            W - R,
+            T + ph * (1.0 - f),
+            T + ph * (1.0 - f)
+        );
+        let _ = writeln!(
+            s,
+            r#"<line x1="{:.1}" x2="{:.1}" y1="{T}" y2="{}"/>"#,
+            L + pw * f,
+            L + pw * f,
+            T + ph
+        );
+    }
+    let _ = writeln!(s, "</g>");
+    let _ = writeln!(
+        s,
+        r#"<g id="axes" stroke="black" stroke-width="1.5"><line x1="{L}" y1="{}" x2="{}" y2="{}"/><line x1="{L}" y1="{T}" x2="{L}" y2="{}"/>"#,
+        T + ph,
+        W - R,
+        T + ph,
+        T + ph
+    );
+    if with_loss {
+        let _ = writeln!(
+            s,
+            r#"<line x1="{}" y1="{T}" x2="{}" y2="{}"/>"#,
+            W - R,
+            W - R,
+            T + ph
+        );
+    }
+    let _ = writeln!(s, "</g>");
+    let _ = writeln!(s, r#"<g id="ticks">"#);
+    for i in 0..=5 {
+        let f = i as f64 / 5.0;
+        let _ = writeln!(
+            s,
+            r#"<text x="{:.1}" y="{}" text-anchor="middle">{}</text>"#,
+            L + pw * f,
+            T + ph + 18.0,
+            fmt_tick(tmax * f)
+        );
+        let _ = writeln!(
+            s,
+            r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#,
+            L - 6.0,
+            T + ph * (1.0 - f) + 4.0,
+            fmt_tick(ymax * f)
+        );
+        if with_loss {
+            let _ = writeln!(
+                s,
+                r##"<text x="{}" y="{:.1}" fill="#c0392b">{}</text>"##,
+                W - R + 6.0,
+                T + ph * (1.0 - f) + 4.0,
+                fmt_tick(lmax * f)
+            );
+        }
+    }
+    let _ = writeln!(s, "</g>");
+    let _ = writeln!(
+        s,
+        r#"<text id="xlabel" x="{}" y="{}" text-anchor="middle">time (s)</text>"#,
+        L + pw / 2.0,
+        H - 15.0
+    );
+    let _ = writeln!(
+        s,
+        r#"<text id="ylabel" transform="translate(20 {}) rotate(-90)" text-anchor="middle">throughput (Mbit/s)</text>"#,
+        T + ph / 2.0
+    );
+    if with_loss {
+        let _ = writeln!(
+            s,
+            r##"<text id="y2label" transform="translate({} {}) rotate(90)" text-anchor="middle" fill="#c0392b">loss (%)</text>"##,
+            W - 20.0,
+            T + ph / 2.0
+        );
+    }
+    let pts = |v: &[(f64, f64)], f: &dyn Fn(f64) -> f64| {
+        v.iter()
+            .map(|(t, val)| format!("{:.2},{:.2}", x(*t), f(*val)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let _ = writeln!(
+        s,
+        r##"<polyline id="throughput" fill="none" stroke="#1f77b4" stroke-width="2" points="{}"/>"##,
+        pts(&mbps, &y)
+    );
+    if with_loss {
+        let _ = writeln!(
+            s,
+            r##"<polyline id="loss" fill="none" stroke="#c0392b" stroke-width="2" stroke-dasharray="6 3" points="{}"/>"##,
+            pts(&loss, &yl)
+        );
+    }
+    // Legend.
+    let _ = writeln!(s, r#"<g id="legend">"#);
+    let _ = writeln!(
+        s,
+        r##"<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#1f77b4" stroke-width="2"/><text x="{}" y="{}">throughput (Mbit/s)</text>"##,
+        L + 10.0,
+        T + 12.0,
+        L + 35.0,
+        T + 12.0,
+        L + 40.0,
+        T + 16.0
+    );
+    if with_loss {
+        let _ = writeln!(
+            s,
+            r##"<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#c0392b" stroke-width="2" stroke-dasharray="6 3"/><text x="{}" y="{}">loss (%)</text>"##,
+            L + 10.0,
+            T + 30.0,
+            L + 35.0,
+            T + 30.0,
+            L + 40.0,
+            T + 34.0
+        );
+    }
+    let _ = writeln!(s, "</g>\n</svg>");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nice() {
+        assert_eq!(nice_ceil(0.7), 1.0);
+        assert_eq!(nice_ceil(1.0), 1.0);
+        assert_eq!(nice_ceil(1.1), 2.0);
+        assert_eq!(nice_ceil(37.0), 50.0);
+        assert_eq!(nice_ceil(501.0), 1000.0);
+    }
+
+    #[test]
+    fn escapes_title() {
+        let s = svg("a<b & \"c\"", &[], true);
+        assert!(s.contains("a&lt;b &amp; &quot;c&quot;"));
+    }
+}
