@@ -34,7 +34,10 @@ pub fn set_timer_slack_ns(ns: u64) -> io::Result<()> {
 pub fn sleep_until(deadline: Instant) {
     loop {
         let now = Instant::now();
-        let Some(left) = deadline.checked_duration_since(now).filter(|d| !d.is_zero()) else {
+        let Some(left) = deadline
+            .checked_duration_since(now)
+            .filter(|d| !d.is_zero())
+        else {
             return;
         };
         if left > SPIN_MARGIN {

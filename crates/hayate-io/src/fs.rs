@@ -76,7 +76,9 @@ impl Root {
         }
         let fd = beneath(&self.dir, &path, OFlags::RDONLY | OFlags::NOCTTY, rel)?;
         let file = File::from(fd);
-        let meta = file.metadata().map_err(|e| FsError::Io(rel.to_string(), e))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| FsError::Io(rel.to_string(), e))?;
         use std::os::unix::fs::MetadataExt;
         if !meta.is_file() || meta.dev() != st.st_dev || meta.ino() != st.st_ino {
             return Err(FsError::NotAFile(rel.to_string()));
@@ -153,9 +155,9 @@ impl PartFile {
             ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS,
         )
         .map_err(|e| match e {
-            Errno::LOOP => FsError::InvalidPath(format!(
-                "{shown}: temp file {part_name} is a symbolic link"
-            )),
+            Errno::LOOP => {
+                FsError::InvalidPath(format!("{shown}: temp file {part_name} is a symbolic link"))
+            }
             e => errno_error(e, shown),
         })?;
         let file = File::from(fd);
@@ -163,7 +165,9 @@ impl PartFile {
             .metadata()
             .map_err(|e| FsError::Io(shown.to_string(), e))?;
         if !meta.is_file() {
-            return Err(FsError::NotAFile(format!("{shown} (temp file {part_name})")));
+            return Err(FsError::NotAFile(format!(
+                "{shown} (temp file {part_name})"
+            )));
         }
         let io_err = |e: io::Error| match e.raw_os_error() {
             Some(code) => errno_error(Errno::from_raw_os_error(code), shown),
@@ -211,8 +215,7 @@ impl PartFile {
                 .set_permissions(Permissions::from_mode(mode & 0o777))?;
         }
         if let Some(mtime) = mtime {
-            self.file
-                .set_times(FileTimes::new().set_modified(mtime))?;
+            self.file.set_times(FileTimes::new().set_modified(mtime))?;
         }
         rfs::renameat(
             &self.dir,

@@ -39,7 +39,11 @@ pub struct KeyFileContents {
 /// Writes a new key file with mode 0600. Without `force`, fails if `path` exists
 /// (`O_CREAT|O_EXCL`, so no race either). With `force`, writes a private temp sibling and
 /// renames it over `path`, so the old key is replaced atomically and never exposed.
-pub fn write_new_key_file(path: &Path, contents: &str, force: bool) -> Result<(), KeyFileWriteError> {
+pub fn write_new_key_file(
+    path: &Path,
+    contents: &str,
+    force: bool,
+) -> Result<(), KeyFileWriteError> {
     let io_err = |source| KeyFileWriteError::Io {
         path: path.to_path_buf(),
         source,

@@ -431,10 +431,7 @@ impl std::fmt::Debug for RecvBufs {
 }
 
 /// Decodes one received message: source, length, GRO stride, and the SO_RXQ_OVFL counter.
-fn decode(
-    hdr: &libc::mmsghdr,
-    name: &MaybeUninit<libc::sockaddr_storage>,
-) -> (Meta, Option<u32>) {
+fn decode(hdr: &libc::mmsghdr, name: &MaybeUninit<libc::sockaddr_storage>) -> (Meta, Option<u32>) {
     let mut len = hdr.msg_len as usize;
     let msg = &hdr.msg_hdr;
     if msg.msg_flags & libc::MSG_TRUNC != 0 {
@@ -481,8 +478,7 @@ fn sockaddr_to_std(ss: &libc::sockaddr_storage, len: libc::socklen_t) -> SocketA
         }
         libc::AF_INET6 if len >= mem::size_of::<libc::sockaddr_in6>() => {
             // SAFETY: family and length say this is a sockaddr_in6.
-            let a =
-                unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let a = unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
             SocketAddr::V6(SocketAddrV6::new(
                 Ipv6Addr::from(a.sin6_addr.s6_addr),
                 u16::from_be(a.sin6_port),
@@ -580,8 +576,8 @@ fn raise_buffer(fd: RawFd, opt: libc::c_int, force_opt: libc::c_int) -> usize {
     let want = WANTED_SOCKET_BUFFER as libc::c_int;
     let current = getsockopt_int(fd, libc::SOL_SOCKET, opt).unwrap_or(0);
     if current < want {
-        let forced = sockopt::SUPPORTED
-            && setsockopt_int(fd, libc::SOL_SOCKET, force_opt, want).is_ok();
+        let forced =
+            sockopt::SUPPORTED && setsockopt_int(fd, libc::SOL_SOCKET, force_opt, want).is_ok();
         if !forced {
             let _ = setsockopt_int(fd, libc::SOL_SOCKET, opt, want);
         }

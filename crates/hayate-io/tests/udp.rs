@@ -26,12 +26,17 @@ fn recv_n(sock: &UdpSocket, want: usize) -> Vec<(SocketAddr, Vec<u8>)> {
     while got.len() < want && Instant::now() < deadline {
         let n = sock.recv_batch(&mut bufs).unwrap();
         if n == 0 {
-            sock.wait_readable(Some(Duration::from_millis(100))).unwrap();
+            sock.wait_readable(Some(Duration::from_millis(100)))
+                .unwrap();
             continue;
         }
         let before = got.len();
         got.extend(bufs.datagrams().map(|(a, d)| (a, d.to_vec())));
-        assert_eq!(got.len() - before, n, "recv_batch count != datagrams yielded");
+        assert_eq!(
+            got.len() - before,
+            n,
+            "recv_batch count != datagrams yielded"
+        );
     }
     got
 }
@@ -62,7 +67,11 @@ fn check_batch(tx: &UdpSocket, rx: &UdpSocket, count: usize, seg: usize, last: u
         let len = if i + 1 == count { last } else { seg };
         assert_eq!(d.len(), len, "datagram {i} length");
         let start = i * seg;
-        assert_eq!(&d[..], &data[start..start + len], "datagram {i} intact, in order");
+        assert_eq!(
+            &d[..],
+            &data[start..start + len],
+            "datagram {i} intact, in order"
+        );
     }
 }
 
@@ -84,7 +93,10 @@ fn gso_batch_with_odd_last_segment_is_split_by_stride() {
         rx.recv_buffer_size(),
         rx.send_buffer_size()
     );
-    assert!(tx.max_gso_segments() > 1, "GSO expected on Linux 6.x loopback");
+    assert!(
+        tx.max_gso_segments() > 1,
+        "GSO expected on Linux 6.x loopback"
+    );
     // One GSO send (40 × 1400 < 64 KiB) that loopback hands to the GRO socket whole.
     check_batch(&tx, &rx, 41, 1400, 777);
     // Several GSO sends per call, and tiny segments (limited by segment count, not bytes).
@@ -97,7 +109,11 @@ fn gro_coalesces_on_loopback() {
     let tx = UdpSocket::bind(lo()).unwrap();
     let rx = UdpSocket::bind(lo()).unwrap();
     let data = payload(40, 1400, 1400);
-    assert_eq!(tx.send_batch(rx.local_addr().unwrap(), &data, 1400).unwrap(), 40);
+    assert_eq!(
+        tx.send_batch(rx.local_addr().unwrap(), &data, 1400)
+            .unwrap(),
+        40
+    );
     rx.wait_readable(Some(Duration::from_secs(1))).unwrap();
     let mut bufs = RecvBufs::new(4);
     // 40 datagrams fit in 4 buffers only if the kernel delivered them coalesced.
