@@ -16,7 +16,7 @@ const NFQNL_MSG_VERDICT_BATCH: u16 = 3;
 const NFQA_PACKET_HDR: u16 = 1;
 const NFQA_VERDICT_HDR: u16 = 2;
 const NFQA_PAYLOAD: u16 = 10;
-const NFQA_CAP_LEN: u16 = 9;
+const NFQA_CAP_LEN: u16 = 13;
 
 const NFQA_CFG_CMD: u16 = 1;
 const NFQA_CFG_PARAMS: u16 = 2;
