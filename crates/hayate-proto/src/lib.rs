@@ -1,7 +1,26 @@
 //! Sans-IO core of hayate: everything about the protocol, nothing about sockets, files,
 //! threads or clocks. Callers feed datagrams and the current time in, and take datagrams,
 //! timer deadlines and events out. See `docs/PROTOCOL.md` for the wire format.
+//!
+//! - [`wire`], [`crypto`], [`handshake`]: bytes on the wire and keys.
+//! - [`conn`]: one session (control stream, transfers, acks, pacing); [`endpoint`]: a server's
+//!   many sessions on one socket.
+//! - [`transfer`]: per-file loss map and retransmission state; [`cc`]: rate control.
+//! - [`sim`]: a simulated network to run whole transfers in milliseconds.
 
+pub mod bitset;
+pub mod cc;
+pub mod conn;
+pub mod control;
 pub mod crypto;
+pub mod endpoint;
 pub mod handshake;
+pub mod pacer;
+pub mod rtt;
+pub mod sim;
+pub mod transfer;
 pub mod wire;
+
+pub use conn::{BlockSink, BlockSource, Config, Connection, Event, Side, Stats};
+pub use endpoint::{Endpoint, Route};
+pub use transfer::XferId;

@@ -1,0 +1,1354 @@
+//! One session between a client and a server: handshake, sealing, acknowledgements, the
+//! control stream, and any number of file transfers in either direction.
+//!
+//! Sans-IO: the caller passes datagrams and the current time in, asks for datagrams to send
+//! and for the next deadline, and reads events. File data goes through [`BlockSource`] and
+//! [`BlockSink`], so the core never touches a file.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use crate::cc::{Feedback, RateConfig, RateControl};
+use crate::control::{Ctrl, CtrlRecv, CtrlSend};
+use crate::crypto::{Psk, ReplayWindow, SessionKeys};
+use crate::handshake::{ClientHandshake, HandshakeError};
+use crate::pacer::Pacer;
+use crate::rtt::RttEstimator;
+use crate::transfer::{DataVerdict, Incoming, Layout, Outgoing, XferId, REORDER_PACKETS};
+use crate::wire::{self, AckFrame, AddrFamily, Frame, Writer};
+
+/// Where outgoing file data comes from.
+pub trait BlockSource {
+    /// Fill `buf` with the file bytes of transfer `xfer` at `offset` (exactly `buf.len()`).
+    fn read(&mut self, xfer: XferId, offset: u64, buf: &mut [u8]) -> Result<(), String>;
+}
+
+/// Where incoming file data goes.
+pub trait BlockSink {
+    fn write(&mut self, xfer: XferId, offset: u64, data: &[u8]) -> Result<(), String>;
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Largest IP packet to send (client: requested; server: the most it allows).
+    pub mtu: u16,
+    pub rate: RateConfig,
+    /// Give up when the peer is silent this long.
+    pub idle_timeout: Duration,
+    /// Client: give up when no handshake answer arrives in this time.
+    pub connect_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            mtu: 1500,
+            rate: RateConfig::Fixed(100_000_000 / 8),
+            idle_timeout: Duration::from_secs(15),
+            connect_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    Client,
+    Server,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Handshake done (client: server proved the key; server: client proved it).
+    Connected,
+    /// The peer will send us a file (upload to a server, or answer to our `request`).
+    /// Answer with [`Connection::accept`] or [`Connection::reject`].
+    Offered {
+        xfer: XferId,
+        path: String,
+        size: u64,
+        mode: u32,
+        mtime: i64,
+    },
+    /// Server: the client asks for a file. Answer with [`Connection::offer`] or `reject`.
+    GetRequested { xfer: XferId, path: String },
+    /// The peer refused or aborted a transfer.
+    Rejected { xfer: XferId, reason: String },
+    /// Every block has arrived and the sender's hash is known: verify the file, then call
+    /// [`Connection::finish_incoming`].
+    IncomingComplete { xfer: XferId, blake3: [u8; 32] },
+    /// A receive failed locally (write error) and the sender was told.
+    IncomingFailed { xfer: XferId, reason: String },
+    /// The receiver verified our file (Ok) or reported failure (Err).
+    OutgoingDone {
+        xfer: XferId,
+        result: Result<(), String>,
+    },
+    /// Server: the client has no more requests.
+    Bye,
+    /// The session is over; `error` is None for a normal close.
+    Closed { error: Option<String> },
+}
+
+/// Counters for stats lines, JSON and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Stats {
+    pub packets_sent: u64,
+    pub packets_received: u64,
+    pub data_packets_sent: u64,
+    pub data_packets_retransmitted: u64,
+    pub data_bytes_sent: u64,
+    pub blocks_declared_lost: u64,
+    pub data_packets_received: u64,
+    pub duplicate_blocks_received: u64,
+    pub data_bytes_received: u64,
+    pub data_bytes_acked: u64,
+    pub dropped_malformed: u64,
+    pub dropped_auth: u64,
+    pub dropped_replay: u64,
+    pub dropped_unexpected: u64,
+    pub srtt_us: u64,
+    pub min_rtt_us: u64,
+    /// Current pacing rate, bytes/s (0 = unpaced).
+    pub pacing_rate: u64,
+    pub pings_sent: u64,
+}
+
+enum State {
+    /// Client waiting for the ServerHello.
+    Handshake {
+        hs: Box<ClientHandshake>,
+        next_send_us: u64,
+        backoff_us: u64,
+        deadline_us: u64,
+    },
+    /// Server: keys agreed, waiting for the client's first sealed packet.
+    AwaitConfirm,
+    Established,
+    /// CLOSE sent or received; answer stragglers until `until_us`.
+    Draining {
+        until_us: u64,
+    },
+    Closed,
+}
+
+/// ACK cadence: every 32 data packets, or 5 ms after the first unacknowledged one.
+const ACK_EVERY: u32 = 32;
+const ACK_DELAY_US: u64 = 5_000;
+/// Sent-packet times kept for RTT and reordering decisions.
+const MAX_SENT_HISTORY: usize = 1 << 22;
+const DRAIN_US: u64 = 2_000_000;
+
+pub struct Connection {
+    side: Side,
+    cfg: Config,
+    psk: Psk,
+    state: State,
+    epoch: Instant,
+    keys: Option<SessionKeys>,
+    my_cid: u64,
+    peer_cid: u64,
+    fam: AddrFamily,
+    mtu: u16,
+    block_size: usize,
+    payload_limit: usize,
+
+    // Receiving packets from the peer.
+    replay: ReplayWindow,
+    largest_rx: Option<(u64, u64)>,
+    ack_pending: u32,
+    ack_deadline: Option<u64>,
+    ack_now: bool,
+    rx_bytes: u64,
+    rx_queue: u64,
+    rx_drops: u64,
+    last_rx_us: u64,
+
+    // Sending packets to the peer.
+    next_pn: u64,
+    sent_base: u64,
+    sent_times: VecDeque<u64>,
+    largest_acked: Option<u64>,
+    rtt: RttEstimator,
+    cc: Box<dyn RateControl>,
+    pacer: Pacer,
+    prev_ack_rx: Option<(u64, u64)>,
+    peer_drops: u64,
+    pto_base_us: u64,
+    pto_count: u32,
+    ping_pending: bool,
+
+    ctrl_tx: CtrlSend,
+    ctrl_rx: CtrlRecv,
+    outgoing: BTreeMap<XferId, Outgoing>,
+    incoming: BTreeMap<XferId, Incoming>,
+    pending_gets: BTreeMap<XferId, String>,
+    map_rotation: XferId,
+    next_xfer: XferId,
+    bye_sent: bool,
+    /// Some transfer may need its hash finished or `Sent` announced without sending data.
+    hash_work: bool,
+    close_frame: Option<(u64, String)>,
+    events: VecDeque<Event>,
+    stats: Stats,
+    scratch: Vec<u8>,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("side", &self.side)
+            .field("my_cid", &self.my_cid)
+            .field("peer_cid", &self.peer_cid)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connection {
+    fn base(side: Side, cfg: Config, psk: Psk, fam: AddrFamily, now: Instant) -> Self {
+        let cc = cfg.rate.build();
+        let mtu = cfg.mtu;
+        Connection {
+            side,
+            psk,
+            state: State::Closed,
+            epoch: now,
+            keys: None,
+            my_cid: 0,
+            peer_cid: 0,
+            fam,
+            mtu,
+            block_size: wire::block_size(mtu, fam),
+            payload_limit: wire::udp_payload_limit(mtu, fam),
+            replay: ReplayWindow::new(),
+            largest_rx: None,
+            ack_pending: 0,
+            ack_deadline: None,
+            ack_now: false,
+            rx_bytes: 0,
+            rx_queue: 0,
+            rx_drops: 0,
+            last_rx_us: 0,
+            next_pn: 0,
+            sent_base: 0,
+            sent_times: VecDeque::new(),
+            largest_acked: None,
+            rtt: RttEstimator::default(),
+            pacer: Pacer::new(wire::udp_payload_limit(mtu, fam)),
+            cc,
+            prev_ack_rx: None,
+            peer_drops: 0,
+            pto_base_us: 0,
+            pto_count: 0,
+            ping_pending: false,
+            ctrl_tx: CtrlSend::default(),
+            ctrl_rx: CtrlRecv::default(),
+            outgoing: BTreeMap::new(),
+            incoming: BTreeMap::new(),
+            pending_gets: BTreeMap::new(),
+            map_rotation: 0,
+            next_xfer: 1,
+            bye_sent: false,
+            hash_work: false,
+            close_frame: None,
+            events: VecDeque::new(),
+            stats: Stats::default(),
+            scratch: Vec::new(),
+            cfg,
+        }
+    }
+
+    /// A client session; its first `poll_transmit` yields the ClientHello.
+    pub fn client(cfg: Config, psk: &Psk, fam: AddrFamily, now: Instant) -> Self {
+        let hs = ClientHandshake::new(psk, cfg.mtu);
+        let deadline_us = cfg.connect_timeout.as_micros() as u64;
+        let mut c = Connection::base(Side::Client, cfg, psk.clone(), fam, now);
+        c.my_cid = hs.client_cid();
+        c.state = State::Handshake {
+            hs: Box::new(hs),
+            next_send_us: 0,
+            backoff_us: 200_000,
+            deadline_us,
+        };
+        c
+    }
+
+    /// A server session for a verified ClientHello (see `handshake::server_accept`).
+    pub fn server(
+        cfg: Config,
+        psk: &Psk,
+        accept: crate::handshake::ServerAccept,
+        fam: AddrFamily,
+        now: Instant,
+    ) -> Self {
+        let mut cfg = cfg;
+        cfg.mtu = accept.mtu;
+        let mut c = Connection::base(Side::Server, cfg, psk.clone(), fam, now);
+        c.my_cid = accept.server_cid;
+        c.peer_cid = accept.client_cid;
+        c.keys = Some(accept.keys);
+        c.state = State::AwaitConfirm;
+        c
+    }
+
+    fn now_us(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.epoch).as_micros() as u64
+    }
+
+    pub fn side(&self) -> Side {
+        self.side
+    }
+
+    pub fn my_cid(&self) -> u64 {
+        self.my_cid
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    pub fn mtu(&self) -> u16 {
+        self.mtu
+    }
+
+    /// Largest datagram this session sends; size transmit buffers to it.
+    pub fn max_datagram(&self) -> usize {
+        self.payload_limit.max(wire::CLIENT_HELLO_LEN)
+    }
+
+    pub fn is_established(&self) -> bool {
+        matches!(self.state, State::Established)
+    }
+
+    pub fn is_closed(&self) -> bool {
+        matches!(self.state, State::Closed)
+    }
+
+    /// No more events can come except by timeouts of a draining session.
+    pub fn is_draining(&self) -> bool {
+        matches!(self.state, State::Draining { .. } | State::Closed)
+    }
+
+    pub fn stats(&self) -> Stats {
+        let mut s = self.stats.clone();
+        s.srtt_us = self.rtt.srtt();
+        s.min_rtt_us = self.rtt.min();
+        s.pacing_rate = self.pacer.rate().unwrap_or(0);
+        s
+    }
+
+    pub fn rate_controller(&self) -> &dyn RateControl {
+        &*self.cc
+    }
+
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// The I/O shell reports the receiver-side facts the rate controller wants.
+    pub fn set_receiver_state(&mut self, backlog_bytes: u64, os_drops: u64) {
+        self.rx_queue = backlog_bytes;
+        self.rx_drops = os_drops;
+    }
+
+    // ----- application requests -----
+
+    /// Client: upload a file to `path` on the server. Returns its transfer id.
+    pub fn send_file(&mut self, path: &str, size: u64, mode: u32, mtime: i64) -> XferId {
+        let xfer = self.alloc_xfer();
+        self.start_outgoing(xfer, path, size, mode, mtime);
+        xfer
+    }
+
+    /// Client: download `path` from the server.
+    pub fn request(&mut self, path: &str) -> XferId {
+        let xfer = self.alloc_xfer();
+        self.pending_gets.insert(xfer, path.to_string());
+        self.ctrl_tx.push(&Ctrl::Get {
+            xfer,
+            path: path.to_string(),
+        });
+        xfer
+    }
+
+    /// Server: answer a `GetRequested` by sending the file.
+    pub fn offer(&mut self, xfer: XferId, path: &str, size: u64, mode: u32, mtime: i64) {
+        self.start_outgoing(xfer, path, size, mode, mtime);
+    }
+
+    /// Accept an `Offered` file; `have` lists block ranges already present (resume).
+    pub fn accept(&mut self, xfer: XferId, have: &[(u64, u64)]) {
+        if let Some(inc) = self.incoming.get_mut(&xfer) {
+            inc.accepted = true;
+            inc.mark_have(have);
+            let have = inc.have_ranges();
+            self.ctrl_tx.push(&Ctrl::Ready { xfer, have });
+            self.check_incoming_complete(xfer);
+        }
+    }
+
+    /// Refuse an offer or a get (or abort an incoming transfer).
+    pub fn reject(&mut self, xfer: XferId, reason: &str) {
+        self.incoming.remove(&xfer);
+        self.outgoing.remove(&xfer);
+        self.ctrl_tx.push(&Ctrl::Reject {
+            xfer,
+            reason: reason.to_string(),
+        });
+    }
+
+    /// Report the verdict on a completed incoming file: Ok(hash) once it is verified and in
+    /// place under its final name, Err(reason) otherwise.
+    pub fn finish_incoming(&mut self, xfer: XferId, result: Result<[u8; 32], String>) {
+        if self.incoming.remove(&xfer).is_none() {
+            return;
+        }
+        match result {
+            Ok(blake3) => self.ctrl_tx.push(&Ctrl::Verified { xfer, blake3 }),
+            Err(reason) => self.ctrl_tx.push(&Ctrl::Failed { xfer, reason }),
+        }
+    }
+
+    /// Client: no more requests. The server closes the session once it has this.
+    pub fn bye(&mut self) {
+        if !self.bye_sent {
+            self.bye_sent = true;
+            self.ctrl_tx.push(&Ctrl::Bye);
+        }
+    }
+
+    /// Close now, telling the peer why (code 0 = normal).
+    pub fn close(&mut self, now: Instant, code: u64, reason: &str) {
+        if self.is_draining() {
+            return;
+        }
+        let now_us = self.now_us(now);
+        if self.keys.is_some() && !matches!(self.state, State::Handshake { .. }) {
+            self.close_frame = Some((code, reason.to_string()));
+            self.state = State::Draining {
+                until_us: now_us + DRAIN_US,
+            };
+        } else {
+            self.state = State::Closed;
+        }
+        let error = (code != 0).then(|| reason.to_string());
+        self.events.push_back(Event::Closed { error });
+    }
+
+    /// Transfers still open, for a message when a session dies.
+    pub fn open_transfers(&self) -> Vec<(XferId, String)> {
+        let mut v: Vec<_> = self
+            .outgoing
+            .values()
+            .map(|o| (o.id, o.path.clone()))
+            .chain(self.incoming.values().map(|i| (i.id, i.path.clone())))
+            .chain(self.pending_gets.iter().map(|(x, p)| (*x, p.clone())))
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// Progress of an incoming transfer: (received blocks, total blocks, missing ranges).
+    pub fn incoming_progress(&self, xfer: XferId) -> Option<(u64, u64)> {
+        self.incoming
+            .get(&xfer)
+            .map(|i| (i.received_blocks(), i.layout.blocks()))
+    }
+
+    /// Missing block ranges of an incoming transfer (for "what is missing" reports).
+    pub fn incoming_missing(&self, xfer: XferId) -> Option<Vec<(u64, u64)>> {
+        self.incoming.get(&xfer).map(|i| i.missing_ranges())
+    }
+
+    /// Bytes of our outgoing files the peer has acknowledged.
+    pub fn outgoing_acked_bytes(&self, xfer: XferId) -> Option<u64> {
+        self.outgoing.get(&xfer).map(|o| o.bytes_acked)
+    }
+
+    fn alloc_xfer(&mut self) -> XferId {
+        let x = self.next_xfer;
+        self.next_xfer += 1;
+        x
+    }
+
+    fn start_outgoing(&mut self, xfer: XferId, path: &str, size: u64, mode: u32, mtime: i64) {
+        let mut o = Outgoing::new(xfer, path.to_string(), Layout::new(size, self.block_size));
+        o.finish_empty_hash();
+        self.outgoing.insert(xfer, o);
+        self.ctrl_tx.push(&Ctrl::Offer {
+            xfer,
+            path: path.to_string(),
+            size,
+            mode,
+            mtime,
+        });
+    }
+
+    // ----- receiving -----
+
+    /// Process one datagram from the peer. Invalid datagrams are dropped and counted.
+    pub fn handle_datagram(&mut self, now: Instant, data: &mut [u8], sink: &mut dyn BlockSink) {
+        let now_us = self.now_us(now);
+        if let State::Handshake { hs, .. } = &self.state {
+            match hs.handle(&self.psk, data) {
+                Ok(est) => {
+                    self.peer_cid = est.server_cid;
+                    self.mtu = est.mtu;
+                    self.block_size = wire::block_size(est.mtu, self.fam);
+                    self.payload_limit = wire::udp_payload_limit(est.mtu, self.fam);
+                    self.pacer = Pacer::new(self.payload_limit);
+                    self.keys = Some(est.keys);
+                    self.state = State::Established;
+                    self.last_rx_us = now_us;
+                    self.pto_base_us = now_us;
+                    // The server trusts us only once a sealed packet opens: say something.
+                    if !self.ctrl_tx.has_unsent() {
+                        self.ping_pending = true;
+                    }
+                    // Transfers queued before the handshake learned the block size now.
+                    for o in self.outgoing.values_mut() {
+                        o.layout = Layout::new(o.layout.size, self.block_size);
+                        *o = Outgoing::new(o.id, o.path.clone(), o.layout);
+                        o.finish_empty_hash();
+                    }
+                    self.events.push_back(Event::Connected);
+                }
+                Err(HandshakeError::Rejected(r)) => {
+                    let reason = match r {
+                        wire::RejectReason::AuthFailed => {
+                            "the server refused our key (authentication failed): \
+                             client and server key files differ"
+                        }
+                        wire::RejectReason::VersionUnsupported => {
+                            "the server does not speak this protocol version"
+                        }
+                        wire::RejectReason::Busy => "the server is busy",
+                    };
+                    self.state = State::Closed;
+                    self.events.push_back(Event::Closed {
+                        error: Some(reason.to_string()),
+                    });
+                }
+                Err(HandshakeError::BadMac) => self.stats.dropped_auth += 1,
+                Err(_) => self.stats.dropped_malformed += 1,
+            }
+            return;
+        }
+        if matches!(self.state, State::Closed) {
+            self.stats.dropped_unexpected += 1;
+            return;
+        }
+        match wire::peek_kind(data) {
+            Ok(wire::PacketKind::Sealed) => {}
+            Ok(_) => {
+                // Retransmitted hellos are the endpoint's business; anything else is noise.
+                self.stats.dropped_unexpected += 1;
+                return;
+            }
+            Err(_) => {
+                self.stats.dropped_malformed += 1;
+                return;
+            }
+        }
+        if wire::sealed_dest_cid(data).ok() != Some(self.my_cid) {
+            self.stats.dropped_unexpected += 1;
+            return;
+        }
+        let Ok(pn) = wire::sealed_pn(data) else {
+            self.stats.dropped_malformed += 1;
+            return;
+        };
+        if !self.replay.is_fresh(pn) {
+            self.stats.dropped_replay += 1;
+            return;
+        }
+        let keys = self.keys.as_ref().expect("sealed packets only after keys");
+        let plain = match keys.recv.open(data) {
+            Ok(p) => p,
+            Err(_) => {
+                self.stats.dropped_auth += 1;
+                return;
+            }
+        };
+        // Validate every frame before acting on any, so a malformed tail cannot leave a
+        // packet half-applied.
+        if wire::parse_frames(plain).any(|f| f.is_err()) {
+            self.stats.dropped_malformed += 1;
+            return;
+        }
+        self.replay.mark(pn);
+        self.stats.packets_received += 1;
+        self.last_rx_us = now_us;
+        if matches!(self.state, State::AwaitConfirm) {
+            self.state = State::Established;
+            self.pto_base_us = now_us;
+            self.events.push_back(Event::Connected);
+        }
+        if let State::Draining { .. } = self.state {
+            // The peer did not hear our CLOSE: say it again.
+            if self.close_frame.is_none() {
+                self.close_frame = Some((0, "closed".into()));
+            }
+            return;
+        }
+        if self.largest_rx.is_none_or(|(l, _)| pn > l) {
+            self.largest_rx = Some((pn, now_us));
+        }
+
+        let mut eliciting = false;
+        let mut has_data = false;
+        let mut fb: Option<Feedback> = None;
+        let frames: Vec<Frame<'_>> = wire::parse_frames(plain)
+            .map(|f| f.expect("validated"))
+            .collect();
+        for frame in frames {
+            match frame {
+                Frame::Padding => {}
+                Frame::Ping => {
+                    eliciting = true;
+                    self.ack_now = true;
+                }
+                Frame::Ack(a) => fb = Some(self.on_ack(now_us, &a)),
+                Frame::Ctrl { offset, data } => {
+                    eliciting = true;
+                    self.ack_now = true;
+                    match self.ctrl_rx.on_chunk(offset, data) {
+                        Ok(_) => self.drain_ctrl(now),
+                        Err(e) => {
+                            self.close(now, 2, &format!("protocol error: {e}"));
+                            return;
+                        }
+                    }
+                }
+                Frame::Data {
+                    xfer,
+                    block,
+                    payload,
+                } => {
+                    eliciting = true;
+                    has_data = true;
+                    self.on_data(now, xfer, block, payload, sink);
+                }
+                Frame::LossMap(lm) => {
+                    let fb = fb.get_or_insert_with(|| Feedback {
+                        now_us,
+                        ..Default::default()
+                    });
+                    self.on_loss_map(&lm, fb);
+                }
+                Frame::Close { code, reason } => {
+                    let error = (code != 0).then(|| format!("peer closed the session: {reason}"));
+                    self.state = State::Draining {
+                        until_us: now_us + DRAIN_US,
+                    };
+                    self.events.push_back(Event::Closed { error });
+                    return;
+                }
+            }
+        }
+        if let Some(mut fb) = fb {
+            fb.srtt_us = self.rtt.srtt();
+            fb.min_rtt_us = self.rtt.min();
+            fb.in_flight = self.in_flight_bytes();
+            self.cc.on_feedback(&fb);
+            self.pacer.set_rate(self.cc.pacing_rate());
+        }
+        if eliciting {
+            if has_data {
+                self.ack_pending += 1;
+                if self.ack_deadline.is_none() {
+                    self.ack_deadline = Some(now_us + ACK_DELAY_US);
+                }
+            } else {
+                self.ack_now = true;
+            }
+        }
+    }
+
+    fn in_flight_bytes(&self) -> u64 {
+        // Sent minus delivered minus declared lost: an estimate good enough for pacing caps.
+        self.stats
+            .data_bytes_sent
+            .saturating_sub(self.stats.data_bytes_acked)
+    }
+
+    fn on_ack(&mut self, now_us: u64, a: &AckFrame) -> Feedback {
+        let mut fb = Feedback {
+            now_us,
+            ..Default::default()
+        };
+        if a.largest_pn < self.next_pn && self.largest_acked.is_none_or(|l| a.largest_pn > l) {
+            self.largest_acked = Some(a.largest_pn);
+            if let Some(sent) = self.sent_time(a.largest_pn) {
+                let raw = now_us.saturating_sub(sent);
+                let rtt = if raw > a.ack_delay_us {
+                    raw - a.ack_delay_us
+                } else {
+                    raw
+                };
+                self.rtt.on_sample(now_us, rtt);
+                fb.rtt_us = Some(rtt);
+            }
+            // Forget send times nobody will ask for again.
+            let keep_from = a.largest_pn.saturating_sub(4 * REORDER_PACKETS.max(1024));
+            while self.sent_base < keep_from && !self.sent_times.is_empty() {
+                self.sent_times.pop_front();
+                self.sent_base += 1;
+            }
+        }
+        if self.ctrl_tx.on_ack(a.ctrl_offset) {
+            self.pto_count = 0;
+        }
+        self.pto_base_us = now_us;
+        self.pto_count = 0;
+        if let Some((b0, t0)) = self.prev_ack_rx {
+            if a.rx_time_us > t0 + 1_000 && a.rx_bytes >= b0 {
+                fb.rx_rate = Some((a.rx_bytes - b0) * 1_000_000 / (a.rx_time_us - t0));
+                self.prev_ack_rx = Some((a.rx_bytes, a.rx_time_us));
+            }
+        } else {
+            self.prev_ack_rx = Some((a.rx_bytes, a.rx_time_us));
+        }
+        fb.rx_queue = a.rx_queue;
+        fb.rx_drops = a.rx_drops.saturating_sub(self.peer_drops);
+        self.peer_drops = self.peer_drops.max(a.rx_drops);
+        fb
+    }
+
+    fn sent_time(&self, pn: u64) -> Option<u64> {
+        if pn < self.sent_base {
+            return None;
+        }
+        self.sent_times.get((pn - self.sent_base) as usize).copied()
+    }
+
+    fn on_loss_map(&mut self, lm: &wire::LossMapFrame, fb: &mut Feedback) {
+        let Some(largest) = self.largest_acked else {
+            return;
+        };
+        let reorder_us = (self.rtt.srtt() / 8).max(1_000);
+        let largest_time = self.sent_time(largest);
+        let sent_base = self.sent_base;
+        let times = &self.sent_times;
+        let is_lost = |pn: u64| {
+            if pn >= largest {
+                return false;
+            }
+            if largest - pn >= REORDER_PACKETS {
+                return true;
+            }
+            match (
+                pn.checked_sub(sent_base)
+                    .and_then(|i| times.get(i as usize)),
+                largest_time,
+            ) {
+                (Some(&t), Some(lt)) => t + reorder_us <= lt,
+                _ => true,
+            }
+        };
+        let Some(o) = self.outgoing.get_mut(&lm.xfer) else {
+            return;
+        };
+        let out = o.on_loss_map(lm, is_lost);
+        fb.delivered += out.newly_acked_bytes;
+        fb.lost_blocks += out.lost_blocks;
+        fb.lost_bytes += out.lost_bytes;
+        self.stats.data_bytes_acked += out.newly_acked_bytes;
+        self.stats.blocks_declared_lost += out.lost_blocks;
+        self.check_outgoing_done(lm.xfer);
+    }
+
+    fn on_data(
+        &mut self,
+        now: Instant,
+        xfer: XferId,
+        block: u64,
+        payload: &[u8],
+        sink: &mut dyn BlockSink,
+    ) {
+        self.stats.data_packets_received += 1;
+        let Some(inc) = self.incoming.get_mut(&xfer) else {
+            // Data for a transfer that already finished (a late retransmission) or never was.
+            self.stats.duplicate_blocks_received += 1;
+            return;
+        };
+        if !inc.accepted {
+            return;
+        }
+        match inc.check(block, payload.len()) {
+            DataVerdict::Invalid => {
+                self.stats.dropped_malformed += 1;
+            }
+            DataVerdict::Duplicate => self.stats.duplicate_blocks_received += 1,
+            DataVerdict::New => {
+                let offset = inc.layout.offset(block);
+                match sink.write(xfer, offset, payload) {
+                    Ok(()) => {
+                        inc.on_written(block, payload.len());
+                        self.rx_bytes += payload.len() as u64;
+                        self.stats.data_bytes_received += payload.len() as u64;
+                        self.check_incoming_complete(xfer);
+                    }
+                    Err(e) => {
+                        let reason = format!("cannot write {}: {e}", inc.path);
+                        self.incoming.remove(&xfer);
+                        self.ctrl_tx.push(&Ctrl::Failed {
+                            xfer,
+                            reason: reason.clone(),
+                        });
+                        self.events
+                            .push_back(Event::IncomingFailed { xfer, reason });
+                        let _ = now;
+                    }
+                }
+            }
+        }
+    }
+
+    fn check_incoming_complete(&mut self, xfer: XferId) {
+        if let Some(inc) = self.incoming.get_mut(&xfer) {
+            if inc.accepted && !inc.completed && inc.all_received() {
+                if let Some(h) = inc.expected_hash {
+                    inc.completed = true;
+                    self.events
+                        .push_back(Event::IncomingComplete { xfer, blake3: h });
+                    // Tell the sender at once that everything is here.
+                    self.ack_now = true;
+                }
+            }
+        }
+    }
+
+    fn check_outgoing_done(&mut self, _xfer: XferId) {
+        // Completion is decided by the receiver's Verified/Failed; nothing to do on acks.
+    }
+
+    fn drain_ctrl(&mut self, now: Instant) {
+        loop {
+            match self.ctrl_rx.next_message() {
+                Ok(Some(msg)) => self.on_ctrl(now, msg),
+                Ok(None) => return,
+                Err(e) => {
+                    self.close(now, 2, &format!("protocol error: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    fn on_ctrl(&mut self, now: Instant, msg: Ctrl) {
+        match msg {
+            Ctrl::Offer {
+                xfer,
+                path,
+                size,
+                mode,
+                mtime,
+            } => {
+                let solicited = self.pending_gets.remove(&xfer).is_some();
+                if self.side == Side::Client && !solicited {
+                    self.stats.dropped_unexpected += 1;
+                    return;
+                }
+                if self.incoming.contains_key(&xfer) || self.outgoing.contains_key(&xfer) {
+                    return;
+                }
+                let layout = Layout::new(size, self.block_size);
+                self.incoming
+                    .insert(xfer, Incoming::new(xfer, path.clone(), layout, mode, mtime));
+                self.events.push_back(Event::Offered {
+                    xfer,
+                    path,
+                    size,
+                    mode,
+                    mtime,
+                });
+            }
+            Ctrl::Get { xfer, path } => {
+                if self.side == Side::Server {
+                    self.events.push_back(Event::GetRequested { xfer, path });
+                } else {
+                    self.stats.dropped_unexpected += 1;
+                }
+            }
+            Ctrl::Ready { xfer, have } => {
+                if let Some(o) = self.outgoing.get_mut(&xfer) {
+                    if !o.ready {
+                        o.ready = true;
+                        o.mark_have(&have);
+                        self.hash_work = true;
+                    }
+                }
+            }
+            Ctrl::Reject { xfer, reason } => {
+                let known = self.outgoing.remove(&xfer).is_some()
+                    | self.incoming.remove(&xfer).is_some()
+                    | self.pending_gets.remove(&xfer).is_some();
+                if known {
+                    self.events.push_back(Event::Rejected { xfer, reason });
+                }
+            }
+            Ctrl::Sent { xfer, blake3 } => {
+                if let Some(inc) = self.incoming.get_mut(&xfer) {
+                    inc.expected_hash = Some(blake3);
+                    self.check_incoming_complete(xfer);
+                }
+            }
+            Ctrl::Verified { xfer, blake3 } => {
+                if let Some(o) = self.outgoing.remove(&xfer) {
+                    let result = if o.hash == Some(blake3) {
+                        Ok(())
+                    } else {
+                        Err("the receiver's hash differs from ours".to_string())
+                    };
+                    self.events.push_back(Event::OutgoingDone { xfer, result });
+                }
+            }
+            Ctrl::Failed { xfer, reason } => {
+                if self.outgoing.remove(&xfer).is_some() {
+                    self.events.push_back(Event::OutgoingDone {
+                        xfer,
+                        result: Err(reason),
+                    });
+                }
+            }
+            Ctrl::Bye => {
+                if self.side == Side::Server {
+                    self.events.push_back(Event::Bye);
+                    self.close(now, 0, "bye");
+                }
+            }
+        }
+    }
+
+    // ----- timers -----
+
+    /// The next moment `handle_timeout` (or `poll_transmit`) has work, if any.
+    pub fn poll_timeout(&mut self, now: Instant) -> Option<Instant> {
+        let now_us = self.now_us(now);
+        let at = |us: u64| self.epoch + Duration::from_micros(us);
+        let mut t: Option<u64> = None;
+        let mut min = |x: u64| t = Some(t.map_or(x, |y: u64| y.min(x)));
+        match &self.state {
+            State::Handshake {
+                next_send_us,
+                deadline_us,
+                ..
+            } => {
+                min(*next_send_us);
+                min(*deadline_us);
+            }
+            State::Closed => return None,
+            State::Draining { until_us } => {
+                if self.close_frame.is_some() {
+                    min(now_us);
+                }
+                min(*until_us);
+            }
+            State::AwaitConfirm | State::Established => {
+                min(self.last_rx_us + self.cfg.idle_timeout.as_micros() as u64);
+                if self.ack_now || self.ctrl_tx.has_unsent() || self.ping_pending || self.hash_work
+                {
+                    min(now_us);
+                }
+                if let Some(d) = self.ack_deadline {
+                    min(d);
+                }
+                if self.outstanding() {
+                    min(self.pto_deadline());
+                }
+                if self.has_data_to_send() {
+                    match self.pacer.next_send_time(now_us) {
+                        Some(x) => min(x),
+                        None => min(now_us),
+                    }
+                }
+            }
+        }
+        t.map(at)
+    }
+
+    fn pto_deadline(&self) -> u64 {
+        let backoff = 1u64 << self.pto_count.min(6);
+        self.pto_base_us + self.rtt.pto() * backoff
+    }
+
+    /// Something sent is still awaiting an answer from the peer.
+    fn outstanding(&self) -> bool {
+        self.ctrl_tx.has_unacked()
+            || self
+                .outgoing
+                .values()
+                .any(|o| o.ready && o.next_new > 0 && !o.all_acked())
+            || self.outgoing.values().any(|o| o.sent_announced)
+            || !self.pending_gets.is_empty()
+    }
+
+    fn has_data_to_send(&self) -> bool {
+        self.outgoing
+            .values()
+            .any(|o| o.ready && (o.has_retx() || o.peek_new().is_some()))
+    }
+
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let now_us = self.now_us(now);
+        match &mut self.state {
+            State::Handshake { deadline_us, .. } => {
+                if now_us >= *deadline_us {
+                    let secs = self.cfg.connect_timeout.as_secs_f64();
+                    self.state = State::Closed;
+                    self.events.push_back(Event::Closed {
+                        error: Some(format!(
+                            "no answer from the server within {secs:.0} s \
+                             (is `hayate serve` running there, and is UDP let through?)"
+                        )),
+                    });
+                }
+                return;
+            }
+            State::Draining { until_us } => {
+                if now_us >= *until_us {
+                    self.state = State::Closed;
+                }
+                return;
+            }
+            State::Closed => return,
+            _ => {}
+        }
+        let idle = self.cfg.idle_timeout.as_micros() as u64;
+        if now_us >= self.last_rx_us + idle {
+            let open = self.open_transfers();
+            let what = if open.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; unfinished: {}",
+                    open.iter()
+                        .map(|(_, p)| p.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            };
+            self.state = State::Closed;
+            self.events.push_back(Event::Closed {
+                error: Some(format!(
+                    "the peer went silent for {} s{what}",
+                    self.cfg.idle_timeout.as_secs()
+                )),
+            });
+            return;
+        }
+        if self.outstanding() && now_us >= self.pto_deadline() {
+            self.ctrl_tx.rewind();
+            self.ping_pending = true;
+            self.pto_count += 1;
+            self.pto_base_us = now_us;
+        }
+    }
+
+    // ----- sending -----
+
+    /// Write the next datagram to send into `buf` (at least `max_datagram()` bytes) and
+    /// return its length, or None when nothing may be sent now (see `poll_timeout`).
+    pub fn poll_transmit(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        src: &mut dyn BlockSource,
+    ) -> Option<usize> {
+        let now_us = self.now_us(now);
+        match &mut self.state {
+            State::Handshake {
+                hs,
+                next_send_us,
+                backoff_us,
+                ..
+            } => {
+                if now_us < *next_send_us {
+                    return None;
+                }
+                let hello = hs.hello();
+                buf[..hello.len()].copy_from_slice(hello);
+                *next_send_us = now_us + *backoff_us;
+                *backoff_us = (*backoff_us * 2).min(1_000_000);
+                self.stats.packets_sent += 1;
+                return Some(hello.len());
+            }
+            State::Closed | State::AwaitConfirm => return None,
+            State::Draining { .. } => {
+                let (code, reason) = self.close_frame.take()?;
+                return self.seal_frames(now_us, buf, |w| {
+                    Frame::Close {
+                        code,
+                        reason: &reason,
+                    }
+                    .encode(w)
+                    .ok();
+                });
+            }
+            State::Established => {}
+        }
+
+        if std::mem::take(&mut self.hash_work) {
+            self.finish_hashes(src);
+        }
+        let ack_due = self.ack_now
+            || self.ack_pending >= ACK_EVERY
+            || self.ack_deadline.is_some_and(|d| now_us >= d);
+        if ack_due || self.ctrl_tx.has_unsent() || self.ping_pending {
+            return self.send_control(now_us, buf, ack_due);
+        }
+        if self.pacer.can_send(now_us, self.payload_limit) {
+            return self.send_data(now_us, buf, src);
+        }
+        None
+    }
+
+    fn send_control(&mut self, now_us: u64, buf: &mut [u8], with_ack: bool) -> Option<usize> {
+        let limit = self.payload_limit - wire::TAG_LEN;
+        let ping = std::mem::take(&mut self.ping_pending);
+        if ping {
+            self.stats.pings_sent += 1;
+        }
+        // Work around the borrow of self inside the closure: build frames into scratch first.
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        scratch.resize(limit - wire::SEALED_HEADER_LEN, 0);
+        let mut w = Writer::new(&mut scratch);
+        if with_ack {
+            self.write_ack(now_us, &mut w);
+            self.write_loss_maps(&mut w);
+        }
+        if ping {
+            let _ = Frame::Ping.encode(&mut w);
+        }
+        // Control stream bytes, as many as fit.
+        let room = w.remaining().saturating_sub(1 + 8 + 8);
+        if room > 16 {
+            if let Some((offset, data)) = self.ctrl_tx.next_chunk(room) {
+                Frame::Ctrl {
+                    offset,
+                    data: &data,
+                }
+                .encode(&mut w)
+                .expect("sized to fit");
+            }
+        }
+        let n = w.pos();
+        let out = self.seal_frames(now_us, buf, |w2| {
+            w2.put_bytes(&scratch[..n]).expect("fits");
+        });
+        self.scratch = scratch;
+        out
+    }
+
+    fn write_ack(&mut self, now_us: u64, w: &mut Writer<'_>) {
+        let (largest_pn, at) = self.largest_rx.unwrap_or((0, now_us));
+        let ack = AckFrame {
+            largest_pn,
+            ack_delay_us: now_us.saturating_sub(at),
+            ctrl_offset: self.ctrl_rx.offset(),
+            rx_bytes: self.rx_bytes,
+            rx_time_us: now_us,
+            rx_queue: self.rx_queue,
+            rx_drops: self.rx_drops,
+        };
+        Frame::Ack(ack).encode(w).expect("an ACK always fits");
+        self.ack_now = false;
+        self.ack_pending = 0;
+        self.ack_deadline = None;
+    }
+
+    fn write_loss_maps(&mut self, w: &mut Writer<'_>) {
+        let ids: Vec<XferId> = self
+            .incoming
+            .range(self.map_rotation..)
+            .chain(self.incoming.range(..self.map_rotation))
+            .filter(|(_, i)| i.accepted)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            // Room for the fixed fields (at most 6 varints of 8 bytes + type) and some gaps.
+            if w.remaining() < 64 {
+                self.map_rotation = id;
+                return;
+            }
+            let inc = self.incoming.get_mut(&id).expect("listed");
+            let max_gaps = (w.remaining() - 50) / 6;
+            let lm = inc.loss_map(max_gaps);
+            if lm.encode_fitting(w).is_err() {
+                self.map_rotation = id;
+                return;
+            }
+        }
+        self.map_rotation = 0;
+    }
+
+    fn send_data(
+        &mut self,
+        now_us: u64,
+        buf: &mut [u8],
+        src: &mut dyn BlockSource,
+    ) -> Option<usize> {
+        // Retransmissions first, then new blocks, in transfer order.
+        let mut pick: Option<(XferId, u64, bool)> = None;
+        for o in self.outgoing.values_mut() {
+            if !o.ready {
+                continue;
+            }
+            if let Some(b) = o.pop_retx() {
+                pick = Some((o.id, b, true));
+                break;
+            }
+        }
+        if pick.is_none() {
+            for o in self.outgoing.values() {
+                if o.ready {
+                    if let Some(b) = o.peek_new() {
+                        pick = Some((o.id, b, false));
+                        break;
+                    }
+                }
+            }
+        }
+        let (xfer, block, retx) = pick?;
+        let pn = self.next_pn;
+        let o = self.outgoing.get_mut(&xfer).expect("picked");
+        let len = o.layout.len(block);
+        let offset = o.layout.offset(block);
+        let hdr = wire::SEALED_HEADER_LEN;
+        let body = hdr + wire::DATA_HEADER_LEN;
+        if !retx {
+            // Blocks the receiver already had (resume) still count in the file hash.
+            let mut skipped = std::mem::take(&mut self.scratch);
+            while o.hash_next < block {
+                let b = o.hash_next;
+                skipped.resize(o.layout.len(b), 0);
+                if let Err(e) = src.read(xfer, o.layout.offset(b), &mut skipped) {
+                    self.scratch = skipped;
+                    self.fail_outgoing(
+                        xfer,
+                        format!("cannot read {}: {e}", self.outgoing[&xfer].path),
+                    );
+                    return None;
+                }
+                o.hash_block(b, &skipped);
+            }
+            self.scratch = skipped;
+        }
+        if let Err(e) = src.read(xfer, offset, &mut buf[body..body + len]) {
+            let path = o.path.clone();
+            self.fail_outgoing(xfer, format!("cannot read {path}: {e}"));
+            return None;
+        }
+        if !retx {
+            o.hash_block(block, &buf[body..body + len]);
+        }
+        o.on_sent(block, pn);
+        wire::write_sealed_header(buf, self.peer_cid, pn);
+        wire::write_data_header(&mut buf[hdr..], xfer, block);
+        let keys = self.keys.as_ref().expect("established");
+        let total = keys.send.seal(buf, wire::DATA_HEADER_LEN + len);
+        self.next_pn += 1;
+        self.record_sent(now_us);
+        self.stats.data_packets_sent += 1;
+        self.stats.data_bytes_sent += len as u64;
+        if retx {
+            self.stats.data_packets_retransmitted += 1;
+        }
+        self.pacer.on_sent(total);
+        self.cc.on_sent(now_us, total as u64);
+        // Last new block out and hashed: announce the file's hash.
+        self.maybe_announce(xfer);
+        Some(total)
+    }
+
+    fn maybe_announce(&mut self, xfer: XferId) {
+        let src_hash = match self.outgoing.get_mut(&xfer) {
+            Some(o) if !o.sent_announced && o.peek_new().is_none() => {
+                if o.hash.is_none() {
+                    // Trailing blocks the receiver already had: hashed on the next poll.
+                    self.hash_work = true;
+                    return;
+                }
+                o.sent_announced = true;
+                o.hash
+            }
+            _ => return,
+        };
+        if let Some(blake3) = src_hash {
+            self.ctrl_tx.push(&Ctrl::Sent { xfer, blake3 });
+        }
+    }
+
+    fn fail_outgoing(&mut self, xfer: XferId, reason: String) {
+        self.outgoing.remove(&xfer);
+        self.ctrl_tx.push(&Ctrl::Reject {
+            xfer,
+            reason: reason.clone(),
+        });
+        self.events.push_back(Event::OutgoingDone {
+            xfer,
+            result: Err(reason),
+        });
+    }
+
+    /// Hash blocks nobody will send (resume) and announce `Sent` for transfers whose data
+    /// is all out. Called from `poll_transmit` paths that don't send data.
+    pub fn finish_hashes(&mut self, src: &mut dyn BlockSource) {
+        let ids: Vec<XferId> = self
+            .outgoing
+            .values()
+            .filter(|o| o.ready && !o.sent_announced && o.peek_new().is_none())
+            .map(|o| o.id)
+            .collect();
+        for xfer in ids {
+            let mut scratch = std::mem::take(&mut self.scratch);
+            let o = self.outgoing.get_mut(&xfer).expect("listed");
+            let n = o.layout.blocks();
+            let mut failed = None;
+            while o.hash_next < n {
+                let b = o.hash_next;
+                scratch.resize(o.layout.len(b), 0);
+                if let Err(e) = src.read(xfer, o.layout.offset(b), &mut scratch) {
+                    failed = Some(format!("cannot read {}: {e}", o.path));
+                    break;
+                }
+                o.hash_block(b, &scratch);
+            }
+            self.scratch = scratch;
+            match failed {
+                Some(reason) => self.fail_outgoing(xfer, reason),
+                None => self.maybe_announce(xfer),
+            }
+        }
+    }
+
+    fn record_sent(&mut self, now_us: u64) {
+        self.sent_times.push_back(now_us);
+        if self.sent_times.len() > MAX_SENT_HISTORY {
+            self.sent_times.pop_front();
+            self.sent_base += 1;
+        }
+        self.stats.packets_sent += 1;
+    }
+
+    fn seal_frames(
+        &mut self,
+        now_us: u64,
+        buf: &mut [u8],
+        fill: impl FnOnce(&mut Writer<'_>),
+    ) -> Option<usize> {
+        let keys = self.keys.as_ref()?;
+        let hdr = wire::SEALED_HEADER_LEN;
+        let limit = self.payload_limit - wire::TAG_LEN;
+        let pn = self.next_pn;
+        wire::write_sealed_header(buf, self.peer_cid, pn);
+        let mut w = Writer::new(&mut buf[hdr..limit]);
+        fill(&mut w);
+        let n = w.pos();
+        let total = keys.send.seal(buf, n);
+        self.next_pn += 1;
+        self.record_sent(now_us);
+        Some(total)
+    }
+}

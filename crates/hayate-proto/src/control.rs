@@ -1,0 +1,270 @@
+//! The reliable, ordered control stream (CTRL frames) and the messages it carries.
+//! Control traffic is tiny next to data, so this favours simplicity: the sender keeps every
+//! unacknowledged byte and resends all of them on a probe timeout.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+/// Control messages; `docs/PROTOCOL.md` gives their meaning. Order of variants is wire format.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Ctrl {
+    Offer {
+        xfer: u32,
+        path: String,
+        size: u64,
+        mode: u32,
+        mtime: i64,
+    },
+    Get {
+        xfer: u32,
+        path: String,
+    },
+    Ready {
+        xfer: u32,
+        have: Vec<(u64, u64)>,
+    },
+    Reject {
+        xfer: u32,
+        reason: String,
+    },
+    Sent {
+        xfer: u32,
+        blake3: [u8; 32],
+    },
+    Verified {
+        xfer: u32,
+        blake3: [u8; 32],
+    },
+    Failed {
+        xfer: u32,
+        reason: String,
+    },
+    Bye,
+}
+
+/// Largest encoded message accepted; bounds the memory a peer can make us buffer.
+pub const MAX_MESSAGE: usize = 1 << 20;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CtrlError {
+    #[error("control message too large ({0} bytes)")]
+    TooLarge(usize),
+    #[error("undecodable control message")]
+    Decode,
+    #[error("control stream data beyond the allowed window")]
+    Window,
+}
+
+/// Outgoing half: bytes from `acked` onwards are kept until the peer acknowledges them.
+#[derive(Debug, Default)]
+pub struct CtrlSend {
+    buf: VecDeque<u8>,
+    acked: u64,
+    /// Next offset to transmit; rewound to `acked` on a probe timeout.
+    next: u64,
+}
+
+impl CtrlSend {
+    pub fn push(&mut self, msg: &Ctrl) {
+        let body = postcard::to_allocvec(msg).expect("control messages always serialize");
+        self.buf.extend((body.len() as u32).to_be_bytes());
+        self.buf.extend(body);
+    }
+
+    pub fn end(&self) -> u64 {
+        self.acked + self.buf.len() as u64
+    }
+
+    pub fn has_unsent(&self) -> bool {
+        self.next < self.end()
+    }
+
+    pub fn has_unacked(&self) -> bool {
+        !self.buf.is_empty()
+    }
+
+    pub fn acked(&self) -> u64 {
+        self.acked
+    }
+
+    /// The peer has every byte below `offset`.
+    pub fn on_ack(&mut self, offset: u64) -> bool {
+        if offset <= self.acked || offset > self.end() {
+            return false;
+        }
+        self.buf.drain(..(offset - self.acked) as usize);
+        self.acked = offset;
+        self.next = self.next.max(offset);
+        true
+    }
+
+    /// Next chunk of at most `max` bytes to transmit, with its offset.
+    pub fn next_chunk(&mut self, max: usize) -> Option<(u64, Vec<u8>)> {
+        if !self.has_unsent() || max == 0 {
+            return None;
+        }
+        let start = (self.next - self.acked) as usize;
+        let n = (self.buf.len() - start).min(max);
+        let chunk: Vec<u8> = self.buf.range(start..start + n).copied().collect();
+        let off = self.next;
+        self.next += n as u64;
+        Some((off, chunk))
+    }
+
+    /// Probe timeout: everything unacknowledged goes out again.
+    pub fn rewind(&mut self) {
+        self.next = self.acked;
+    }
+}
+
+/// Incoming half: reassembles out-of-order chunks and yields whole messages in order.
+#[derive(Debug, Default)]
+pub struct CtrlRecv {
+    /// Every byte below this has been received (and is reported in ACK frames).
+    next: u64,
+    pending: BTreeMap<u64, Vec<u8>>,
+    assembled: Vec<u8>,
+}
+
+impl CtrlRecv {
+    pub fn offset(&self) -> u64 {
+        self.next
+    }
+
+    /// Accepts a chunk; returns whether it was new data.
+    pub fn on_chunk(&mut self, offset: u64, data: &[u8]) -> Result<bool, CtrlError> {
+        let end = offset.saturating_add(data.len() as u64);
+        if end <= self.next {
+            return Ok(false);
+        }
+        if end > self.next + 4 * MAX_MESSAGE as u64 {
+            return Err(CtrlError::Window);
+        }
+        if offset <= self.next {
+            let skip = (self.next - offset) as usize;
+            self.assembled.extend_from_slice(&data[skip..]);
+            self.next = end;
+            // Pull in chunks that were waiting for this one.
+            while let Some((&o, _)) = self.pending.first_key_value() {
+                if o > self.next {
+                    break;
+                }
+                let (o, d) = self.pending.pop_first().expect("peeked");
+                let e = o + d.len() as u64;
+                if e > self.next {
+                    self.assembled
+                        .extend_from_slice(&d[(self.next - o) as usize..]);
+                    self.next = e;
+                }
+            }
+        } else {
+            let keep = self
+                .pending
+                .get(&offset)
+                .is_none_or(|d| d.len() < data.len());
+            if keep {
+                self.pending.insert(offset, data.to_vec());
+            }
+        }
+        Ok(true)
+    }
+
+    /// Next complete message, if any.
+    pub fn next_message(&mut self) -> Result<Option<Ctrl>, CtrlError> {
+        if self.assembled.len() < 4 {
+            return Ok(None);
+        }
+        let len = u32::from_be_bytes(self.assembled[..4].try_into().expect("4 bytes")) as usize;
+        if len > MAX_MESSAGE {
+            return Err(CtrlError::TooLarge(len));
+        }
+        if self.assembled.len() < 4 + len {
+            return Ok(None);
+        }
+        let msg =
+            postcard::from_bytes(&self.assembled[4..4 + len]).map_err(|_| CtrlError::Decode)?;
+        self.assembled.drain(..4 + len);
+        Ok(Some(msg))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msgs() -> Vec<Ctrl> {
+        vec![
+            Ctrl::Get {
+                xfer: 1,
+                path: "a/b.txt".into(),
+            },
+            Ctrl::Offer {
+                xfer: 2,
+                path: "x".repeat(3000),
+                size: 1 << 40,
+                mode: 0o644,
+                mtime: -5,
+            },
+            Ctrl::Ready {
+                xfer: 2,
+                have: vec![(0, 10), (20, 30)],
+            },
+            Ctrl::Sent {
+                xfer: 2,
+                blake3: [7; 32],
+            },
+            Ctrl::Bye,
+        ]
+    }
+
+    #[test]
+    fn stream_survives_loss_reorder_and_duplication() {
+        let mut tx = CtrlSend::default();
+        for m in msgs() {
+            tx.push(&m);
+        }
+        let mut chunks = Vec::new();
+        while let Some(c) = tx.next_chunk(100) {
+            chunks.push(c);
+        }
+        // Deliver in reverse, with every third chunk "lost" the first time round.
+        let mut rx = CtrlRecv::default();
+        for (i, (o, d)) in chunks.iter().enumerate().rev() {
+            if i % 3 != 0 {
+                rx.on_chunk(*o, d).unwrap();
+                rx.on_chunk(*o, d).unwrap();
+            }
+        }
+        // Chunk 0 was lost, so nothing can be assembled yet.
+        assert_eq!(rx.next_message().unwrap(), None);
+        assert_eq!(rx.offset(), 0);
+        tx.on_ack(rx.offset());
+        tx.rewind();
+        while let Some((o, d)) = tx.next_chunk(77) {
+            rx.on_chunk(o, &d).unwrap();
+        }
+        let mut got = Vec::new();
+        while let Some(m) = rx.next_message().unwrap() {
+            got.push(m);
+        }
+        assert_eq!(got, msgs());
+        assert!(tx.on_ack(rx.offset()));
+        assert!(!tx.has_unacked());
+    }
+
+    #[test]
+    fn garbage_and_oversize_are_errors_not_panics() {
+        let mut rx = CtrlRecv::default();
+        rx.on_chunk(0, &[0, 0, 0, 2, 0xff, 0xff]).unwrap();
+        assert_eq!(rx.next_message(), Err(CtrlError::Decode));
+        let mut rx = CtrlRecv::default();
+        rx.on_chunk(0, &[0xff, 0, 0, 0]).unwrap();
+        assert!(matches!(rx.next_message(), Err(CtrlError::TooLarge(_))));
+        let mut rx = CtrlRecv::default();
+        assert_eq!(
+            rx.on_chunk(u64::MAX - 1, &[1, 2, 3]),
+            Err(CtrlError::Window)
+        );
+    }
+}

@@ -1,0 +1,480 @@
+//! Per-file state on each side of a transfer: what the sender knows is delivered, lost or in
+//! flight, and what the receiver holds (its loss map).
+
+use std::collections::VecDeque;
+
+use crate::bitset::Bitset;
+use crate::wire::LossMapFrame;
+
+pub type XferId = u32;
+
+/// Packet-count reordering threshold: a block is lost once 16 later packets have arrived.
+pub const REORDER_PACKETS: u64 = 16;
+
+/// Marks in the sender's per-block "last packet number" window.
+const UNSENT: u64 = u64::MAX;
+const QUEUED: u64 = u64::MAX - 1;
+
+/// Blocks of a transfer: sizes and offsets.
+#[derive(Debug, Clone, Copy)]
+pub struct Layout {
+    pub size: u64,
+    pub block_size: u64,
+}
+
+impl Layout {
+    pub fn new(size: u64, block_size: usize) -> Self {
+        Layout {
+            size,
+            block_size: block_size as u64,
+        }
+    }
+
+    pub fn blocks(&self) -> u64 {
+        self.size.div_ceil(self.block_size)
+    }
+
+    pub fn offset(&self, block: u64) -> u64 {
+        block * self.block_size
+    }
+
+    pub fn len(&self, block: u64) -> usize {
+        (self.size - self.offset(block)).min(self.block_size) as usize
+    }
+}
+
+/// Sender-side state of one file.
+#[derive(Debug)]
+pub struct Outgoing {
+    pub id: XferId,
+    pub path: String,
+    pub layout: Layout,
+    /// The receiver said Ready: data may flow.
+    pub ready: bool,
+    acked: Bitset,
+    /// Lowest block not yet acknowledged.
+    cum: u64,
+    /// Next block never sent.
+    pub next_new: u64,
+    /// `last_pn[i]` = packet that last carried block `base + i` (or a mark).
+    base: u64,
+    last_pn: VecDeque<u64>,
+    retx: VecDeque<u64>,
+    /// BLAKE3 over blocks in order; `hash_next` is the next block it needs.
+    hasher: blake3::Hasher,
+    pub hash_next: u64,
+    pub hash: Option<[u8; 32]>,
+    /// `Sent` has been queued on the control stream.
+    pub sent_announced: bool,
+    pub bytes_acked: u64,
+}
+
+/// Result of applying a loss map.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct MapOutcome {
+    pub newly_acked_bytes: u64,
+    pub lost_blocks: u64,
+    pub lost_bytes: u64,
+}
+
+impl Outgoing {
+    pub fn new(id: XferId, path: String, layout: Layout) -> Self {
+        Outgoing {
+            id,
+            path,
+            layout,
+            ready: false,
+            acked: Bitset::new(layout.blocks()),
+            cum: 0,
+            next_new: 0,
+            base: 0,
+            last_pn: VecDeque::new(),
+            retx: VecDeque::new(),
+            hasher: blake3::Hasher::new(),
+            hash_next: 0,
+            hash: None,
+            sent_announced: false,
+            bytes_acked: 0,
+        }
+    }
+
+    /// The receiver already holds these block ranges (resume): never send them.
+    pub fn mark_have(&mut self, have: &[(u64, u64)]) {
+        for &(a, b) in have {
+            let b = b.min(self.layout.blocks());
+            if a < b {
+                for blk in a..b {
+                    if !self.acked.get(blk) {
+                        self.bytes_acked += self.layout.len(blk) as u64;
+                    }
+                }
+                self.acked.set_range(a, b);
+            }
+        }
+        self.advance();
+    }
+
+    pub fn all_acked(&self) -> bool {
+        self.acked.is_full()
+    }
+
+    pub fn has_retx(&self) -> bool {
+        !self.retx.is_empty()
+    }
+
+    /// Next block that has never been sent, skipping blocks the receiver already has.
+    pub fn peek_new(&self) -> Option<u64> {
+        let b = self.acked.next_zero(self.next_new);
+        (b < self.layout.blocks()).then_some(b)
+    }
+
+    /// Next block to retransmit (dropping entries acknowledged meanwhile).
+    pub fn pop_retx(&mut self) -> Option<u64> {
+        while let Some(b) = self.retx.pop_front() {
+            if !self.acked.get(b) {
+                return Some(b);
+            }
+        }
+        None
+    }
+
+    /// Feed block data to the whole-file hash; blocks must come in order.
+    pub fn hash_block(&mut self, block: u64, data: &[u8]) {
+        debug_assert_eq!(block, self.hash_next);
+        self.hasher.update(data);
+        self.hash_next += 1;
+        if self.hash_next == self.layout.blocks() {
+            self.hash = Some(*self.hasher.finalize().as_bytes());
+        }
+    }
+
+    /// A file with no blocks hashes to the empty hash at once.
+    pub fn finish_empty_hash(&mut self) {
+        if self.layout.blocks() == 0 && self.hash.is_none() {
+            self.hash = Some(*self.hasher.finalize().as_bytes());
+        }
+    }
+
+    /// Record that `block` went out in packet `pn`.
+    pub fn on_sent(&mut self, block: u64, pn: u64) {
+        if block < self.base {
+            return;
+        }
+        let i = (block - self.base) as usize;
+        while self.last_pn.len() <= i {
+            self.last_pn.push_back(UNSENT);
+        }
+        self.last_pn[i] = pn;
+        if block >= self.next_new {
+            self.next_new = block + 1;
+        }
+    }
+
+    fn last_pn(&self, block: u64) -> u64 {
+        if block < self.base {
+            return UNSENT;
+        }
+        self.last_pn
+            .get((block - self.base) as usize)
+            .copied()
+            .unwrap_or(UNSENT)
+    }
+
+    fn set_last_pn(&mut self, block: u64, v: u64) {
+        if block >= self.base {
+            if let Some(x) = self.last_pn.get_mut((block - self.base) as usize) {
+                *x = v;
+            }
+        }
+    }
+
+    fn ack_range(&mut self, a: u64, b: u64) -> u64 {
+        let b = b.min(self.layout.blocks());
+        if a >= b {
+            return 0;
+        }
+        // Count bytes only where bits flip; the last block may be short.
+        let mut bytes = 0u64;
+        let mut i = self.acked.next_zero(a);
+        while i < b {
+            let j = self.acked.next_one(i).min(b);
+            bytes += (j - i) * self.layout.block_size;
+            if j == self.layout.blocks() {
+                bytes -= self.layout.block_size - self.layout.len(j - 1) as u64;
+            }
+            i = self.acked.next_zero(j);
+        }
+        self.acked.set_range(a, b);
+        self.bytes_acked += bytes;
+        bytes
+    }
+
+    fn advance(&mut self) {
+        let c = self.acked.next_zero(self.cum);
+        self.cum = c;
+        while self.base < c && !self.last_pn.is_empty() {
+            self.last_pn.pop_front();
+            self.base += 1;
+        }
+        if self.last_pn.is_empty() {
+            self.base = self.base.max(c);
+        }
+    }
+
+    /// Apply the receiver's loss map. `is_lost(pn)` says whether a packet sent as `pn` must
+    /// have arrived by now if it was going to (the reordering rule, see PROTOCOL.md).
+    pub fn on_loss_map(&mut self, lm: &LossMapFrame, is_lost: impl Fn(u64) -> bool) -> MapOutcome {
+        let n = self.layout.blocks();
+        let mut out = MapOutcome::default();
+        out.newly_acked_bytes += self.ack_range(0, lm.cum.min(n));
+        let mut prev = lm.start;
+        for g in &lm.gaps {
+            out.newly_acked_bytes += self.ack_range(prev, g.start);
+            prev = g.end;
+        }
+        out.newly_acked_bytes += self.ack_range(prev, lm.end);
+        for g in &lm.gaps {
+            for b in g.start..g.end.min(n) {
+                self.check_lost(b, &is_lost, &mut out);
+            }
+        }
+        // Blocks sent beyond the receiver's highest: lost if overtaken by later packets.
+        let mut b = lm.top.max(self.base);
+        let mut budget = 4096;
+        while b < self.next_new && budget > 0 {
+            let pn = self.last_pn(b);
+            if pn != UNSENT && pn != QUEUED && !is_lost(pn) {
+                break;
+            }
+            self.check_lost(b, &is_lost, &mut out);
+            b += 1;
+            budget -= 1;
+        }
+        self.advance();
+        out
+    }
+
+    fn check_lost(&mut self, b: u64, is_lost: &impl Fn(u64) -> bool, out: &mut MapOutcome) {
+        if self.acked.get(b) || b >= self.next_new {
+            return;
+        }
+        let pn = self.last_pn(b);
+        if pn != UNSENT && pn != QUEUED && is_lost(pn) {
+            self.set_last_pn(b, QUEUED);
+            self.retx.push_back(b);
+            out.lost_blocks += 1;
+            out.lost_bytes += self.layout.len(b) as u64;
+        }
+    }
+
+    /// Probe timeout with nothing acknowledged for a while: every unacked block that was sent
+    /// before `pn_limit` is presumed lost (the tail of the transfer vanished).
+    pub fn unacked_in_flight(&self) -> u64 {
+        let mut c = 0;
+        let mut b = self.acked.next_zero(self.cum);
+        while b < self.next_new {
+            c += 1;
+            b = self.acked.next_zero(b + 1);
+        }
+        c
+    }
+}
+
+/// Receiver-side state of one file.
+#[derive(Debug)]
+pub struct Incoming {
+    pub id: XferId,
+    pub path: String,
+    pub layout: Layout,
+    pub mode: u32,
+    pub mtime: i64,
+    /// The local side accepted it (Ready sent): data is written.
+    pub accepted: bool,
+    received: Bitset,
+    cum: u64,
+    top: u64,
+    cursor: u64,
+    pub expected_hash: Option<[u8; 32]>,
+    /// `IncomingComplete` has been emitted.
+    pub completed: bool,
+    pub bytes_received: u64,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum DataVerdict {
+    New,
+    Duplicate,
+    Invalid,
+}
+
+impl Incoming {
+    pub fn new(id: XferId, path: String, layout: Layout, mode: u32, mtime: i64) -> Self {
+        Incoming {
+            id,
+            path,
+            layout,
+            mode,
+            mtime,
+            accepted: false,
+            received: Bitset::new(layout.blocks()),
+            cum: 0,
+            top: 0,
+            cursor: 0,
+            expected_hash: None,
+            completed: false,
+            bytes_received: 0,
+        }
+    }
+
+    pub fn mark_have(&mut self, have: &[(u64, u64)]) {
+        for &(a, b) in have {
+            self.received.set_range(a, b);
+            self.top = self.top.max(b.min(self.layout.blocks()));
+        }
+        self.cum = self.received.next_zero(0);
+    }
+
+    /// Ranges of blocks held, for `Ready { have }`.
+    pub fn have_ranges(&self) -> Vec<(u64, u64)> {
+        self.received.ones_ranges()
+    }
+
+    pub fn check(&self, block: u64, len: usize) -> DataVerdict {
+        if block >= self.layout.blocks() || len != self.layout.len(block) {
+            DataVerdict::Invalid
+        } else if self.received.get(block) {
+            DataVerdict::Duplicate
+        } else {
+            DataVerdict::New
+        }
+    }
+
+    /// Record a block as written.
+    pub fn on_written(&mut self, block: u64, len: usize) {
+        if self.received.set(block) {
+            self.bytes_received += len as u64;
+            self.top = self.top.max(block + 1);
+            if block == self.cum {
+                self.cum = self.received.next_zero(self.cum);
+            }
+        }
+    }
+
+    pub fn all_received(&self) -> bool {
+        self.received.is_full()
+    }
+
+    pub fn received_blocks(&self) -> u64 {
+        self.received.count_ones()
+    }
+
+    /// The missing block ranges (for an error message when a transfer cannot finish).
+    pub fn missing_ranges(&self) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let n = self.layout.blocks();
+        let mut i = self.received.next_zero(0);
+        while i < n {
+            let j = self.received.next_one(i);
+            out.push((i, j));
+            i = self.received.next_zero(j);
+        }
+        out
+    }
+
+    /// Build the next loss map: gaps from the rotating cursor upwards, at most `max_gaps`.
+    /// The caller shrinks `max_gaps` to what fits its packet.
+    pub fn loss_map(&mut self, max_gaps: usize) -> LossMapFrame {
+        if self.cursor < self.cum || self.cursor >= self.top {
+            self.cursor = self.cum;
+        }
+        let start = self.cursor;
+        let mut gaps = Vec::new();
+        let mut i = self.received.next_zero(start).min(self.top);
+        let mut end = self.top;
+        while i < self.top {
+            if gaps.len() == max_gaps {
+                end = i;
+                break;
+            }
+            let j = self.received.next_one(i).min(self.top);
+            gaps.push(i..j);
+            i = self.received.next_zero(j).min(self.top);
+        }
+        self.cursor = if end >= self.top { self.cum } else { end };
+        LossMapFrame {
+            xfer: self.id,
+            cum: self.cum,
+            top: self.top,
+            start,
+            end,
+            gaps,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_edges() {
+        let l = Layout::new(10, 4);
+        assert_eq!(l.blocks(), 3);
+        assert_eq!(l.len(2), 2);
+        assert_eq!(Layout::new(0, 4).blocks(), 0);
+        assert_eq!(Layout::new(8, 4).len(1), 4);
+    }
+
+    #[test]
+    fn loss_map_round_trip_between_receiver_and_sender() {
+        let layout = Layout::new(1000 * 10, 10);
+        let mut rx = Incoming::new(1, "f".into(), layout, 0o644, 0);
+        let mut tx = Outgoing::new(1, "f".into(), layout);
+        tx.ready = true;
+        for b in 0..1000 {
+            tx.on_sent(b, b);
+            if b % 7 != 3 {
+                rx.on_written(b, 10);
+            }
+        }
+        // Receiver saw up to packet 999: everything missing below is lost.
+        let mut lost = 0;
+        let mut acked = 0;
+        for _ in 0..10 {
+            let lm = rx.loss_map(20);
+            let o = tx.on_loss_map(&lm, |pn| pn + REORDER_PACKETS <= 999);
+            lost += o.lost_blocks;
+            acked += o.newly_acked_bytes;
+        }
+        let missing = (0..1000).filter(|b| b % 7 == 3).count() as u64;
+        // Gaps sent within 16 packets of the newest (990 and 997) may still be in flight.
+        let overtaken = (0..1000u64).filter(|b| b % 7 == 3 && b + 16 <= 999).count() as u64;
+        assert_eq!(lost, overtaken);
+        assert_eq!(overtaken, missing - 2);
+        assert_eq!(acked, (1000 - missing) * 10);
+        let mut got = Vec::new();
+        while let Some(b) = tx.pop_retx() {
+            got.push(b);
+        }
+        assert_eq!(got.len() as u64, overtaken);
+        assert!(got.iter().all(|b| b % 7 == 3));
+    }
+
+    #[test]
+    fn tail_losses_beyond_top_are_found() {
+        let layout = Layout::new(100, 10);
+        let mut rx = Incoming::new(1, "f".into(), layout, 0, 0);
+        let mut tx = Outgoing::new(1, "f".into(), layout);
+        for b in 0..10 {
+            tx.on_sent(b, b);
+        }
+        for b in 0..6 {
+            rx.on_written(b, 10);
+        }
+        // A later PING (pn 50) arrived: blocks 6..10 are overtaken.
+        let lm = rx.loss_map(100);
+        let o = tx.on_loss_map(&lm, |pn| pn < 50);
+        assert_eq!(o.lost_blocks, 4);
+        assert_eq!(o.lost_bytes, 40);
+    }
+}
