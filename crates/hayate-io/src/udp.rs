@@ -69,6 +69,8 @@ pub struct UdpSocket {
     drops: AtomicU64,
     recv_buffer: usize,
     send_buffer: usize,
+    /// Bound to an IPv6 address: IPv4 peers are reached through v4-mapped addresses.
+    v6: bool,
     /// Set by [`UdpSocket::disable_gso`] (benchmarks, tests, NICs that mangle GSO).
     gso_off: AtomicBool,
 }
@@ -107,6 +109,7 @@ impl UdpSocket {
             recv_buffer,
             send_buffer,
             gso_off: AtomicBool::new(false),
+            v6: addr.is_ipv6(),
         })
     }
 
@@ -163,6 +166,7 @@ impl UdpSocket {
                 format!("segment size {seg} out of range 1..={MAX_UDP_PAYLOAD}"),
             ));
         }
+        let dest = self.native(dest);
         let mut sent = 0usize;
         let mut off = 0usize;
         let mut dest_addr: Option<socket2::SockAddr> = None;
@@ -207,8 +211,19 @@ impl UdpSocket {
         Ok(sent)
     }
 
+    /// On a dual-stack IPv6 socket, IPv4 destinations must be given v4-mapped.
+    fn native(&self, dest: SocketAddr) -> SocketAddr {
+        match dest {
+            SocketAddr::V4(a) if self.v6 => {
+                SocketAddr::new(a.ip().to_ipv6_mapped().into(), a.port())
+            }
+            other => other,
+        }
+    }
+
     /// Sends one datagram. `WouldBlock` when the socket buffer is full.
     pub fn send_to(&self, dest: SocketAddr, data: &[u8]) -> io::Result<()> {
+        let dest = self.native(dest);
         loop {
             match self.io.send_to(data, dest) {
                 Ok(_) => return Ok(()),
@@ -479,8 +494,13 @@ fn sockaddr_to_std(ss: &libc::sockaddr_storage, len: libc::socklen_t) -> SocketA
         libc::AF_INET6 if len >= mem::size_of::<libc::sockaddr_in6>() => {
             // SAFETY: family and length say this is a sockaddr_in6.
             let a = unsafe { &*(ss as *const libc::sockaddr_storage).cast::<libc::sockaddr_in6>() };
+            let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
+            // Report IPv4 peers of a dual-stack socket as plain IPv4 (sends map them back).
+            if let Some(v4) = ip.to_ipv4_mapped() {
+                return SocketAddr::V4(SocketAddrV4::new(v4, u16::from_be(a.sin6_port)));
+            }
             SocketAddr::V6(SocketAddrV6::new(
-                Ipv6Addr::from(a.sin6_addr.s6_addr),
+                ip,
                 u16::from_be(a.sin6_port),
                 a.sin6_flowinfo,
                 a.sin6_scope_id,

@@ -216,3 +216,29 @@ fn kernel_drops_are_counted() {
     assert!(drops <= 800);
     assert_eq!(proc, Some(drops));
 }
+
+#[test]
+fn dual_stack_socket_talks_plain_ipv4() {
+    let Ok(server) = UdpSocket::bind("[::]:0".parse().unwrap()) else {
+        eprintln!("skipping: no IPv6");
+        return;
+    };
+    let port = server.local_addr().unwrap().port();
+    let client = UdpSocket::bind(lo()).unwrap();
+    client
+        .send_to(SocketAddr::from(([127, 0, 0, 1], port)), b"v4 hello")
+        .unwrap();
+    let got = recv_n(&server, 1);
+    // Seen as plain IPv4, not ::ffff:127.0.0.1 ...
+    assert_eq!(
+        got,
+        vec![(client.local_addr().unwrap(), b"v4 hello".to_vec())]
+    );
+    // ... and a plain IPv4 destination works for replies, single and batched.
+    server.send_to(got[0].0, b"reply").unwrap();
+    assert_eq!(server.send_batch(got[0].0, &[1u8; 3000], 1000).unwrap(), 3);
+    let back = recv_n(&client, 4);
+    assert_eq!(back.len(), 4);
+    assert_eq!(back[0].1, b"reply");
+    assert!(back[1..].iter().all(|(_, d)| d == &[1u8; 1000]));
+}
