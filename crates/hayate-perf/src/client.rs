@@ -53,7 +53,7 @@ pub fn run(a: ClientArgs) -> Result<i32> {
     });
     let (interval_ns, rate_bps) = match (&a.rate, a.interval_us) {
         (_, Some(us)) => {
-            if !(us > 0.0) {
+            if us.is_nan() || us <= 0.0 {
                 bail!("--interval-us must be positive");
             }
             ((us * 1e3).round() as u64, None)

@@ -130,7 +130,7 @@ pub fn tcp_info(s: &TcpStream) -> Option<TcpInfo> {
             &mut len,
         )
     };
-    (r == 0).then(|| TcpInfo {
+    (r == 0).then_some(TcpInfo {
         cwnd_segments: i.tcpi_snd_cwnd,
         mss: i.tcpi_snd_mss,
         rtt_us: i.tcpi_rtt,

@@ -92,7 +92,7 @@ impl DropHook {
         }
     }
     fn drop(&mut self, seq: u64) -> bool {
-        (self.every > 0 && (seq + 1) % self.every == 0)
+        (self.every > 0 && (seq + 1).is_multiple_of(self.every))
             || (self.random > 0.0 && self.rng.next_f64() < self.random)
     }
 }
@@ -372,7 +372,7 @@ pub fn recv(
     loop {
         if !got_data {
             if let Some(pk) = &p.punch {
-                if last_punch.map_or(true, |t| t.elapsed() >= Duration::from_millis(100)) {
+                if last_punch.is_none_or(|t| t.elapsed() >= Duration::from_millis(100)) {
                     let _ = sock.send(pk);
                     last_punch = Some(Instant::now());
                 }

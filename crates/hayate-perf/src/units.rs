@@ -6,7 +6,7 @@ use anyhow::{bail, Context, Result};
 pub fn parse_rate(s: &str) -> Result<u64> {
     let (num, mult) = split_suffix(s, 1_000.0)?;
     let v = num * mult;
-    if !(v >= 1.0 && v < 1e13) {
+    if !(1.0..1e13).contains(&v) {
         bail!("rate {s:?} out of range (1 bit/s .. 10 Tbit/s)");
     }
     Ok(v as u64)
@@ -16,7 +16,7 @@ pub fn parse_rate(s: &str) -> Result<u64> {
 pub fn parse_size(s: &str) -> Result<usize> {
     let (num, mult) = split_suffix(s, 1024.0)?;
     let v = num * mult;
-    if !(v >= 1.0 && v < 1e15) {
+    if !(1.0..1e15).contains(&v) {
         bail!("size {s:?} out of range");
     }
     Ok(v as usize)
@@ -67,7 +67,7 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 pub fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 || !s.is_ascii() {
+    if !s.len().is_multiple_of(2) || !s.is_ascii() {
         return None;
     }
     (0..s.len())

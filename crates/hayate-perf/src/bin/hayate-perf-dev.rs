@@ -1,4 +1,5 @@
-//! Development driver: `cargo run -p hayate-perf --example perf -- client 127.0.0.1 --udp`.
+//! Development driver (the `hayate` binary wires the same calls):
+//! `cargo run -p hayate-perf --bin hayate-perf-dev -- client 127.0.0.1 --udp`.
 use clap::Parser;
 
 #[derive(Parser)]
