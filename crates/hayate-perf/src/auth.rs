@@ -1,7 +1,8 @@
 //! Key files and the challenge-response that gates every test on a keyed server (and every
 //! reverse test anywhere): the server never sends data to a peer that has not proved the key.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
+use hayate_proto::crypto::Psk;
 use ring::{hmac, rand::SecureRandom};
 use std::path::Path;
 
@@ -23,33 +24,23 @@ impl Key {
         Key(b)
     }
 
+    /// Reads a key file with the core's parser (`hayate-key-v1 <64 hex>` after optional `#`
+    /// comment lines); warns when others may read it.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .with_context(|| format!("reading key file {}", path.display()))?;
-        Self::parse(&text).with_context(|| format!("key file {}", path.display()))
+        let kf = hayate_io::keyfile::read_key_file(path)?;
+        if kf.too_open {
+            eprintln!(
+                "warning: key file {} has mode {:o}: others may read it (chmod 600)",
+                path.display(),
+                kf.mode
+            );
+        }
+        Self::parse(&kf.contents).with_context(|| format!("key file {}", path.display()))
     }
 
-    /// `hayate-key-v1 <64 hex>`, optionally preceded by `#` comment lines and blank lines.
     pub fn parse(text: &str) -> Result<Self> {
-        for line in text.lines() {
-            let line = line.trim();
-            if line.is_empty() || line.starts_with('#') {
-                continue;
-            }
-            let mut parts = line.split_whitespace();
-            let (Some("hayate-key-v1"), Some(hexkey), None) =
-                (parts.next(), parts.next(), parts.next())
-            else {
-                bail!("expected a line `hayate-key-v1 <64 hex digits>`");
-            };
-            let bytes = crate::units::unhex(hexkey)
-                .filter(|b| b.len() == 32)
-                .context("the key must be 64 hex digits (32 bytes)")?;
-            let mut k = [0u8; 32];
-            k.copy_from_slice(&bytes);
-            return Ok(Key(k));
-        }
-        bail!("no `hayate-key-v1` line found")
+        let psk = Psk::parse_key_file(text)?;
+        Ok(Key(*psk.as_bytes()))
     }
 
     /// HMAC-SHA256(key, "hayate perf v1" || challenge || nonce).

@@ -111,6 +111,8 @@ fn key_file(name: &str, byte: u8) -> std::path::PathBuf {
     let p = dir.join(name);
     let hex: String = (0..32).map(|i| format!("{:02x}", byte ^ i)).collect();
     std::fs::write(&p, format!("# test key\nhayate-key-v1 {hex}\n")).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
     p
 }
 
