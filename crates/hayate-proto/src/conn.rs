@@ -78,10 +78,10 @@ pub enum Event {
     IncomingComplete { xfer: XferId, blake3: [u8; 32] },
     /// A receive failed locally (write error) and the sender was told.
     IncomingFailed { xfer: XferId, reason: String },
-    /// The receiver verified our file (Ok) or reported failure (Err).
+    /// The receiver verified our file (Ok, with its BLAKE3) or reported failure (Err).
     OutgoingDone {
         xfer: XferId,
-        result: Result<(), String>,
+        result: Result<[u8; 32], String>,
     },
     /// Server: the client has no more requests.
     Bye,
@@ -207,6 +207,8 @@ impl Connection {
     fn base(side: Side, cfg: Config, psk: Psk, fam: AddrFamily, now: Instant) -> Self {
         let cc = cfg.rate.build();
         let mtu = cfg.mtu;
+        let mut pacer = Pacer::new(wire::udp_payload_limit(mtu, fam));
+        pacer.set_rate(cc.pacing_rate());
         Connection {
             side,
             psk,
@@ -233,7 +235,7 @@ impl Connection {
             sent_times: VecDeque::new(),
             largest_acked: None,
             rtt: RttEstimator::default(),
-            pacer: Pacer::new(wire::udp_payload_limit(mtu, fam)),
+            pacer,
             cc,
             prev_ack_rx: None,
             peer_drops: 0,
@@ -261,7 +263,13 @@ impl Connection {
     pub fn client(cfg: Config, psk: &Psk, fam: AddrFamily, now: Instant) -> Self {
         let hs = ClientHandshake::new(psk, cfg.mtu);
         let deadline_us = cfg.connect_timeout.as_micros() as u64;
+        let (rate_max, rate_min, adaptive) = cfg.rate.to_params();
         let mut c = Connection::base(Side::Client, cfg, psk.clone(), fam, now);
+        c.ctrl_tx.push(&Ctrl::Params {
+            rate_max,
+            rate_min,
+            adaptive,
+        });
         c.my_cid = hs.client_cid();
         c.state = State::Handshake {
             hs: Box::new(hs),
@@ -496,6 +504,7 @@ impl Connection {
                     self.block_size = wire::block_size(est.mtu, self.fam);
                     self.payload_limit = wire::udp_payload_limit(est.mtu, self.fam);
                     self.pacer = Pacer::new(self.payload_limit);
+                    self.pacer.set_rate(self.cc.pacing_rate());
                     self.keys = Some(est.keys);
                     self.state = State::Established;
                     self.last_rx_us = now_us;
@@ -896,7 +905,7 @@ impl Connection {
             Ctrl::Verified { xfer, blake3 } => {
                 if let Some(o) = self.outgoing.remove(&xfer) {
                     let result = if o.hash == Some(blake3) {
-                        Ok(())
+                        Ok(blake3)
                     } else {
                         Err("the receiver's hash differs from ours".to_string())
                     };
@@ -909,6 +918,20 @@ impl Connection {
                         xfer,
                         result: Err(reason),
                     });
+                }
+            }
+            Ctrl::Params {
+                rate_max,
+                rate_min,
+                adaptive,
+            } => {
+                if self.side == Side::Server {
+                    self.cc = self
+                        .cfg
+                        .rate
+                        .negotiate(rate_max, rate_min, adaptive)
+                        .build();
+                    self.pacer.set_rate(self.cc.pacing_rate());
                 }
             }
             Ctrl::Bye => {

@@ -41,6 +41,12 @@ pub enum Ctrl {
         reason: String,
     },
     Bye,
+    /// Client's transfer preferences, sent first: rates in bytes/s, 0 = no limit.
+    Params {
+        rate_max: u64,
+        rate_min: u64,
+        adaptive: bool,
+    },
 }
 
 /// Largest encoded message accepted; bounds the memory a peer can make us buffer.

@@ -198,3 +198,31 @@ fn link_rate_step_down_is_survived() {
     sc.uploads = vec![("f".into(), data(1, 3_000_000))];
     check(&sc);
 }
+
+#[test]
+fn pacing_holds_from_the_first_packet() {
+    // Unlimited bottleneck with a tiny queue in front of a slow link: an unpaced start would
+    // overflow it before the first ACK could slow the sender down.
+    let mut sc = Scenario::new(12);
+    sc.forward = LinkParams {
+        delay_us: 100_000,
+        rate: Some(2_000_000),
+        queue_bytes: 30_000,
+        ..LinkParams::default()
+    };
+    sc.client.rate = RateConfig::Fixed(1_500_000);
+    sc.uploads = vec![("f".into(), data(3, 1_000_000))];
+    let r = check(&sc);
+    assert_eq!(r.fwd_queue_drops, 0, "burst at start overflowed the queue");
+}
+
+#[test]
+fn download_rate_follows_the_clients_wish() {
+    let mut sc = Scenario::new(13);
+    sc.server.rate = RateConfig::Unlimited;
+    sc.client.rate = RateConfig::Fixed(2_000_000);
+    sc.downloads = vec![("d".into(), data(4, 2_000_000))];
+    let r = check(&sc);
+    let secs = r.elapsed_us as f64 / 1e6;
+    assert!((0.95..1.3).contains(&secs), "took {secs} s");
+}

@@ -49,6 +49,28 @@ pub enum RateConfig {
 }
 
 impl RateConfig {
+    /// As sent in `Ctrl::Params`: (rate_max, rate_min, adaptive), 0 = no limit.
+    pub fn to_params(self) -> (u64, u64, bool) {
+        match self {
+            RateConfig::Fixed(r) => (r, 0, false),
+            RateConfig::Unlimited => (0, 0, false),
+        }
+    }
+
+    /// The client's wish, bounded by what this side allows (`self`).
+    pub fn negotiate(self, rate_max: u64, _rate_min: u64, _adaptive: bool) -> RateConfig {
+        let wish = if rate_max == 0 {
+            RateConfig::Unlimited
+        } else {
+            RateConfig::Fixed(rate_max)
+        };
+        match (self, wish) {
+            (RateConfig::Fixed(a), RateConfig::Fixed(b)) => RateConfig::Fixed(a.min(b)),
+            (RateConfig::Fixed(a), RateConfig::Unlimited) => RateConfig::Fixed(a),
+            (RateConfig::Unlimited, w) => w,
+        }
+    }
+
     pub fn build(self) -> Box<dyn RateControl> {
         match self {
             RateConfig::Fixed(r) => Box::new(Fixed::new(Some(r))),
