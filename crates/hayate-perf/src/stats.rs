@@ -54,9 +54,9 @@ impl UdpRecvStats {
         }
     }
 
-    /// Records one datagram: `send_ns` on the sender's clock, `recv_ns` on ours. Only
-    /// differences of transit times matter, so the clocks need not agree.
-    pub fn record(&mut self, seq: u64, len: usize, send_ns: u64, recv_ns: u64) -> Arrival {
+    /// Records one datagram: `send_ns` on the sender's clock, `recv_ns` on ours (`None`: no
+    /// jitter sample). Only differences of transit times matter, so the clocks need not agree.
+    pub fn record(&mut self, seq: u64, len: usize, send_ns: u64, recv_ns: Option<u64>) -> Arrival {
         if seq >= self.seq_limit {
             self.out_of_range += 1;
             return Arrival::Ignored;
@@ -78,12 +78,14 @@ impl UdpRecvStats {
             // Arrived after a higher sequence number: reordered (RFC 4737's sense).
             self.reordered += 1;
         }
-        let transit = recv_ns as i128 - send_ns as i128;
-        if let Some(prev) = self.last_transit_ns {
-            let d = (transit - prev).abs() as f64;
-            self.jitter_ns += (d - self.jitter_ns) / 16.0;
+        if let Some(recv_ns) = recv_ns {
+            let transit = recv_ns as i128 - send_ns as i128;
+            if let Some(prev) = self.last_transit_ns {
+                let d = (transit - prev).abs() as f64;
+                self.jitter_ns += (d - self.jitter_ns) / 16.0;
+            }
+            self.last_transit_ns = Some(transit);
         }
-        self.last_transit_ns = Some(transit);
         Arrival::New
     }
 
@@ -142,7 +144,7 @@ mod tests {
     fn counts_dups_reorder_and_ranges() {
         let mut s = UdpRecvStats::new(1 << 30);
         for seq in [0u64, 1, 3, 2, 3, 5] {
-            s.record(seq, 100, seq * 1000, seq * 1000 + 50);
+            s.record(seq, 100, seq * 1000, Some(seq * 1000 + 50));
         }
         assert_eq!(s.unique, 5);
         assert_eq!(s.duplicated, 1);
@@ -163,7 +165,7 @@ mod tests {
             let lost = (seq < 100_000 && seq % 10 == 0)
                 || (100_000..200_000).contains(&seq) && seq % 4 == 0;
             if !lost {
-                s.record(seq, 10, 0, 0);
+                s.record(seq, 10, 0, Some(0));
             }
         }
         let r = s.ranges(sent);
@@ -185,20 +187,21 @@ mod tests {
         // Transit alternates 0 and 1 ms: D = 1 ms each step; J converges toward 1 ms.
         for seq in 0..200u64 {
             let extra = if seq % 2 == 0 { 0 } else { 1_000_000 };
-            s.record(seq, 1, seq * 10_000_000, seq * 10_000_000 + extra);
+            s.record(seq, 1, seq * 10_000_000, Some(seq * 10_000_000 + extra));
         }
         assert!((s.jitter_ms() - 1.0).abs() < 0.01, "{}", s.jitter_ms());
         // After one step J = D/16.
         let mut t = UdpRecvStats::new(1000);
-        t.record(0, 1, 0, 0);
-        t.record(1, 1, 0, 1_600_000);
+        t.record(0, 1, 0, Some(0));
+        t.record(5, 1, 0, None); // no stamp: no sample
+        t.record(1, 1, 0, Some(1_600_000));
         assert!((t.jitter_ms() - 0.1).abs() < 1e-9);
     }
 
     #[test]
     fn garbage_sequence_is_bounded() {
         let mut s = UdpRecvStats::new(1000);
-        assert!(matches!(s.record(u64::MAX, 1, 0, 0), Arrival::Ignored));
+        assert!(matches!(s.record(u64::MAX, 1, 0, None), Arrival::Ignored));
         assert_eq!(s.out_of_range, 1);
         assert_eq!(s.unique, 0);
     }

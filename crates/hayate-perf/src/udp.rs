@@ -138,7 +138,9 @@ pub fn send(sock: &UdpSocket, mut p: SendParams, ctl: &Ctl, out: &mut Out) -> Re
         if let Some(m) = drain_remote(ctl, out)? {
             bail!("unexpected control message during the test: {m:?}");
         }
-        if seq >= total || now >= end_ns {
+        // Datagrams due before the end are still sent if we woke late; a sender that cannot
+        // keep up at all stops a little after the end instead of running on.
+        if seq >= total || now >= end_ns + 100_000_000 {
             break;
         }
         let due = (now / interval + 1).min(total);
@@ -363,6 +365,7 @@ pub fn recv(
     let slot = p.size.max(HEADER) + 64;
     let mut bufs: Vec<Vec<u8>> = (0..BATCH).map(|_| vec![0u8; slot]).collect();
     let mut stats = UdpRecvStats::new(p.seq_limit);
+    let stamped = enable_rx_timestamps(sock);
     let mut tick = Ticker::new(Side::Receiver);
     let t0 = Instant::now();
     let mut last_punch: Option<Instant> = None;
@@ -380,7 +383,7 @@ pub fn recv(
         }
         let got = recvmmsg_batch(sock, &mut bufs)?;
         let now = t0.elapsed().as_nanos() as u64;
-        for (i, (len, src)) in got.iter().enumerate() {
+        for (i, (len, src, kts)) in got.iter().enumerate() {
             if src.is_some_and(|s| s.ip() != p.peer_ip) {
                 continue;
             }
@@ -393,7 +396,9 @@ pub fn recv(
             }
             let seq = u64::from_be_bytes(b[12..20].try_into().unwrap());
             let sent_ns = u64::from_be_bytes(b[20..28].try_into().unwrap());
-            if let Arrival::New = stats.record(seq, *len, sent_ns, now) {
+            // Jitter on the kernel's arrival stamps when we have them, else our own clock.
+            let arrival = if stamped { *kts } else { Some(now) };
+            if let Arrival::New = stats.record(seq, *len, sent_ns, arrival) {
                 got_data = true;
                 last_arrival_ns = now;
             }
@@ -462,14 +467,50 @@ pub fn recv(
     Ok((rep, snd))
 }
 
-/// One `recvmmsg` (waiting for the first datagram up to the socket's read timeout): lengths and
-/// source addresses of what arrived.
-fn recvmmsg_batch(
-    sock: &UdpSocket,
-    bufs: &mut [Vec<u8>],
-) -> Result<Vec<(usize, Option<SocketAddr>)>> {
+/// Asks the kernel to stamp each datagram's arrival (CLOCK_REALTIME, ns): jitter then measures
+/// the path, not how late this thread was scheduled.
+fn enable_rx_timestamps(sock: &UdpSocket) -> bool {
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt with a c_int.
+    unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPNS,
+            &one as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as u32,
+        ) == 0
+    }
+}
+
+/// Control buffer per message, aligned for cmsghdr; room for one timestamp.
+#[repr(C, align(8))]
+#[derive(Clone, Copy)]
+struct Cmsg([u8; 64]);
+
+/// One datagram from a batch: length, source, kernel arrival time (ns) if stamped.
+type Got = (usize, Option<SocketAddr>, Option<u64>);
+
+fn kernel_timestamp(m: &libc::msghdr) -> Option<u64> {
+    // SAFETY: walks the control data the kernel wrote, within msg_controllen.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(m);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_TIMESTAMPNS {
+                let ts = std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::timespec);
+                return Some(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64);
+            }
+            c = libc::CMSG_NXTHDR(m, c);
+        }
+    }
+    None
+}
+
+/// One `recvmmsg` (waiting for the first datagram up to the socket's read timeout).
+fn recvmmsg_batch(sock: &UdpSocket, bufs: &mut [Vec<u8>]) -> Result<Vec<Got>> {
     let n = bufs.len();
     let mut names: Vec<libc::sockaddr_storage> = vec![unsafe { std::mem::zeroed() }; n];
+    let mut ctrl = vec![Cmsg([0; 64]); n];
     let mut iov: Vec<libc::iovec> = bufs
         .iter_mut()
         .map(|b| libc::iovec {
@@ -485,6 +526,8 @@ fn recvmmsg_batch(
             m.msg_hdr.msg_iovlen = 1;
             m.msg_hdr.msg_name = &mut names[i] as *mut _ as *mut libc::c_void;
             m.msg_hdr.msg_namelen = std::mem::size_of::<libc::sockaddr_storage>() as u32;
+            m.msg_hdr.msg_control = ctrl[i].0.as_mut_ptr() as *mut libc::c_void;
+            m.msg_hdr.msg_controllen = 64;
             m
         })
         .collect();
@@ -512,6 +555,7 @@ fn recvmmsg_batch(
             (
                 m.msg_len as usize,
                 sockaddr_to_std(name, m.msg_hdr.msg_namelen),
+                kernel_timestamp(&m.msg_hdr),
             )
         })
         .collect())
