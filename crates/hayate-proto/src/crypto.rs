@@ -337,6 +337,11 @@ mod tests {
         for pn in h - (REPLAY_WINDOW - 2)..h {
             assert!(w.is_fresh(pn));
         }
+        // nor pns just above the highest, once the highest moves up within its word
+        w.mark(h + 3);
+        for pn in h + 1..h + 3 {
+            assert!(w.is_fresh(pn), "pn {pn}");
+        }
     }
 
     const HEX: &str = "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f";
