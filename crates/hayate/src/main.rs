@@ -1,1 +1,77 @@
-fn main() {}
+//! `hayate`: fast file transfer over long, lossy links. This file only parses the command
+//! line and dispatches; each subcommand lives in `cmd/`.
+
+mod cmd;
+mod output;
+mod units;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "hayate",
+    version,
+    about = "Move files at line rate over long, lossy links (encrypted, verified, paced UDP)"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Write a fresh random 256-bit key (mode 0600)
+    Keygen {
+        /// Where to write the key
+        #[arg(long)]
+        out: PathBuf,
+        /// Overwrite an existing file
+        #[arg(long)]
+        force: bool,
+    },
+    /// Serve uploads into and downloads out of a directory
+    Serve(cmd::serve::ServeArgs),
+    /// Copy files: SRC... hayate://HOST:PORT/PATH (upload) or hayate://HOST:PORT/PATH... DEST (download)
+    Cp(cmd::cp::CpArgs),
+    /// Probe a path: what it carries over UDP, TCP and hayate's own transport
+    #[command(subcommand)]
+    Perf(hayate_perf::PerfCommand),
+    /// Measure this host
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Subcommand, Debug)]
+enum BenchCommand {
+    /// Memory copy and fill bandwidth: the ceiling of any transfer on this host
+    Mem(hayate_perf::MemArgs),
+}
+
+/// Shared by commands that need the pre-shared key.
+#[derive(Args, Debug, Clone)]
+pub struct KeyArgs {
+    /// Pre-shared key file (from `hayate keygen`)
+    #[arg(long, env = "HAYATE_KEY_FILE", value_name = "FILE")]
+    pub key_file: Option<PathBuf>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.cmd {
+        Command::Keygen { out, force } => cmd::keygen::run(&out, force),
+        Command::Serve(a) => cmd::serve::run(a),
+        Command::Cp(a) => cmd::cp::run(a),
+        Command::Perf(c) => hayate_perf::run_perf(c),
+        Command::Bench(BenchCommand::Mem(a)) => hayate_perf::run_bench_mem(a),
+    };
+    match result {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) => {
+            eprintln!("hayate: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! What `hayate cp` shows: a progress bar on a terminal, periodic stats lines, a summary,
+//! or exactly one JSON object on stdout.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use hayate_io::driver::client::{Progress, Report};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use crate::units::{fmt_bits, fmt_bytes};
+
+pub struct Output {
+    quiet: bool,
+    json: bool,
+    interval: Option<Duration>,
+    bar: Option<ProgressBar>,
+    last_line: Duration,
+    last_bytes: u64,
+    last_sent: u64,
+    last_retx: u64,
+    last_lost: u64,
+}
+
+impl Output {
+    pub fn new(quiet: bool, json: bool, interval: Option<f64>) -> Self {
+        let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
+            let b = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
+            b.set_style(
+                ProgressStyle::with_template(
+                    "{bar:30.cyan/blue} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
+                )
+                .expect("valid template")
+                .progress_chars("=> "),
+            );
+            b
+        });
+        Output {
+            quiet,
+            json,
+            interval: interval.filter(|s| *s > 0.0).map(Duration::from_secs_f64),
+            bar,
+            last_line: Duration::ZERO,
+            last_bytes: 0,
+            last_sent: 0,
+            last_retx: 0,
+            last_lost: 0,
+        }
+    }
+
+    pub fn progress(&mut self, p: &Progress<'_>) {
+        if let Some(b) = &self.bar {
+            b.set_length(p.bytes_total);
+            b.set_position(p.bytes_done.min(p.bytes_total));
+            if p.files_total > 1 {
+                b.set_message(format!("{}/{} files", p.files_done, p.files_total));
+            }
+        }
+        let Some(iv) = self.interval else { return };
+        if p.elapsed < self.last_line + iv {
+            return;
+        }
+        let dt = (p.elapsed - self.last_line).as_secs_f64();
+        let s = p.stats;
+        let sent = s.data_packets_sent - self.last_sent;
+        let retx = s.data_packets_retransmitted - self.last_retx;
+        let lost = s.blocks_declared_lost - self.last_lost;
+        let pct = |a: u64, b: u64| {
+            if b == 0 {
+                0.0
+            } else {
+                100.0 * a as f64 / b as f64
+            }
+        };
+        let rate = (p.bytes_done.saturating_sub(self.last_bytes)) as f64 / dt;
+        let line = format!(
+            "{:7.2}s {:>13} {:>10} done  retx {:5.2}%  loss {:5.2}%  rtt {:7.2} ms  pace {}",
+            p.elapsed.as_secs_f64(),
+            fmt_bits(rate),
+            fmt_bytes(p.bytes_done),
+            pct(retx, sent),
+            pct(lost, sent),
+            s.srtt_us as f64 / 1000.0,
+            if s.pacing_rate == 0 {
+                "max".to_string()
+            } else {
+                fmt_bits(s.pacing_rate as f64)
+            },
+        );
+        self.last_line = p.elapsed;
+        self.last_bytes = p.bytes_done;
+        self.last_sent = s.data_packets_sent;
+        self.last_retx = s.data_packets_retransmitted;
+        self.last_lost = s.blocks_declared_lost;
+        match &self.bar {
+            Some(b) => b.println(line),
+            None => eprintln!("{line}"),
+        }
+    }
+
+    pub fn finish(&mut self, r: &Report) {
+        if let Some(b) = self.bar.take() {
+            b.finish_and_clear();
+        }
+        for f in &r.files {
+            if let Some(e) = &f.error {
+                let name = if f.upload {
+                    f.local.display().to_string()
+                } else {
+                    f.remote.clone()
+                };
+                eprintln!("hayate: {name}: {e}");
+            }
+        }
+        if let Some(e) = &r.error {
+            eprintln!("hayate: {e}");
+        }
+        let bytes = r.bytes_verified();
+        let goodput = if r.seconds > 0.0 {
+            bytes as f64 * 8.0 / r.seconds
+        } else {
+            0.0
+        };
+        let s = &r.stats;
+        let loss_ratio = if s.data_packets_sent == 0 {
+            0.0
+        } else {
+            s.blocks_declared_lost as f64 / s.data_packets_sent as f64
+        };
+        if self.json {
+            let files: Vec<_> = r
+                .files
+                .iter()
+                .map(|f| {
+                    serde_json::json!({
+                        "path": if f.upload { f.local.display().to_string() } else { f.remote.clone() },
+                        "dest": if f.upload { f.remote.clone() } else { f.local.display().to_string() },
+                        "direction": if f.upload { "upload" } else { "download" },
+                        "bytes": f.bytes,
+                        "blake3": f.blake3,
+                        "verified": f.verified,
+                        "error": f.error,
+                    })
+                })
+                .collect();
+            let mut obj = serde_json::json!({
+                "bytes": bytes,
+                "seconds": r.seconds,
+                "goodput_bps": goodput,
+                "packets_sent": s.packets_sent,
+                "packets_received": s.packets_received,
+                "data_packets_sent": s.data_packets_sent,
+                "packets_retransmitted": s.data_packets_retransmitted,
+                "loss_ratio": loss_ratio,
+                "srtt_ms": s.srtt_us as f64 / 1000.0,
+                "min_rtt_ms": s.min_rtt_us as f64 / 1000.0,
+                "verified": r.all_verified(),
+                "blake3": r.files.first().and_then(|f| f.blake3.clone()),
+                "error": r.error,
+            });
+            if r.files.len() > 1 {
+                obj["files"] = serde_json::Value::Array(files);
+            }
+            println!("{obj}");
+        } else if !self.quiet && r.all_verified() {
+            eprintln!(
+                "{} in {} file{} in {:.2} s: {} (retransmitted {:.2}%), verified",
+                fmt_bytes(bytes),
+                r.files.len(),
+                if r.files.len() == 1 { "" } else { "s" },
+                r.seconds,
+                fmt_bits(goodput / 8.0),
+                100.0 * s.data_packets_retransmitted as f64 / s.data_packets_sent.max(1) as f64
+            );
+        }
+    }
+}
