@@ -349,11 +349,8 @@ pub fn run(
             conn.bye();
             bye_at = Some(now);
         }
-        loop {
-            match conn.poll_transmit(now, batch.slot(), &mut files) {
-                Some(n) => batch.commit(&sock, opts.server, n),
-                None => break,
-            }
+        while let Some(n) = conn.poll_transmit(now, batch.slot(), &mut files) {
+            batch.commit(&sock, opts.server, n);
         }
         batch.flush(&sock);
 
@@ -368,7 +365,7 @@ pub fn run(
                         conn.outgoing_acked_bytes(*x).unwrap_or(0)
                     } else {
                         conn.incoming_progress(*x)
-                            .map(|(got, n)| if n == 0 { 0 } else { a.size * got / n })
+                            .map(|(got, n)| (a.size * got).checked_div(n).unwrap_or(0))
                             .unwrap_or(0)
                     }
                 })

@@ -108,12 +108,8 @@ pub fn serve(opts: ServerOptions, stop: StopFlag, log: Log<'_>) -> anyhow::Resul
             while let Some(ev) = c.poll_event() {
                 on_event(&root, c, f, ev, addr, log);
             }
-            loop {
-                let slot = batch.slot();
-                match c.poll_transmit(now, slot, f) {
-                    Some(n) => batch.commit(&sock, addr, n),
-                    None => break,
-                }
+            while let Some(n) = c.poll_transmit(now, batch.slot(), f) {
+                batch.commit(&sock, addr, n);
             }
             batch.flush(&sock);
             // Events raised while transmitting (a read error) are handled next round.
