@@ -3,12 +3,13 @@
 # The router sends each direction to its own NFQUEUE, where hayate-wanemu
 # models rate, tail-drop queue, loss and delay. Sourced by bench/wan.
 #
-# Globals set here: WAN_NS_C WAN_NS_R WAN_NS_S WAN_IPT WAN_EMU_PID
+# Globals set here: WAN_NS_C WAN_NS_R WAN_NS_S WAN_IPT WAN_EMU_PID WAN_EMU_STATS
 # Needs: WAN_PREFIX (unique per run), WAN_LOG (a directory), WANEMU_BIN.
 
 WAN_CLIENT_IP=10.77.1.2
 WAN_SERVER_IP=10.77.2.2
 WAN_EMU_PID=
+export WAN_EMU_STATS=
 
 wan_log() { printf '%s\n' "$*" >&2; }
 
@@ -106,13 +107,20 @@ wan_emu_start() {
     return 1
 }
 
-# Stops wanemu and prints its exit stats (from its log) on stdout.
+# Stops wanemu; its exit stats lines go to WAN_EMU_STATS (not a subshell: it must wait).
 wan_emu_stop() {
+    WAN_EMU_STATS=
     [ -n "${WAN_EMU_PID:-}" ] || return 0
     kill -TERM "$WAN_EMU_PID" 2>/dev/null || true
+    local i
+    for i in $(seq 1 100); do
+        kill -0 "$WAN_EMU_PID" 2>/dev/null || break
+        sleep 0.05
+        : "$i"
+    done
     wait "$WAN_EMU_PID" 2>/dev/null || true
     WAN_EMU_PID=
-    grep '^wanemu ' "$WAN_EMU_LOG" 2>/dev/null || true
+    WAN_EMU_STATS=$(grep '^wanemu ' "$WAN_EMU_LOG" 2>/dev/null || true)
 }
 
 # wan_stat KEY LINE: the value of key=value in a wanemu stats line.

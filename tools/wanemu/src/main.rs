@@ -71,12 +71,16 @@ extern "C" fn on_signal(_: libc::c_int) {
 }
 
 fn now_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: ts is a valid out-pointer.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
@@ -87,6 +91,8 @@ struct DirStats {
     lateness: Histogram,
     recv_calls: u64,
     verdict_sends: u64,
+    /// Packets whose arrival time came from the kernel's receive timestamp.
+    kernel_ts: u64,
 }
 
 impl DirStats {
@@ -99,7 +105,7 @@ impl DirStats {
         format!(
             "wanemu dir={} queue={} packets={} bytes={} delivered={} drop_queue={} drop_loss={} \
              max_backlog={} rate_in_mbps={:.1} late_p50_us={} late_p99_us={} late_max_us={} \
-             recv_calls={} verdict_sends={}",
+             recv_calls={} verdict_sends={} kernel_ts={}",
             self.name,
             self.queue,
             self.link.packets,
@@ -118,6 +124,7 @@ impl DirStats {
             self.lateness.max_ns() / 1000,
             self.recv_calls,
             self.verdict_sends,
+            self.kernel_ts,
         )
     }
 }
@@ -155,6 +162,7 @@ fn run_direction(
         lateness: Histogram::new(100_000),
         recv_calls: 0,
         verdict_sends: 0,
+        kernel_ts: 0,
     };
     let start = now_ns();
     let mut next_report = if stats_interval > 0.0 {
@@ -189,9 +197,21 @@ fn run_direction(
         st.recv_calls += 1;
         if n > 0 {
             let arrival = now_ns();
+            // Kernel timestamps are CLOCK_REALTIME; map them onto our monotonic clock so
+            // time a packet spent waiting for us (a stall) still counts as link time.
+            let real_minus_mono = clock_ns(libc::CLOCK_REALTIME).wrapping_sub(arrival);
             for i in 0..n {
                 let res = nfq::parse_packets(batch.get(i), |p| {
-                    match link.on_packet(arrival, p.len as u64) {
+                    let mut t = arrival;
+                    if let Some(ts) = p.tstamp_real_ns {
+                        let mono = ts.wrapping_sub(real_minus_mono);
+                        // Trust it only if plausible (not in the future, not over 1 s old).
+                        if mono <= arrival && arrival - mono < 1_000_000_000 {
+                            t = mono;
+                            st.kernel_ts += 1;
+                        }
+                    }
+                    match link.on_packet(t, p.len as u64) {
                         Decision::Release(t) => pending.push_back((p.id, t)),
                         // Drops go out before any later batch accept, so they can't be swept up by it.
                         Decision::Drop(_) => out.verdict(q.num, p.id, nfq::NF_DROP),
@@ -246,6 +266,22 @@ fn run_direction(
     Ok(st)
 }
 
+fn enable_rx_timestamps() -> Option<std::net::UdpSocket> {
+    let s = std::net::UdpSocket::bind("127.0.0.1:0").ok()?;
+    let on: libc::c_int = 1;
+    // SAFETY: valid fd and int option.
+    let r = unsafe {
+        libc::setsockopt(
+            std::os::fd::AsRawFd::as_raw_fd(&s),
+            libc::SOL_SOCKET,
+            libc::SO_TIMESTAMPNS,
+            &on as *const _ as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as u32,
+        )
+    };
+    (r == 0).then_some(s)
+}
+
 fn main() {
     let args = Args::parse();
     let one_way = args.rtt / 2;
@@ -289,6 +325,9 @@ fn main() {
             std::process::exit(2);
         })
     };
+    // Any socket asking for receive timestamps makes the kernel stamp every incoming skb,
+    // which NFQUEUE then reports (NFQA_TIMESTAMP). Kept open for our lifetime.
+    let _ts_sock = enable_rx_timestamps();
     let qf = open(args.queue_fwd);
     let qr = open(args.queue_rev);
 

@@ -15,6 +15,7 @@ const NFQNL_MSG_VERDICT_BATCH: u16 = 3;
 
 const NFQA_PACKET_HDR: u16 = 1;
 const NFQA_VERDICT_HDR: u16 = 2;
+const NFQA_TIMESTAMP: u16 = 4;
 const NFQA_PAYLOAD: u16 = 10;
 const NFQA_CAP_LEN: u16 = 13;
 
@@ -46,6 +47,8 @@ pub struct Packet {
     pub id: u32,
     /// Full IP length of the packet (not just the copied part).
     pub len: u32,
+    /// Kernel receive timestamp (CLOCK_REALTIME, ns) when the skb carries one.
+    pub tstamp_real_ns: Option<u64>,
 }
 
 /// Appends netlink messages to a byte buffer.
@@ -146,6 +149,7 @@ fn parse_packet_msg(msg: &[u8]) -> Option<Packet> {
     let mut id = None;
     let mut payload_len = 0u32;
     let mut cap_len = None;
+    let mut ts = None;
     while off + 4 <= msg.len() {
         let alen = u16::from_ne_bytes(msg[off..off + 2].try_into().unwrap()) as usize;
         let aty = u16::from_ne_bytes(msg[off + 2..off + 4].try_into().unwrap()) & NLA_TYPE_MASK;
@@ -170,6 +174,11 @@ fn parse_packet_msg(msg: &[u8]) -> Option<Packet> {
                     payload_len = payload_len.max(40 + pl);
                 }
             }
+            NFQA_TIMESTAMP if body.len() >= 16 => {
+                let sec = u64::from_be_bytes(body[..8].try_into().unwrap());
+                let usec = u64::from_be_bytes(body[8..16].try_into().unwrap());
+                ts = Some(sec * 1_000_000_000 + usec * 1000);
+            }
             NFQA_CAP_LEN if body.len() >= 4 => {
                 cap_len = Some(u32::from_be_bytes(body[..4].try_into().unwrap()));
             }
@@ -180,6 +189,7 @@ fn parse_packet_msg(msg: &[u8]) -> Option<Packet> {
     id.map(|id| Packet {
         id,
         len: cap_len.unwrap_or(payload_len).max(payload_len),
+        tstamp_real_ns: ts,
     })
 }
 
@@ -433,7 +443,18 @@ mod tests {
         parse_packets(&data, |p| got.push(p)).unwrap();
         assert_eq!(
             got,
-            vec![Packet { id: 42, len: 1500 }, Packet { id: 43, len: 1500 }]
+            vec![
+                Packet {
+                    id: 42,
+                    len: 1500,
+                    tstamp_real_ns: None
+                },
+                Packet {
+                    id: 43,
+                    len: 1500,
+                    tstamp_real_ns: None
+                }
+            ]
         );
     }
 
