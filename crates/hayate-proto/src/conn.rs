@@ -606,10 +606,7 @@ impl Connection {
         let mut eliciting = false;
         let mut has_data = false;
         let mut fb: Option<Feedback> = None;
-        let frames: Vec<Frame<'_>> = wire::parse_frames(plain)
-            .map(|f| f.expect("validated"))
-            .collect();
-        for frame in frames {
+        for frame in wire::parse_frames(plain).map_while(Result::ok) {
             match frame {
                 Frame::Padding => {}
                 Frame::Ping => {
