@@ -443,13 +443,12 @@ pub fn run(
     report(results, stats, session_error)
 }
 
+/// Errors do not repeat the path: the report already names the file.
 fn open_source(path: &PathBuf) -> Result<(File, u64), String> {
-    let f = File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let m = f
-        .metadata()
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let f = File::open(path).map_err(|e| e.to_string())?;
+    let m = f.metadata().map_err(|e| e.to_string())?;
     if !m.is_file() {
-        return Err(format!("{}: not a regular file", path.display()));
+        return Err("not a regular file".into());
     }
     Ok((f, m.len()))
 }

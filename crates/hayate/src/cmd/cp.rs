@@ -110,12 +110,16 @@ pub fn plan(paths: &[String]) -> anyhow::Result<(Remote, Vec<Transfer>)> {
                 bail!("copying between two remote places is not supported: one side must be local");
             }
             let into_dir = srcs.len() > 1 || r.path.is_empty() || r.path.ends_with('/');
-            let transfers = srcs
+            let transfers: Vec<Transfer> = srcs
                 .iter()
                 .map(|s| {
                     let name = basename(s);
                     let remote = if into_dir {
-                        format!("{}{}", r.path, name)
+                        if r.path.is_empty() || r.path.ends_with('/') {
+                            format!("{}{}", r.path, name)
+                        } else {
+                            format!("{}/{}", r.path, name)
+                        }
                     } else {
                         r.path.clone()
                     };
@@ -125,6 +129,7 @@ pub fn plan(paths: &[String]) -> anyhow::Result<(Remote, Vec<Transfer>)> {
                     }
                 })
                 .collect();
+            refuse_duplicates(&transfers)?;
             Ok((r, transfers))
         }
         None => {
@@ -167,9 +172,25 @@ pub fn plan(paths: &[String]) -> anyhow::Result<(Remote, Vec<Transfer>)> {
                     local,
                 });
             }
+            refuse_duplicates(&transfers)?;
             Ok((first, transfers))
         }
     }
+}
+
+/// Two sources with the same destination would race on one temp file: refuse up front.
+fn refuse_duplicates(transfers: &[Transfer]) -> anyhow::Result<()> {
+    let mut seen = std::collections::HashMap::new();
+    for t in transfers {
+        let (src, dst) = match t {
+            Transfer::Upload { local, remote } => (local.display().to_string(), remote.clone()),
+            Transfer::Download { remote, local } => (remote.clone(), local.display().to_string()),
+        };
+        if let Some(prev) = seen.insert(dst.clone(), src.clone()) {
+            bail!("{prev} and {src} would both be copied to {dst}");
+        }
+    }
+    Ok(())
 }
 
 pub fn run(a: CpArgs) -> anyhow::Result<i32> {
@@ -224,9 +245,11 @@ mod tests {
         let (_, t) = p(&["a/x.bin", "hayate://h/y.bin"]).unwrap();
         assert!(matches!(&t[0], Transfer::Upload { remote, .. } if remote == "y.bin"));
         let (_, t) = p(&["a", "b", "hayate://h/d"]).unwrap();
-        assert!(
-            matches!(&t[1], Transfer::Upload { remote, .. } if remote == "d/b" || remote == "db")
-        );
+        assert!(matches!(&t[1], Transfer::Upload { remote, .. } if remote == "d/b"));
+        let (_, t) = p(&["a", "b", "hayate://h/"]).unwrap();
+        assert!(matches!(&t[1], Transfer::Upload { remote, .. } if remote == "b"));
+        assert!(p(&["x/a", "y/a", "hayate://h/d/"]).is_err());
+        assert!(p(&["hayate://h/x/a", "hayate://h/y/a", "/tmp"]).is_err());
         assert!(p(&["a", "b"]).is_err());
         assert!(p(&["hayate://h/a", "hayate://h/b"]).is_err());
         assert!(p(&["hayate://h/", "out"]).is_err());
