@@ -1,0 +1,800 @@
+//! The real `hayate` binary on loopback: each test starts its own `hayate serve` on
+//! 127.0.0.1 and drives `hayate cp` / `hayate keygen` as a user would, then checks exit
+//! codes, messages, JSON and the files on both sides byte for byte.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::*;
+use tempfile::TempDir;
+
+/// A temp dir with `root/` (served), `local/` (the client's side), `outside/` (must never
+/// be touched through the server), a key and a running server.
+struct Fx {
+    tmp: TempDir,
+    root: PathBuf,
+    local: PathBuf,
+    outside: PathBuf,
+    key: PathBuf,
+    srv: Server,
+}
+
+impl Fx {
+    fn new() -> Fx {
+        let tmp = tempfile::Builder::new()
+            .prefix("hayate-loopback-")
+            .tempdir()
+            .expect("tempdir");
+        let root = tmp.path().join("root");
+        let local = tmp.path().join("local");
+        let outside = tmp.path().join("outside");
+        for d in [&root, &local, &outside] {
+            fs::create_dir(d).unwrap();
+        }
+        let key = keygen(tmp.path(), "key");
+        let srv = Server::start(&root, &key);
+        Fx {
+            tmp,
+            root,
+            local,
+            outside,
+            key,
+            srv,
+        }
+    }
+    fn url(&self, p: &str) -> String {
+        self.srv.url(p)
+    }
+    fn cp<S: AsRef<std::ffi::OsStr>>(&self, args: &[S]) -> Run {
+        cp(&self.key, args)
+    }
+}
+
+fn hex(h: &blake3::Hash) -> String {
+    h.to_hex().to_string()
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+fn lower(s: &str) -> String {
+    s.to_lowercase()
+}
+
+/// Checks the one-object JSON summary of a single-file transfer of `len` bytes.
+fn check_json(run: &Run, len: u64, hash: &blake3::Hash) -> serde_json::Value {
+    let j = run.json();
+    for k in [
+        "bytes",
+        "seconds",
+        "goodput_bps",
+        "packets_sent",
+        "packets_retransmitted",
+        "loss_ratio",
+        "blake3",
+        "verified",
+    ] {
+        assert!(j.get(k).is_some(), "JSON lacks {k:?}: {j}");
+    }
+    assert_eq!(j["bytes"].as_u64(), Some(len), "{j}");
+    assert_eq!(j["verified"].as_bool(), Some(true), "{j}");
+    assert_eq!(j["blake3"].as_str(), Some(hex(hash).as_str()), "{j}");
+    assert!(j["seconds"].as_f64().is_some_and(|x| x >= 0.0), "{j}");
+    assert!(j["goodput_bps"].as_f64().is_some_and(|x| x >= 0.0), "{j}");
+    assert!(j["packets_sent"].as_u64().is_some_and(|x| x > 0), "{j}");
+    assert!(j["packets_retransmitted"].as_u64().is_some(), "{j}");
+    assert!(
+        j["loss_ratio"]
+            .as_f64()
+            .is_some_and(|x| (0.0..=1.0).contains(&x)),
+        "{j}"
+    );
+    j
+}
+
+/// Uploads a `len`-byte file and downloads it again, checking content, JSON and leftovers.
+fn roundtrip(len: u64, extra: &[&str]) {
+    let fx = Fx::new();
+    let src = fx.local.join("src.bin");
+    let hash = write_random(&src, len, len);
+
+    let mut args: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+    args.extend(["--json".into(), s(&src), fx.url("up.bin")]);
+    let up = fx.cp(&args);
+    up.assert_ok();
+    check_json(&up, len, &hash);
+    let on_server = fx.root.join("up.bin");
+    assert_eq!(fs::metadata(&on_server).unwrap().len(), len);
+    assert_eq!(hash_file(&on_server), hash, "uploaded content differs");
+    if len <= 1 << 20 {
+        assert_eq!(fs::read(&on_server).unwrap(), fs::read(&src).unwrap());
+    }
+
+    let dst = fx.local.join("down.bin");
+    let mut args: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+    args.extend(["--json".into(), fx.url("up.bin"), s(&dst)]);
+    let down = fx.cp(&args);
+    down.assert_ok();
+    check_json(&down, len, &hash);
+    assert_eq!(fs::metadata(&dst).unwrap().len(), len);
+    assert_eq!(hash_file(&dst), hash, "downloaded content differs");
+    if len <= 1 << 20 {
+        assert_eq!(fs::read(&dst).unwrap(), fs::read(&src).unwrap());
+    }
+    assert_eq!(part_files(&fx.root), Vec::<String>::new());
+    assert_eq!(part_files(&fx.local), Vec::<String>::new());
+}
+
+#[test]
+fn roundtrip_empty_file() {
+    roundtrip(0, &[]);
+}
+
+#[test]
+fn roundtrip_one_byte() {
+    roundtrip(1, &[]);
+}
+
+#[test]
+fn roundtrip_odd_size_just_over_three_blocks() {
+    roundtrip(1426 * 3 + 7, &[]);
+}
+
+#[test]
+fn roundtrip_odd_size_100003() {
+    roundtrip(100_003, &[]);
+}
+
+#[test]
+fn roundtrip_odd_size_small_mtu() {
+    // The smallest MTU allowed, so blocks are small and many.
+    roundtrip(100_003, &["--mtu", "1280"]);
+}
+
+#[test]
+fn roundtrip_256_mib() {
+    let t = std::time::Instant::now();
+    roundtrip(256 << 20, &["--rate", "max"]);
+    eprintln!("256 MiB up and down in {:.1} s", t.elapsed().as_secs_f64());
+}
+
+#[test]
+fn several_files_into_a_remote_dir_and_back() {
+    let fx = Fx::new();
+    let sizes = [("a", 0u64), ("b", 1), ("c", 100_003)];
+    let mut hashes = Vec::new();
+    for (name, len) in sizes {
+        hashes.push(write_random(&fx.local.join(name), len, len + 7));
+    }
+    let srcs: Vec<String> = sizes.iter().map(|(n, _)| s(&fx.local.join(n))).collect();
+
+    let mut args = vec!["--json".to_string()];
+    args.extend(srcs.clone());
+    args.push(fx.url("dir/"));
+    let up = fx.cp(&args);
+    up.assert_ok();
+    let j = up.json();
+    assert_eq!(j["verified"].as_bool(), Some(true), "{j}");
+    assert_eq!(j["bytes"].as_u64(), Some(100_004), "{j}");
+    let files = j["files"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no files: {j}"));
+    assert_eq!(files.len(), 3, "{j}");
+    for ((name, len), hash) in sizes.iter().zip(&hashes) {
+        let f = files
+            .iter()
+            .find(|f| f["path"].as_str().is_some_and(|p| p.ends_with(name)))
+            .unwrap_or_else(|| panic!("no entry for {name}: {j}"));
+        assert_eq!(f["bytes"].as_u64(), Some(*len), "{f}");
+        assert_eq!(f["blake3"].as_str(), Some(hex(hash).as_str()), "{f}");
+        let got = fx.root.join("dir").join(name);
+        assert_eq!(
+            fs::read(&got).unwrap(),
+            fs::read(fx.local.join(name)).unwrap()
+        );
+    }
+
+    // And all three back into a local directory.
+    let into = fx.local.join("back");
+    fs::create_dir(&into).unwrap();
+    let mut args = vec!["--json".to_string()];
+    args.extend(sizes.iter().map(|(n, _)| fx.url(&format!("dir/{n}"))));
+    args.push(s(&into));
+    let down = fx.cp(&args);
+    down.assert_ok();
+    let j = down.json();
+    assert_eq!(j["verified"].as_bool(), Some(true), "{j}");
+    assert_eq!(j["files"].as_array().map(Vec::len), Some(3), "{j}");
+    for (name, _) in sizes {
+        assert_eq!(
+            fs::read(into.join(name)).unwrap(),
+            fs::read(fx.local.join(name)).unwrap(),
+            "{name}"
+        );
+    }
+    assert_eq!(part_files(&fx.root), Vec::<String>::new());
+    assert_eq!(part_files(&fx.local), Vec::<String>::new());
+}
+
+#[test]
+fn several_sources_make_the_remote_path_a_directory() {
+    // No trailing slash: with several sources PATH is still a directory.
+    let fx = Fx::new();
+    write_random(&fx.local.join("a"), 10, 1);
+    write_random(&fx.local.join("b"), 20, 2);
+    fx.cp(&[s(&fx.local.join("a")), s(&fx.local.join("b")), fx.url("d")])
+        .assert_ok();
+    assert_eq!(tree(&fx.root), ["d", "d/a", "d/b"]);
+    assert_eq!(
+        fs::read(fx.root.join("d/b")).unwrap(),
+        fs::read(fx.local.join("b")).unwrap()
+    );
+}
+
+#[test]
+fn two_sources_with_one_destination_are_refused() {
+    let fx = Fx::new();
+    for d in ["x", "y"] {
+        fs::create_dir(fx.local.join(d)).unwrap();
+        fs::create_dir(fx.root.join(d)).unwrap();
+        write_random(&fx.local.join(d).join("f"), 5000, d.len() as u64);
+        write_random(&fx.root.join(d).join("f"), 5000, 3 + d.len() as u64);
+    }
+    let before = tree(fx.tmp.path());
+    let up = fx.cp(&[
+        s(&fx.local.join("x/f")),
+        s(&fx.local.join("y/f")),
+        fx.url("d/"),
+    ]);
+    up.assert_failed();
+    assert!(up.stderr.contains("d/f"), "{up:#?}");
+    let into = s(&fx.local);
+    let down = fx.cp(&[fx.url("x/f"), fx.url("y/f"), into]);
+    down.assert_failed();
+    assert!(down.stderr.contains("local/f"), "{down:#?}");
+    assert_eq!(tree(fx.tmp.path()), before, "something was written");
+}
+
+#[test]
+fn download_into_existing_dir_keeps_the_name() {
+    let fx = Fx::new();
+    write_random(&fx.root.join("r.bin"), 5000, 3);
+    fx.cp(&[fx.url("r.bin"), s(&fx.local)]).assert_ok();
+    assert_eq!(
+        fs::read(fx.local.join("r.bin")).unwrap(),
+        fs::read(fx.root.join("r.bin")).unwrap()
+    );
+}
+
+#[test]
+fn json_is_the_only_thing_on_stdout() {
+    let fx = Fx::new();
+    let src = fx.local.join("j.bin");
+    let hash = write_random(&src, 50_000, 9);
+    // Even with stats lines requested, stdout carries only the JSON object.
+    let up = fx.cp(&["--json", "--interval", "0.01", &s(&src), &fx.url("j.bin")]);
+    up.assert_ok();
+    check_json(&up, 50_000, &hash);
+    assert_eq!(up.stdout.trim().lines().count(), 1, "{up:#?}");
+}
+
+#[test]
+fn quiet_prints_nothing_on_success() {
+    let fx = Fx::new();
+    let src = fx.local.join("q.bin");
+    write_random(&src, 100_003, 4);
+    let up = fx.cp(&["-q", &s(&src), &fx.url("q.bin")]);
+    up.assert_ok();
+    assert_eq!(
+        (up.stdout.as_str(), up.stderr.as_str()),
+        ("", ""),
+        "{up:#?}"
+    );
+    let down = fx.cp(&["-q", &fx.url("q.bin"), &s(&fx.local.join("q2.bin"))]);
+    down.assert_ok();
+    assert_eq!(
+        (down.stdout.as_str(), down.stderr.as_str()),
+        ("", ""),
+        "{down:#?}"
+    );
+    assert_eq!(
+        fs::read(fx.local.join("q2.bin")).unwrap(),
+        fs::read(&src).unwrap()
+    );
+}
+
+#[test]
+fn key_file_from_environment() {
+    let fx = Fx::new();
+    let src = fx.local.join("e.bin");
+    write_random(&src, 3000, 5);
+    let run = spawn_cmd(hayate().env("HAYATE_KEY_FILE", &fx.key).args([
+        "cp",
+        &s(&src),
+        &fx.url("e.bin"),
+    ]))
+    .wait(Duration::from_secs(60));
+    run.assert_ok();
+    assert_eq!(
+        fs::read(fx.root.join("e.bin")).unwrap(),
+        fs::read(&src).unwrap()
+    );
+    // And without any key: a clear error before anything is sent.
+    let run = common::run(["cp".to_string(), s(&src), fx.url("e2.bin")]);
+    run.assert_failed();
+    assert!(lower(&run.stderr).contains("key"), "{run:#?}");
+    assert!(!fx.root.join("e2.bin").exists());
+}
+
+#[test]
+fn wrong_key_is_refused() {
+    let fx = Fx::new();
+    let other = keygen(fx.tmp.path(), "other-key");
+    let src = fx.local.join("w.bin");
+    write_random(&src, 100_003, 6);
+
+    let up = cp(&other, &[s(&src), fx.url("w.bin")]);
+    up.assert_failed();
+    let err = lower(&up.stderr);
+    assert!(
+        err.contains("key") && err.contains("authentication"),
+        "{up:#?}"
+    );
+    assert!(up.elapsed < Duration::from_secs(10), "{up:#?}");
+    assert_eq!(
+        tree(&fx.root),
+        Vec::<String>::new(),
+        "server created something"
+    );
+
+    write_random(&fx.root.join("r.bin"), 1000, 6);
+    let dst = fx.local.join("r.bin");
+    let down = cp(&other, &[fx.url("r.bin"), s(&dst)]);
+    down.assert_failed();
+    let err = lower(&down.stderr);
+    assert!(
+        err.contains("key") && err.contains("authentication"),
+        "{down:#?}"
+    );
+    assert!(!dst.exists());
+    assert_eq!(part_files(&fx.local), Vec::<String>::new());
+    assert_eq!(tree(&fx.root), ["r.bin"]);
+
+    // The server is unharmed: the right key still works.
+    fx.cp(&[s(&src), fx.url("w.bin")]).assert_ok();
+}
+
+/// The refusal names the path and says it escapes the root.
+fn assert_escape_refused(run: &Run, path: &str) {
+    run.assert_failed();
+    let err = lower(&run.stderr);
+    assert!(
+        err.contains("escapes") && err.contains("root") && run.stderr.contains(path),
+        "unclear refusal for {path}: {run:#?}"
+    );
+}
+
+#[test]
+fn dotdot_paths_are_refused() {
+    let fx = Fx::new();
+    let src = fx.local.join("x");
+    write_random(&src, 1000, 7);
+    fs::create_dir(fx.root.join("sub")).unwrap();
+    let before = tree(fx.tmp.path());
+
+    for p in ["../x", "sub/../../x", "../outside/x"] {
+        let up = fx.cp(&[s(&src), fx.url(p)]);
+        assert_escape_refused(&up, p);
+    }
+    assert!(!fx.tmp.path().join("x").exists());
+    assert_eq!(tree(&fx.outside), Vec::<String>::new());
+
+    fs::write(fx.outside.join("secret"), b"secret").unwrap();
+    let dst = fx.local.join("got");
+    let down = fx.cp(&[fx.url("../outside/secret"), s(&dst)]);
+    assert_escape_refused(&down, "../outside/secret");
+    assert!(!dst.exists());
+    let mut after = tree(fx.tmp.path());
+    after.retain(|p| p != "outside/secret");
+    assert_eq!(after, before, "something was written");
+}
+
+#[test]
+fn absolute_paths_are_refused() {
+    let fx = Fx::new();
+    let src = fx.local.join("x");
+    write_random(&src, 1000, 8);
+
+    // hayate://h:p//abs/path names the absolute path /abs/path.
+    let target = fx.outside.join("x");
+    let abs = s(&target);
+    let up = fx.cp(&[s(&src), fx.url(&abs)]);
+    assert_escape_refused(&up, &abs);
+    assert!(!target.exists());
+    assert_eq!(tree(&fx.outside), Vec::<String>::new());
+
+    let etc = format!("/etc/hayate-loopback-test-{}", std::process::id());
+    let up = fx.cp(&[s(&src), fx.url(&etc)]);
+    let leaked = Path::new(&etc).exists();
+    let _ = fs::remove_file(&etc);
+    assert!(!leaked, "{etc} was written");
+    assert_escape_refused(&up, &etc);
+
+    let dst = fx.local.join("passwd");
+    let down = fx.cp(&[fx.url("/etc/passwd"), s(&dst)]);
+    assert_escape_refused(&down, "/etc/passwd");
+    assert!(!dst.exists());
+    assert_eq!(part_files(&fx.local), Vec::<String>::new());
+    assert_eq!(tree(&fx.root), Vec::<String>::new());
+}
+
+#[test]
+fn symlinks_out_of_the_root_are_refused() {
+    let fx = Fx::new();
+    fs::write(fx.outside.join("secret"), b"secret").unwrap();
+    symlink(fx.outside.join("secret"), fx.root.join("abs-file")).unwrap();
+    symlink("../outside/secret", fx.root.join("rel-file")).unwrap();
+    symlink(&fx.outside, fx.root.join("abs-dir")).unwrap();
+    symlink("../outside", fx.root.join("rel-dir")).unwrap();
+    // A relative link that stays inside is fine (so the refusals are about escaping).
+    write_random(&fx.root.join("inside.bin"), 777, 10);
+    symlink("inside.bin", fx.root.join("in-link")).unwrap();
+    fx.cp(&[fx.url("in-link"), s(&fx.local.join("in-link"))])
+        .assert_ok();
+    assert_eq!(
+        fs::read(fx.local.join("in-link")).unwrap(),
+        fs::read(fx.root.join("inside.bin")).unwrap()
+    );
+
+    for p in ["abs-file", "rel-file", "abs-dir/secret", "rel-dir/secret"] {
+        let dst = fx.local.join("got");
+        let down = fx.cp(&[fx.url(p), s(&dst)]);
+        assert!(
+            lower(&down.stderr).contains("escapes"),
+            "unclear refusal for {p}: {down:#?}"
+        );
+        down.assert_failed();
+        assert!(!dst.exists(), "{p} was downloaded");
+    }
+
+    let src = fx.local.join("up");
+    write_random(&src, 5000, 11);
+    for p in ["abs-dir/up", "rel-dir/up", "abs-dir/new/up"] {
+        let up = fx.cp(&[s(&src), fx.url(p)]);
+        assert!(
+            lower(&up.stderr).contains("escapes"),
+            "unclear refusal for {p}: {up:#?}"
+        );
+        up.assert_failed();
+    }
+    // Uploading onto a symlinked file name must not write through it either.
+    let up = fx.cp(&[s(&src), fx.url("abs-file")]);
+    assert_eq!(
+        fs::read(fx.outside.join("secret")).unwrap(),
+        b"secret",
+        "{up:#?}"
+    );
+    assert_eq!(tree(&fx.outside), ["secret"], "written outside the root");
+    assert_eq!(part_files(&fx.local), Vec::<String>::new());
+}
+
+#[test]
+fn missing_source_is_named_and_the_others_still_go() {
+    let fx = Fx::new();
+    write_random(&fx.local.join("a"), 1000, 12);
+    write_random(&fx.local.join("b"), 100_003, 13);
+    let missing = fx.local.join("no-such-file");
+    let up = fx.cp(&[
+        s(&fx.local.join("a")),
+        s(&missing),
+        s(&fx.local.join("b")),
+        fx.url("m/"),
+    ]);
+    up.assert_failed();
+    assert!(
+        up.stderr.contains("no-such-file") && lower(&up.stderr).contains("no such file"),
+        "{up:#?}"
+    );
+    assert_eq!(up.stderr.matches("no-such-file").count(), 1, "{up:#?}");
+    assert_eq!(tree(&fx.root), ["m", "m/a", "m/b"]);
+    for n in ["a", "b"] {
+        assert_eq!(
+            fs::read(fx.root.join("m").join(n)).unwrap(),
+            fs::read(fx.local.join(n)).unwrap()
+        );
+    }
+
+    // Alone: same clear error.
+    let up = fx.cp(&[s(&missing), fx.url("x")]);
+    up.assert_failed();
+    assert!(up.stderr.contains("no-such-file"), "{up:#?}");
+    assert!(!fx.root.join("x").exists());
+
+    // A missing remote source, next to one that exists.
+    write_random(&fx.root.join("here"), 2000, 14);
+    let into = fx.local.join("into");
+    fs::create_dir(&into).unwrap();
+    let down = fx.cp(&[fx.url("not-here"), fx.url("here"), s(&into)]);
+    down.assert_failed();
+    assert!(
+        down.stderr.contains("not-here") && lower(&down.stderr).contains("no such file"),
+        "{down:#?}"
+    );
+    assert_eq!(tree(&into), ["here"]);
+}
+
+#[test]
+fn download_into_a_missing_directory_fails_clearly() {
+    let fx = Fx::new();
+    write_random(&fx.root.join("f"), 3000, 15);
+    let dst = fx.local.join("nodir").join("f");
+    let down = fx.cp(&[fx.url("f"), s(&dst)]);
+    down.assert_failed();
+    assert!(
+        down.stderr.contains("nodir") && lower(&down.stderr).contains("no such"),
+        "{down:#?}"
+    );
+    assert!(!fx.local.join("nodir").exists());
+
+    // Several sources need an existing directory.
+    let down = fx.cp(&[fx.url("f"), fx.url("f"), s(&fx.local.join("nodir2"))]);
+    down.assert_failed();
+    assert!(down.stderr.contains("nodir2"), "{down:#?}");
+    assert_eq!(tree(&fx.local), Vec::<String>::new());
+}
+
+#[test]
+fn download_into_an_unwritable_directory_fails_clearly() {
+    let fx = Fx::new();
+    write_random(&fx.root.join("f"), 3000, 16);
+    // As root, permission bits do not stop us: use sysfs, where nobody can create files.
+    let (dir, _guard) = if unsafe { libc::geteuid() } == 0 {
+        (PathBuf::from("/sys"), None)
+    } else {
+        let d = fx.local.join("ro");
+        fs::create_dir(&d).unwrap();
+        fs::set_permissions(&d, fs::Permissions::from_mode(0o555)).unwrap();
+        (d.clone(), Some(RestoreWritable(d)))
+    };
+    let dst = dir.join(format!("hayate-loopback-{}", std::process::id()));
+    let down = fx.cp(&[fx.url("f"), s(&dst)]);
+    down.assert_failed();
+    assert!(
+        lower(&down.stderr).contains("permission denied") && down.stderr.contains(&s(&dir)),
+        "{down:#?}"
+    );
+    assert!(!dst.exists());
+
+    // A destination whose "directory" is a regular file.
+    fs::write(fx.local.join("plain"), b"x").unwrap();
+    let dst = fx.local.join("plain").join("f");
+    let down = fx.cp(&[fx.url("f"), s(&dst)]);
+    down.assert_failed();
+    assert!(down.stderr.contains("plain"), "{down:#?}");
+    assert_eq!(fs::read(fx.local.join("plain")).unwrap(), b"x");
+}
+
+struct RestoreWritable(PathBuf);
+impl Drop for RestoreWritable {
+    fn drop(&mut self) {
+        let _ = fs::set_permissions(&self.0, fs::Permissions::from_mode(0o755));
+    }
+}
+
+#[test]
+fn upload_to_an_uncreatable_remote_path_fails_clearly() {
+    let fx = Fx::new();
+    let src = fx.local.join("u");
+    write_random(&src, 3000, 17);
+    fs::write(fx.root.join("plain"), b"x").unwrap();
+    let up = fx.cp(&[s(&src), fx.url("plain/u")]);
+    up.assert_failed();
+    assert!(
+        up.stderr.contains("plain") && lower(&up.stderr).contains("refused"),
+        "{up:#?}"
+    );
+    assert_eq!(tree(&fx.root), ["plain"]);
+}
+
+#[test]
+fn no_server_times_out_with_a_clear_error() {
+    let tmp = TempDir::new().unwrap();
+    let key = keygen(tmp.path(), "key");
+    let src = tmp.path().join("s");
+    write_random(&src, 1000, 18);
+    let port = free_udp_port();
+    let url = |p: &str| format!("hayate://127.0.0.1:{port}/{p}");
+
+    for args in [
+        vec![s(&src), url("s")],
+        vec![url("s"), s(&tmp.path().join("d"))],
+    ] {
+        let mut all = vec!["--connect-timeout".to_string(), "1".to_string()];
+        all.extend(args);
+        let run = cp(&key, &all);
+        run.assert_failed();
+        assert!(lower(&run.stderr).contains("no answer"), "{run:#?}");
+        assert!(
+            run.elapsed < Duration::from_secs(4),
+            "took {:?}",
+            run.elapsed
+        );
+    }
+    assert!(!tmp.path().join("d").exists());
+    assert_eq!(part_files(tmp.path()), Vec::<String>::new());
+}
+
+#[test]
+fn keygen_writes_mode_0600_and_refuses_to_overwrite() {
+    let tmp = TempDir::new().unwrap();
+    let path = tmp.path().join("k");
+    let r = run(["keygen", "--out", &s(&path)]);
+    r.assert_ok();
+    let meta = fs::metadata(&path).unwrap();
+    assert_eq!(meta.permissions().mode() & 0o7777, 0o600);
+    let first = fs::read(&path).unwrap();
+    assert!(!first.is_empty());
+
+    let r = run(["keygen", "--out", &s(&path)]);
+    r.assert_failed();
+    assert!(r.stderr.contains("--force"), "{r:#?}");
+    assert_eq!(fs::read(&path).unwrap(), first, "key overwritten");
+
+    let r = run(["keygen", "--out", &s(&path), "--force"]);
+    r.assert_ok();
+    let second = fs::read(&path).unwrap();
+    assert_ne!(second, first, "--force did not write a new key");
+    assert_eq!(
+        fs::metadata(&path).unwrap().permissions().mode() & 0o7777,
+        0o600
+    );
+
+    // Two fresh keys differ.
+    let other = keygen(tmp.path(), "k2");
+    assert_ne!(fs::read(other).unwrap(), second);
+}
+
+#[test]
+fn serve_handles_sessions_in_a_row_and_at_once() {
+    let fx = Fx::new();
+    // One after another, both directions.
+    for i in 0..3u64 {
+        let src = fx.local.join(format!("seq{i}"));
+        write_random(&src, 10_000 + i, i);
+        fx.cp(&[s(&src), fx.url(&format!("seq{i}"))]).assert_ok();
+        let back = fx.local.join(format!("back{i}"));
+        fx.cp(&[fx.url(&format!("seq{i}")), s(&back)]).assert_ok();
+        assert_eq!(fs::read(&back).unwrap(), fs::read(&src).unwrap());
+    }
+
+    // Two clients at once: 8 MiB each at 100 Mbit/s take ~0.7 s, so they overlap.
+    let before = fx.srv.log.snapshot().len();
+    let mut procs = Vec::new();
+    for i in 0..2u64 {
+        let src = fx.local.join(format!("par{i}"));
+        write_random(&src, 8 << 20, 100 + i);
+        let mut cmd = hayate();
+        cmd.args(["cp", "--key-file", &s(&fx.key), "--rate", "100M"]);
+        cmd.args([s(&src), fx.url(&format!("par{i}"))]);
+        procs.push(spawn_cmd(&mut cmd));
+    }
+    for p in procs {
+        p.wait(Duration::from_secs(60)).assert_ok();
+    }
+    for i in 0..2 {
+        let n = format!("par{i}");
+        assert_eq!(hash_file(&fx.root.join(&n)), hash_file(&fx.local.join(&n)));
+    }
+    let log = fx.srv.log.snapshot()[before..].to_vec();
+    let established: Vec<usize> = (0..log.len())
+        .filter(|&i| log[i].contains("established"))
+        .collect();
+    let first_close = log.iter().position(|l| l.contains("session closed"));
+    assert_eq!(established.len(), 2, "{log:#?}");
+    assert!(
+        first_close.is_some_and(|c| established[1] < c),
+        "the two sessions did not overlap: {log:#?}"
+    );
+    assert_eq!(part_files(&fx.root), Vec::<String>::new());
+}
+
+#[test]
+fn sigterm_and_sigint_stop_the_server_cleanly() {
+    for sig in [libc::SIGTERM, libc::SIGINT] {
+        let mut fx = Fx::new();
+        let st = fx.srv.signal_and_wait(sig, Duration::from_secs(5));
+        assert_eq!(
+            st.code(),
+            Some(0),
+            "signal {sig}: {st:?}\n{}",
+            fx.srv.log.text()
+        );
+    }
+}
+
+/// Starts a slow 64 MiB upload and waits until the server has its temp file.
+fn slow_upload(fx: &Fx, name: &str) -> Running {
+    let src = fx.local.join(name);
+    write_random(&src, 64 << 20, 19);
+    let mut cmd = hayate();
+    cmd.args(["cp", "--key-file", &s(&fx.key), "--rate", "40M"]);
+    cmd.args([s(&src), fx.url(name)]);
+    let client = spawn_cmd(&mut cmd);
+    let part = fx.root.join(format!(".{name}.hayate-part"));
+    assert!(
+        eventually(Duration::from_secs(10), || part.exists()),
+        "no {} on the server: {:?}",
+        part.display(),
+        tree(&fx.root)
+    );
+    // Let some data land.
+    std::thread::sleep(Duration::from_millis(500));
+    client
+}
+
+#[test]
+fn killed_client_leaves_only_a_part_file_and_sigterm_exits_0() {
+    let mut fx = Fx::new();
+    let mut client = slow_upload(&fx, "big.bin");
+    assert!(
+        !client.try_finished(),
+        "upload finished too early to interrupt"
+    );
+    signal(client.pid(), libc::SIGKILL);
+    let _ = client.wait(Duration::from_secs(10));
+    assert_eq!(tree(&fx.root), [".big.bin.hayate-part"]);
+
+    let st = fx
+        .srv
+        .signal_and_wait(libc::SIGTERM, Duration::from_secs(5));
+    assert_eq!(st.code(), Some(0), "{st:?}\n{}", fx.srv.log.text());
+    assert_eq!(tree(&fx.root), [".big.bin.hayate-part"]);
+    assert!(
+        fx.srv.log.contains("incomplete upload kept"),
+        "{}",
+        fx.srv.log.text()
+    );
+}
+
+#[test]
+fn sigterm_during_an_upload_keeps_it_partial_and_the_client_fails() {
+    let mut fx = Fx::new();
+    let client = slow_upload(&fx, "big.bin");
+    let st = fx
+        .srv
+        .signal_and_wait(libc::SIGTERM, Duration::from_secs(5));
+    assert_eq!(st.code(), Some(0), "{st:?}\n{}", fx.srv.log.text());
+    let run = client.wait(Duration::from_secs(30));
+    run.assert_failed();
+    assert!(!run.stderr.is_empty(), "{run:#?}");
+    assert_eq!(tree(&fx.root), [".big.bin.hayate-part"]);
+}
+
+#[test]
+fn interrupted_download_leaves_only_a_part_file() {
+    let fx = Fx::new();
+    write_random(&fx.root.join("big.bin"), 64 << 20, 20);
+    let dst = fx.local.join("big.bin");
+    let mut cmd = hayate();
+    cmd.args(["cp", "--key-file", &s(&fx.key), "--rate", "40M"]);
+    cmd.args([fx.url("big.bin"), s(&dst)]);
+    let mut client = spawn_cmd(&mut cmd);
+    let part = fx.local.join(".big.bin.hayate-part");
+    assert!(eventually(Duration::from_secs(10), || part.exists()));
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !client.try_finished(),
+        "download finished too early to interrupt"
+    );
+    signal(client.pid(), libc::SIGTERM);
+    let run = client.wait(Duration::from_secs(10));
+    run.assert_failed();
+    assert!(lower(&run.stderr).contains("interrupted"), "{run:#?}");
+    assert!(!dst.exists());
+    assert_eq!(tree(&fx.local), [".big.bin.hayate-part"]);
+}
