@@ -102,6 +102,7 @@ pub struct Stats {
     pub duplicate_blocks_received: u64,
     pub data_bytes_received: u64,
     pub data_bytes_acked: u64,
+    pub data_bytes_lost: u64,
     pub dropped_malformed: u64,
     pub dropped_auth: u64,
     pub dropped_replay: u64,
@@ -674,7 +675,7 @@ impl Connection {
         // Sent minus delivered minus declared lost: an estimate good enough for pacing caps.
         self.stats
             .data_bytes_sent
-            .saturating_sub(self.stats.data_bytes_acked)
+            .saturating_sub(self.stats.data_bytes_acked + self.stats.data_bytes_lost)
     }
 
     fn on_ack(&mut self, now_us: u64, a: &AckFrame) -> Feedback {
@@ -708,7 +709,13 @@ impl Connection {
         self.pto_count = 0;
         if let Some((b0, t0)) = self.prev_ack_rx {
             if a.rx_time_us > t0 + 1_000 && a.rx_bytes >= b0 {
-                fb.rx_rate = Some((a.rx_bytes - b0) * 1_000_000 / (a.rx_time_us - t0));
+                // The receiver counts payload; the pacer counts whole datagrams.
+                let payload = (a.rx_bytes - b0) as u128 * 1_000_000 / (a.rx_time_us - t0) as u128;
+                let per_dgram = (self.block_size
+                    + wire::SEALED_HEADER_LEN
+                    + wire::DATA_HEADER_LEN
+                    + wire::TAG_LEN) as u128;
+                fb.rx_rate = Some((payload * per_dgram / self.block_size as u128) as u64);
                 self.prev_ack_rx = Some((a.rx_bytes, a.rx_time_us));
             }
         } else {
@@ -760,6 +767,7 @@ impl Connection {
         fb.lost_bytes += out.lost_bytes;
         self.stats.data_bytes_acked += out.newly_acked_bytes;
         self.stats.blocks_declared_lost += out.lost_blocks;
+        self.stats.data_bytes_lost += out.lost_bytes;
         self.check_outgoing_done(lm.xfer);
     }
 
@@ -1004,9 +1012,18 @@ impl Connection {
     }
 
     fn has_data_to_send(&self) -> bool {
-        self.outgoing
-            .values()
-            .any(|o| o.ready && (o.has_retx() || o.peek_new().is_some()))
+        !self.window_full()
+            && self
+                .outgoing
+                .values()
+                .any(|o| o.ready && (o.has_retx() || o.peek_new().is_some()))
+    }
+
+    /// The rate controller's in-flight cap is reached: wait for feedback.
+    fn window_full(&self) -> bool {
+        self.cc
+            .in_flight_cap()
+            .is_some_and(|cap| self.in_flight_bytes() >= cap)
     }
 
     pub fn handle_timeout(&mut self, now: Instant) {
@@ -1117,7 +1134,7 @@ impl Connection {
         if ack_due || self.ctrl_tx.has_unsent() || self.ping_pending {
             return self.send_control(now_us, buf, ack_due);
         }
-        if self.pacer.can_send(now_us, self.payload_limit) {
+        if !self.window_full() && self.pacer.can_send(now_us, self.payload_limit) {
             return self.send_data(now_us, buf, src);
         }
         None

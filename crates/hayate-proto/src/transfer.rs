@@ -147,7 +147,8 @@ impl Outgoing {
         const BATCH: usize = 256 * 1024;
         debug_assert_eq!(block, self.hash_next);
         if self.hash_buf.capacity() == 0 {
-            self.hash_buf.reserve_exact(BATCH + self.layout.block_size as usize);
+            self.hash_buf
+                .reserve_exact(BATCH + self.layout.block_size as usize);
         }
         self.hash_buf.extend_from_slice(data);
         self.hash_next += 1;

@@ -1,8 +1,10 @@
 //! Rate control: decides how fast the sender paces. The connection feeds it every feedback
 //! signal the receiver reports; implementations pick a pacing rate from them.
 
+mod adaptive;
 mod fixed;
 
+pub use adaptive::{Adaptive, Mode as AdaptiveMode};
 pub use fixed::Fixed;
 
 /// What one ACK (with its loss maps) told the sender.
@@ -35,6 +37,10 @@ pub trait RateControl: Send + std::fmt::Debug {
     fn pacing_rate(&self) -> Option<u64>;
     fn on_sent(&mut self, _now_us: u64, _bytes: u64) {}
     fn on_feedback(&mut self, _fb: &Feedback) {}
+    /// Most data bytes that may be in flight (sent, not yet acknowledged or lost).
+    fn in_flight_cap(&self) -> Option<u64> {
+        None
+    }
     /// Short name for stats lines.
     fn name(&self) -> &'static str;
 }
@@ -46,6 +52,8 @@ pub enum RateConfig {
     Fixed(u64),
     /// No pacing at all.
     Unlimited,
+    /// Find the rate by itself, within `[min, max]` bytes/s (`max` None = no cap).
+    Adaptive { max: Option<u64>, min: u64 },
 }
 
 impl RateConfig {
@@ -54,20 +62,31 @@ impl RateConfig {
         match self {
             RateConfig::Fixed(r) => (r, 0, false),
             RateConfig::Unlimited => (0, 0, false),
+            RateConfig::Adaptive { max, min } => (max.unwrap_or(0), min, true),
         }
     }
 
-    /// The client's wish, bounded by what this side allows (`self`).
-    pub fn negotiate(self, rate_max: u64, _rate_min: u64, _adaptive: bool) -> RateConfig {
-        let wish = if rate_max == 0 {
-            RateConfig::Unlimited
-        } else {
-            RateConfig::Fixed(rate_max)
+    /// The client's wish, bounded by what this side allows (`self`): the lower cap wins,
+    /// the client's floor is kept below it.
+    pub fn negotiate(self, rate_max: u64, rate_min: u64, adaptive: bool) -> RateConfig {
+        let my_cap = match self {
+            RateConfig::Fixed(r) => Some(r),
+            RateConfig::Adaptive { max, .. } => max,
+            RateConfig::Unlimited => None,
         };
-        match (self, wish) {
-            (RateConfig::Fixed(a), RateConfig::Fixed(b)) => RateConfig::Fixed(a.min(b)),
-            (RateConfig::Fixed(a), RateConfig::Unlimited) => RateConfig::Fixed(a),
-            (RateConfig::Unlimited, w) => w,
+        let wish_cap = (rate_max > 0).then_some(rate_max);
+        let cap = match (my_cap, wish_cap) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if adaptive {
+            let min = cap.map_or(rate_min, |c| rate_min.min(c));
+            RateConfig::Adaptive { max: cap, min }
+        } else {
+            match cap {
+                Some(c) => RateConfig::Fixed(c),
+                None => RateConfig::Unlimited,
+            }
         }
     }
 
@@ -75,6 +94,7 @@ impl RateConfig {
         match self {
             RateConfig::Fixed(r) => Box::new(Fixed::new(Some(r))),
             RateConfig::Unlimited => Box::new(Fixed::new(None)),
+            RateConfig::Adaptive { max, min } => Box::new(Adaptive::new(max, min)),
         }
     }
 }

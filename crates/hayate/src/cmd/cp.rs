@@ -24,9 +24,16 @@ pub struct CpArgs {
     pub paths: Vec<String>,
     #[command(flatten)]
     pub key: KeyArgs,
-    /// Pacing rate in bits/s (k/M/G suffixes) or `max` for no pacing
-    #[arg(long, default_value = "100M", value_parser = parse_rate)]
+    /// Rate cap in bits/s (k/M/G suffixes); `max` = no cap. The rate itself is found
+    /// automatically (or is exactly this with --fixed)
+    #[arg(long, default_value = "max", value_parser = parse_rate)]
     pub rate: RateConfig,
+    /// Never pace below this many bits/s, whatever the path says (like Aspera's minimum rate)
+    #[arg(long, value_parser = parse_rate, value_name = "RATE")]
+    pub rate_min: Option<RateConfig>,
+    /// Pace at exactly --rate (`max`: no pacing at all) instead of adapting to the path
+    #[arg(long)]
+    pub fixed: bool,
     /// Path MTU in bytes: no datagram is bigger
     #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u16).range(1280..))]
     pub mtu: u16,
@@ -200,6 +207,7 @@ pub fn run(a: CpArgs) -> anyhow::Result<i32> {
     if !(a.connect_timeout > 0.0 && a.connect_timeout < 3600.0) {
         bail!("--connect-timeout must be between 0 and 3600 seconds");
     }
+    let rate = rate_config(a.rate, a.rate_min, a.fixed)?;
     let stop = StopFlag::new();
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.inner())?;
@@ -209,7 +217,7 @@ pub fn run(a: CpArgs) -> anyhow::Result<i32> {
         psk,
         proto: Config {
             mtu: a.mtu,
-            rate: a.rate,
+            rate,
             idle_timeout: Duration::from_secs(15),
             connect_timeout: Duration::from_secs_f64(a.connect_timeout),
         },
@@ -218,6 +226,32 @@ pub fn run(a: CpArgs) -> anyhow::Result<i32> {
     let report = client::run(opts, transfers, stop, &mut |p| out.progress(p));
     out.finish(&report);
     Ok(if report.all_verified() { 0 } else { 1 })
+}
+
+/// Combine --rate, --rate-min and --fixed into what the engine runs.
+pub fn rate_config(
+    rate: RateConfig,
+    rate_min: Option<RateConfig>,
+    fixed: bool,
+) -> anyhow::Result<RateConfig> {
+    let as_bytes = |r: RateConfig| match r {
+        RateConfig::Fixed(b) => Some(b),
+        _ => None,
+    };
+    if fixed {
+        if rate_min.is_some() {
+            bail!("--rate-min makes no sense with --fixed");
+        }
+        return Ok(rate);
+    }
+    let max = as_bytes(rate);
+    let min = rate_min.and_then(as_bytes).unwrap_or(0);
+    if let Some(m) = max {
+        if min > m {
+            bail!("--rate-min is above --rate");
+        }
+    }
+    Ok(RateConfig::Adaptive { max, min })
 }
 
 #[cfg(test)]
