@@ -8,7 +8,7 @@ const MBIT: u64 = 1_000_000 / 8;
 
 fn data(len: usize) -> Vec<u8> {
     (0..len)
-        .map(|i| (i * 2654435761usize >> 13) as u8)
+        .map(|i| ((i * 2654435761usize) >> 13) as u8)
         .collect()
 }
 
