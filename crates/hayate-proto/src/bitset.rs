@@ -86,10 +86,25 @@ impl Bitset {
         self.scan(from, false)
     }
 
+    /// First clear bit in `[from, to)`, or `to`: never looks past `to`.
+    pub fn next_zero_before(&self, from: u64, to: u64) -> u64 {
+        self.scan_to(from, to.min(self.len), true)
+    }
+
+    /// First set bit in `[from, to)`, or `to`.
+    pub fn next_one_before(&self, from: u64, to: u64) -> u64 {
+        self.scan_to(from, to.min(self.len), false)
+    }
+
     fn scan(&self, from: u64, zero: bool) -> u64 {
-        if from >= self.len {
-            return self.len;
+        self.scan_to(from, self.len, zero)
+    }
+
+    fn scan_to(&self, from: u64, to: u64, zero: bool) -> u64 {
+        if from >= to {
+            return to;
         }
+        let last_word = ((to - 1) / 64) as usize;
         let mut wi = (from / 64) as usize;
         let mut w = if zero {
             !self.words[wi]
@@ -99,11 +114,11 @@ impl Bitset {
         w &= u64::MAX << (from % 64);
         loop {
             if w != 0 {
-                return (wi as u64 * 64 + w.trailing_zeros() as u64).min(self.len);
+                return (wi as u64 * 64 + w.trailing_zeros() as u64).min(to);
             }
             wi += 1;
-            if wi >= self.words.len() {
-                return self.len;
+            if wi > last_word {
+                return to;
             }
             w = if zero {
                 !self.words[wi]
@@ -163,6 +178,9 @@ mod tests {
                 let no = (from..len).find(|&i| model[i as usize]).unwrap_or(len);
                 assert_eq!(bs.next_zero(from), nz);
                 assert_eq!(bs.next_one(from), no);
+                let to = from + rnd() % (len - from + 1);
+                assert_eq!(bs.next_zero_before(from, to), nz.min(to));
+                assert_eq!(bs.next_one_before(from, to), no.min(to));
             }
         }
     }

@@ -210,14 +210,14 @@ impl Outgoing {
         }
         // Count bytes only where bits flip; the last block may be short.
         let mut bytes = 0u64;
-        let mut i = self.acked.next_zero(a);
+        let mut i = self.acked.next_zero_before(a, b);
         while i < b {
-            let j = self.acked.next_one(i).min(b);
+            let j = self.acked.next_one_before(i, b);
             bytes += (j - i) * self.layout.block_size;
             if j == self.layout.blocks() {
                 bytes -= self.layout.block_size - self.layout.len(j - 1) as u64;
             }
-            i = self.acked.next_zero(j);
+            i = self.acked.next_zero_before(j, b);
         }
         self.acked.set_range(a, b);
         self.bytes_acked += bytes;
