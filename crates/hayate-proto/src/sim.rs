@@ -186,6 +186,37 @@ impl Link {
     }
 }
 
+/// Both directions of the simulated wire and the datagrams on it.
+struct Net {
+    rng: Rng,
+    /// [client → server, server → client]
+    links: [Link; 2],
+    /// (arrival µs, seq), earliest first
+    wire: BinaryHeap<Reverse<(u64, u64)>>,
+    /// seq → (destination, bytes, corrupted)
+    inflight: HashMap<u64, (usize, Vec<u8>, bool)>,
+    seq: u64,
+}
+
+impl Net {
+    /// Put a datagram on the wire towards `to` (SERVER or CLIENT): the link may drop,
+    /// delay, duplicate or corrupt it.
+    fn put(&mut self, to: usize, now: u64, d: &[u8]) {
+        let link = &mut self.links[if to == SERVER { 0 } else { 1 }];
+        for at in link.send(now, d.len() + 28, &mut self.rng) {
+            let mut d = d.to_vec();
+            let bad = self.rng.chance(link.p.corrupt);
+            if bad {
+                let bit = self.rng.next_u64() as usize % (d.len() * 8);
+                d[bit / 8] ^= 1 << (bit % 8);
+            }
+            self.seq += 1;
+            self.inflight.insert(self.seq, (to, d, bad));
+            self.wire.push(Reverse((at, self.seq)));
+        }
+    }
+}
+
 #[derive(Default)]
 struct MemFiles {
     /// xfer → contents being sent
@@ -223,29 +254,22 @@ pub fn run(sc: &Scenario) -> SimResult {
     let at = |us: u64| base + Duration::from_micros(us);
     let us_of = |i: Instant| i.saturating_duration_since(base).as_micros() as u64;
     let caddr: SocketAddr = "10.0.0.1:40000".parse().expect("addr");
-    let mut rng = Rng::new(sc.seed);
-    let mut links = [
-        Link {
-            p: sc.forward.clone(),
-            busy_until: 0,
-            delivered: 0,
-            queue_drops: 0,
-            random_losses: 0,
-        },
-        Link {
-            p: sc.reverse.clone(),
-            busy_until: 0,
-            delivered: 0,
-            queue_drops: 0,
-            random_losses: 0,
-        },
-    ];
+    let link = |p: &LinkParams| Link {
+        p: p.clone(),
+        busy_until: 0,
+        delivered: 0,
+        queue_drops: 0,
+        random_losses: 0,
+    };
+    let mut net = Net {
+        rng: Rng::new(sc.seed),
+        links: [link(&sc.forward), link(&sc.reverse)],
+        wire: BinaryHeap::new(),
+        inflight: HashMap::new(),
+        seq: 0,
+    };
     let mut steps = sc.forward_steps.clone();
     steps.sort_by_key(|s| Reverse(s.at_us));
-    // (arrival, seq) → (to, bytes)
-    let mut wire: BinaryHeap<Reverse<(u64, u64)>> = BinaryHeap::new();
-    let mut inflight: HashMap<u64, (usize, Vec<u8>, bool)> = HashMap::new();
-    let mut seq = 0u64;
 
     let mut client = Connection::client(sc.client.clone(), &sc.client_psk, AddrFamily::V4, base);
     let mut server = Endpoint::new(sc.psk.clone(), sc.server.clone(), base);
@@ -279,12 +303,12 @@ pub fn run(sc: &Scenario) -> SimResult {
 
     loop {
         // Deliver everything due.
-        while let Some(Reverse((t, s))) = wire.peek().copied() {
+        while let Some(Reverse((t, s))) = net.wire.peek().copied() {
             if t > now {
                 break;
             }
-            wire.pop();
-            let (to, mut d, bad) = inflight.remove(&s).expect("queued");
+            net.wire.pop();
+            let (to, mut d, bad) = net.inflight.remove(&s).expect("queued");
             res.corrupted += bad as u64;
             if to == SERVER {
                 let before = server_rx(&mut server);
@@ -295,11 +319,7 @@ pub fn run(sc: &Scenario) -> SimResult {
                         }
                     }
                     Route::NewConn(_, reply) | Route::Reply(reply) => {
-                        for a in links[1].send(now, reply.len() + 28, &mut rng) {
-                            seq += 1;
-                            inflight.insert(seq, (CLIENT, reply.clone(), false));
-                            wire.push(Reverse((a, seq)));
-                        }
+                        net.put(CLIENT, now, &reply);
                     }
                     Route::Drop => {}
                 }
@@ -318,7 +338,7 @@ pub fn run(sc: &Scenario) -> SimResult {
             if s.at_us > now {
                 break;
             }
-            links[0].p.rate = s.rate;
+            net.links[0].p.rate = s.rate;
             steps.pop();
         }
 
@@ -413,17 +433,7 @@ pub fn run(sc: &Scenario) -> SimResult {
             client.handle_timeout(at(now));
         }
         while let Some(n) = client.poll_transmit(at(now), &mut buf, &mut cfiles) {
-            for a in links[0].send(now, n + 28, &mut rng) {
-                let mut d = buf[..n].to_vec();
-                let bad = rng.chance(links[0].p.corrupt);
-                if bad {
-                    let bit = rng.next_u64() as usize % (n * 8);
-                    d[bit / 8] ^= 1 << (bit % 8);
-                }
-                seq += 1;
-                inflight.insert(seq, (SERVER, d, bad));
-                wire.push(Reverse((a, seq)));
-            }
+            net.put(SERVER, now, &buf[..n]);
         }
         for cid in server.cids() {
             let Some(c) = server.conn_mut(cid) else {
@@ -433,17 +443,7 @@ pub fn run(sc: &Scenario) -> SimResult {
                 c.handle_timeout(at(now));
             }
             while let Some(n) = c.poll_transmit(at(now), &mut buf, &mut sfiles) {
-                for a in links[1].send(now, n + 28, &mut rng) {
-                    let mut d = buf[..n].to_vec();
-                    let bad = rng.chance(links[1].p.corrupt);
-                    if bad {
-                        let bit = rng.next_u64() as usize % (n * 8);
-                        d[bit / 8] ^= 1 << (bit % 8);
-                    }
-                    seq += 1;
-                    inflight.insert(seq, (CLIENT, d, bad));
-                    wire.push(Reverse((a, seq)));
-                }
+                net.put(CLIENT, now, &buf[..n]);
             }
         }
         for cid in server.cids() {
@@ -458,7 +458,7 @@ pub fn run(sc: &Scenario) -> SimResult {
         }
         // Advance virtual time to the next thing that happens.
         let mut next = u64::MAX;
-        if let Some(Reverse((t, _))) = wire.peek() {
+        if let Some(Reverse((t, _))) = net.wire.peek() {
             next = next.min(*t);
         }
         if let Some(t) = client.poll_timeout(at(now)) {
@@ -493,9 +493,9 @@ pub fn run(sc: &Scenario) -> SimResult {
     res.elapsed_us = now;
     res.client = client.stats();
     res.client_files = client_files;
-    res.fwd_delivered = links[0].delivered;
-    res.fwd_queue_drops = links[0].queue_drops;
-    res.fwd_random_losses = links[0].random_losses;
+    res.fwd_delivered = net.links[0].delivered;
+    res.fwd_queue_drops = net.links[0].queue_drops;
+    res.fwd_random_losses = net.links[0].random_losses;
     res.ok = res.error.is_none() && res.rejected.is_empty() && pending.is_empty();
     res
 }

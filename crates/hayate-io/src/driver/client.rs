@@ -130,25 +130,20 @@ pub fn run(
     let start = Instant::now();
     let mut results: Vec<FileResult> = transfers
         .iter()
-        .map(|t| match t {
-            Transfer::Upload { local, remote } => FileResult {
-                upload: true,
+        .map(|t| {
+            let (upload, local, remote) = match t {
+                Transfer::Upload { local, remote } => (true, local, remote),
+                Transfer::Download { remote, local } => (false, local, remote),
+            };
+            FileResult {
+                upload,
                 local: local.clone(),
                 remote: remote.clone(),
                 bytes: 0,
                 blake3: None,
                 verified: false,
                 error: None,
-            },
-            Transfer::Download { remote, local } => FileResult {
-                upload: false,
-                local: local.clone(),
-                remote: remote.clone(),
-                bytes: 0,
-                blake3: None,
-                verified: false,
-                error: None,
-            },
+            }
         })
         .collect();
     let report = |results: Vec<FileResult>, stats: Stats, error: Option<String>| Report {
