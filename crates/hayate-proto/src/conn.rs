@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::cc::{Feedback, RateConfig, RateControl};
-use crate::control::{Ctrl, CtrlRecv, CtrlSend};
+use crate::control::{Ctrl, CtrlRecv, CtrlSend, MetaEntry, MetaOp};
 use crate::crypto::{Psk, ReplayWindow, SessionKeys};
 use crate::handshake::{ClientHandshake, HandshakeError};
 use crate::pacer::Pacer;
@@ -68,11 +68,29 @@ pub enum Event {
         size: u64,
         mode: u32,
         mtime: i64,
+        /// [`crate::control::flags`].
+        flags: u32,
+        /// The source's BLAKE3 when known up front.
+        hash: Option<[u8; 32]>,
     },
     /// Server: the client asks for a file. Answer with [`Connection::offer`] or `reject`.
-    GetRequested { xfer: XferId, path: String },
+    GetRequested {
+        xfer: XferId,
+        path: String,
+        flags: u32,
+    },
     /// The peer refused or aborted a transfer.
     Rejected { xfer: XferId, reason: String },
+    /// The receiver declined our offer without error (`NO_CLOBBER`, `UPDATE`).
+    Skipped { xfer: XferId, reason: String },
+    /// Server: a file-system request; answer with [`Connection::meta_reply`].
+    MetaRequested { id: u32, op: MetaOp },
+    /// Client: (part of) the answer to [`Connection::meta`]; more parts follow if `more`.
+    MetaReplied {
+        id: u32,
+        result: Result<Vec<MetaEntry>, String>,
+        more: bool,
+    },
     /// Every block has arrived and the sender's hash is known: verify the file, then call
     /// [`Connection::finish_incoming`].
     IncomingComplete { xfer: XferId, blake3: [u8; 32] },
@@ -185,6 +203,7 @@ pub struct Connection {
     pending_gets: BTreeMap<XferId, String>,
     map_rotation: XferId,
     next_xfer: XferId,
+    next_meta: u32,
     bye_sent: bool,
     /// Some transfer may need its hash finished or `Sent` announced without sending data.
     hash_work: bool,
@@ -250,6 +269,7 @@ impl Connection {
             pending_gets: BTreeMap::new(),
             map_rotation: 0,
             next_xfer: 1,
+            next_meta: 1,
             bye_sent: false,
             hash_work: false,
             close_frame: None,
@@ -363,25 +383,104 @@ impl Connection {
 
     /// Client: upload a file to `path` on the server. Returns its transfer id.
     pub fn send_file(&mut self, path: &str, size: u64, mode: u32, mtime: i64) -> XferId {
+        self.send_file_ext(path, size, mode, mtime, 0, None)
+    }
+
+    /// [`send_file`](Self::send_file) with [`flags`] and the source's hash when known.
+    pub fn send_file_ext(
+        &mut self,
+        path: &str,
+        size: u64,
+        mode: u32,
+        mtime: i64,
+        flags: u32,
+        hash: Option<[u8; 32]>,
+    ) -> XferId {
         let xfer = self.alloc_xfer();
-        self.start_outgoing(xfer, path, size, mode, mtime);
+        self.start_outgoing(xfer, path, size, mode, mtime, flags, hash);
         xfer
     }
 
     /// Client: download `path` from the server.
     pub fn request(&mut self, path: &str) -> XferId {
+        self.request_ext(path, 0)
+    }
+
+    /// [`request`](Self::request) with [`flags`] (`UPDATE` asks for the hash up front).
+    pub fn request_ext(&mut self, path: &str, flags: u32) -> XferId {
         let xfer = self.alloc_xfer();
         self.pending_gets.insert(xfer, path.to_string());
         self.ctrl_tx.push(&Ctrl::Get {
             xfer,
             path: path.to_string(),
+            flags,
         });
         xfer
     }
 
     /// Server: answer a `GetRequested` by sending the file.
     pub fn offer(&mut self, xfer: XferId, path: &str, size: u64, mode: u32, mtime: i64) {
-        self.start_outgoing(xfer, path, size, mode, mtime);
+        self.start_outgoing(xfer, path, size, mode, mtime, 0, None);
+    }
+
+    /// [`offer`](Self::offer) echoing the request's flags, with the hash when asked for.
+    pub fn offer_ext(
+        &mut self,
+        xfer: XferId,
+        path: &str,
+        size: u64,
+        mode: u32,
+        mtime: i64,
+        flags: u32,
+        hash: Option<[u8; 32]>,
+    ) {
+        self.start_outgoing(xfer, path, size, mode, mtime, flags, hash);
+    }
+
+    /// Decline an `Offered` file without error (already there, or identical).
+    pub fn skip(&mut self, xfer: XferId, reason: &str) {
+        if self.incoming.remove(&xfer).is_some() {
+            self.ctrl_tx.push(&Ctrl::Skip {
+                xfer,
+                reason: reason.to_string(),
+            });
+        }
+    }
+
+    /// Client: a file-system request on the server; the answer comes as `MetaReplied`.
+    pub fn meta(&mut self, op: MetaOp) -> u32 {
+        let id = self.next_meta;
+        self.next_meta += 1;
+        self.ctrl_tx.push(&Ctrl::Meta { id, op });
+        id
+    }
+
+    /// Server: answer a `MetaRequested`, split so no message nears the size limit.
+    pub fn meta_reply(&mut self, id: u32, result: Result<Vec<MetaEntry>, String>) {
+        const PER_MESSAGE: usize = 2048;
+        match result {
+            Ok(entries) if entries.len() > PER_MESSAGE => {
+                let parts: Vec<_> = entries.chunks(PER_MESSAGE).collect();
+                let last = parts.len() - 1;
+                for (i, p) in parts.into_iter().enumerate() {
+                    self.ctrl_tx.push(&Ctrl::MetaReply {
+                        id,
+                        result: Ok(p.to_vec()),
+                        more: i < last,
+                    });
+                }
+            }
+            result => self.ctrl_tx.push(&Ctrl::MetaReply {
+                id,
+                result,
+                more: false,
+            }),
+        }
+    }
+
+    /// Blocks of an outgoing file the receiver already had (resume), in bytes.
+    pub fn outgoing_skipped_bytes(&self, xfer: XferId) -> Option<u64> {
+        self.outgoing.get(&xfer).map(|o| o.bytes_had)
     }
 
     /// Accept an `Offered` file; `have` lists block ranges already present (resume).
@@ -479,7 +578,17 @@ impl Connection {
         x
     }
 
-    fn start_outgoing(&mut self, xfer: XferId, path: &str, size: u64, mode: u32, mtime: i64) {
+    #[allow(clippy::too_many_arguments)]
+    fn start_outgoing(
+        &mut self,
+        xfer: XferId,
+        path: &str,
+        size: u64,
+        mode: u32,
+        mtime: i64,
+        flags: u32,
+        hash: Option<[u8; 32]>,
+    ) {
         let mut o = Outgoing::new(xfer, path.to_string(), Layout::new(size, self.block_size));
         o.finish_empty_hash();
         self.outgoing.insert(xfer, o);
@@ -489,6 +598,8 @@ impl Connection {
             size,
             mode,
             mtime,
+            flags,
+            hash,
         });
     }
 
@@ -857,6 +968,8 @@ impl Connection {
                 size,
                 mode,
                 mtime,
+                flags,
+                hash,
             } => {
                 let solicited = self.pending_gets.remove(&xfer).is_some();
                 if self.side == Side::Client && !solicited {
@@ -875,11 +988,34 @@ impl Connection {
                     size,
                     mode,
                     mtime,
+                    flags,
+                    hash,
                 });
             }
-            Ctrl::Get { xfer, path } => {
+            Ctrl::Get { xfer, path, flags } => {
                 if self.side == Side::Server {
-                    self.events.push_back(Event::GetRequested { xfer, path });
+                    self.events
+                        .push_back(Event::GetRequested { xfer, path, flags });
+                } else {
+                    self.stats.dropped_unexpected += 1;
+                }
+            }
+            Ctrl::Skip { xfer, reason } => {
+                if self.outgoing.remove(&xfer).is_some() {
+                    self.events.push_back(Event::Skipped { xfer, reason });
+                }
+            }
+            Ctrl::Meta { id, op } => {
+                if self.side == Side::Server {
+                    self.events.push_back(Event::MetaRequested { id, op });
+                } else {
+                    self.stats.dropped_unexpected += 1;
+                }
+            }
+            Ctrl::MetaReply { id, result, more } => {
+                if self.side == Side::Client {
+                    self.events
+                        .push_back(Event::MetaReplied { id, result, more });
                 } else {
                     self.stats.dropped_unexpected += 1;
                 }

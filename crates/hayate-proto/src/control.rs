@@ -15,10 +15,15 @@ pub enum Ctrl {
         size: u64,
         mode: u32,
         mtime: i64,
+        /// [`flags`] the receiver applies (client uploads) or echoes (answers to a Get).
+        flags: u32,
+        /// The whole file's BLAKE3 when the sender knew it up front (`UPDATE`).
+        hash: Option<[u8; 32]>,
     },
     Get {
         xfer: u32,
         path: String,
+        flags: u32,
     },
     Ready {
         xfer: u32,
@@ -47,6 +52,71 @@ pub enum Ctrl {
         rate_min: u64,
         adaptive: bool,
     },
+    /// The receiver declines an offer without error (exists and `NO_CLOBBER`, or identical
+    /// and `UPDATE`).
+    Skip {
+        xfer: u32,
+        reason: String,
+    },
+    /// Client: a file-system request that moves no file data (trees, links, metadata).
+    Meta {
+        id: u32,
+        op: MetaOp,
+    },
+    /// Server: the answer to `Meta` `id`; a long listing comes in several parts, the last
+    /// with `more: false`.
+    MetaReply {
+        id: u32,
+        result: Result<Vec<MetaEntry>, String>,
+        more: bool,
+    },
+}
+
+/// Bits of `Offer.flags` / `Get.flags`.
+pub mod flags {
+    /// Apply the source's mtime (the mode is always carried over, masked by the umask
+    /// without this flag).
+    pub const PRESERVE: u32 = 1;
+    /// Leave an existing destination alone.
+    pub const NO_CLOBBER: u32 = 2;
+    /// Skip a destination whose content is already identical (BLAKE3 of the whole file).
+    pub const UPDATE: u32 = 4;
+}
+
+/// File-system requests carried by `Ctrl::Meta`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MetaOp {
+    /// `path` itself (lstat), then, if it is a directory and `recursive`, everything beneath.
+    List { path: String, recursive: bool },
+    /// mkdir -p, applying `mode` to the last component.
+    Mkdir { path: String, mode: Option<u32> },
+    /// Create (or replace) a symbolic link; the target is stored verbatim.
+    Symlink { path: String, target: String },
+    /// Set mode and/or mtime (seconds) without following a final symlink.
+    SetMeta {
+        path: String,
+        mode: Option<u32>,
+        mtime: Option<i64>,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EntryKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// One listed entry; `path` is relative to the listed path ("" for the path itself).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaEntry {
+    pub path: String,
+    pub kind: EntryKind,
+    pub size: u64,
+    pub mode: u32,
+    pub mtime: i64,
+    pub target: String,
 }
 
 /// Largest encoded message accepted; bounds the memory a peer can make us buffer.
@@ -204,6 +274,7 @@ mod tests {
             Ctrl::Get {
                 xfer: 1,
                 path: "a/b.txt".into(),
+                flags: flags::UPDATE,
             },
             Ctrl::Offer {
                 xfer: 2,
@@ -211,6 +282,27 @@ mod tests {
                 size: 1 << 40,
                 mode: 0o644,
                 mtime: -5,
+                flags: 0,
+                hash: Some([3; 32]),
+            },
+            Ctrl::Meta {
+                id: 9,
+                op: MetaOp::List {
+                    path: "d".into(),
+                    recursive: true,
+                },
+            },
+            Ctrl::MetaReply {
+                id: 9,
+                result: Ok(vec![MetaEntry {
+                    path: "l".into(),
+                    kind: EntryKind::Symlink,
+                    size: 0,
+                    mode: 0o777,
+                    mtime: 1,
+                    target: "../x".into(),
+                }]),
+                more: false,
             },
             Ctrl::Ready {
                 xfer: 2,

@@ -70,6 +70,8 @@ pub struct Outgoing {
     /// `Sent` has been queued on the control stream.
     pub sent_announced: bool,
     pub bytes_acked: u64,
+    /// Bytes the receiver already had before we sent anything (resume).
+    pub bytes_had: u64,
 }
 
 /// Result of applying a loss map.
@@ -99,6 +101,7 @@ impl Outgoing {
             hash: None,
             sent_announced: false,
             bytes_acked: 0,
+            bytes_had: 0,
         }
     }
 
@@ -110,6 +113,7 @@ impl Outgoing {
                 for blk in a..b {
                     if !self.acked.get(blk) {
                         self.bytes_acked += self.layout.len(blk) as u64;
+                        self.bytes_had += self.layout.len(blk) as u64;
                     }
                 }
                 self.acked.set_range(a, b);
