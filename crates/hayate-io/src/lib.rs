@@ -5,4 +5,5 @@ pub mod clock;
 pub mod driver;
 pub mod fs;
 pub mod keyfile;
+pub mod ssh;
 pub mod udp;
