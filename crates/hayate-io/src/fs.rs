@@ -9,20 +9,33 @@
 //!
 //! Error messages name the client's relative path, never the server's root path: they are
 //! sent to remote clients.
+//!
+//! [`Root::whole_fs`] is the other mode, for sessions started over ssh (the user has a shell
+//! there anyway): paths resolve as in a shell from a working directory, `..`, absolute paths
+//! and absolute symlinks included; only `/proc` magic links stay refused.
 
 use std::ffi::OsStr;
 use std::fs::{File, FileTimes, Metadata, Permissions};
-use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::io::{self, Read};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::SystemTime;
 
-use rustix::fs::{self as rfs, AtFlags, FileType, Mode, OFlags, ResolveFlags};
+use rustix::fs::{
+    self as rfs, AtFlags, FileType, FlockOperation, Mode, OFlags, ResolveFlags, Stat, Timespec,
+    Timestamps,
+};
 use rustix::io::Errno;
 
 /// Suffix of in-progress upload/download files: `.<name>.hayate-part`.
 pub const PART_SUFFIX: &str = ".hayate-part";
+/// Suffix of the resume state kept next to a temp file: `.<name>.hayate-state`.
+pub const STATE_SUFFIX: &str = ".hayate-state";
+/// Largest state sidecar [`PartFile::load_state`] reads.
+const MAX_STATE: u64 = 16 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
@@ -36,45 +49,80 @@ pub enum FsError {
     NotAFile(String),
     #[error("permission denied: {0}")]
     PermissionDenied(String),
+    #[error("{0}: another transfer is writing this file right now")]
+    Busy(String),
     #[error("{0}: {1}")]
     Io(String, #[source] io::Error),
 }
 
-/// The server's `--root`: an `O_PATH` directory fd all client paths are resolved beneath.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum EntryKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// One file system entry as `lstat` sees it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Entry {
+    /// Relative to the listed path, components joined with `/`; `""` for the path itself.
+    pub path: String,
+    pub kind: EntryKind,
+    /// Length of a regular file; 0 for everything else.
+    pub size: u64,
+    /// Permission bits (`st_mode & 0o7777`).
+    pub mode: u32,
+    pub mtime: i64,
+    pub mtime_nsec: u32,
+    /// A symlink's target, verbatim; empty for everything else.
+    pub target: String,
+}
+
+/// Where client paths resolve. Confined ([`Root::open`]): the server's `--root`, an `O_PATH`
+/// directory fd all client paths are resolved beneath. Whole-filesystem
+/// ([`Root::whole_fs`]): the working directory paths start from, as in a shell.
 #[derive(Debug)]
 pub struct Root {
     dir: OwnedFd,
+    confined: bool,
 }
 
 impl Root {
     /// Opens `dir` (the operator's own path, so errors may name it).
     pub fn open(dir: &Path) -> Result<Self, FsError> {
-        let shown = dir.display().to_string();
-        let dir = rfs::open(
-            dir,
-            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| match e {
-            Errno::NOTDIR => FsError::InvalidPath(format!("{shown}: not a directory")),
-            e => errno_error(e, &shown),
-        })?;
-        Ok(Self { dir })
+        Ok(Self {
+            dir: open_dir(dir)?,
+            confined: true,
+        })
+    }
+
+    /// The whole file system, relative paths starting at `cwd` (the ssh user's home, the
+    /// client's working directory): paths behave like scp's. The user can reach all of this
+    /// with a shell anyway, so nothing is confined except `/proc` magic links.
+    pub fn whole_fs(cwd: &Path) -> Result<Self, FsError> {
+        // Holding the directory (not its name) keeps relative paths meaning the same place
+        // even if it is renamed; openat2 without BENEATH resolves `..`, absolute paths and
+        // absolute symlinks from it as ordinary resolution does.
+        Ok(Self {
+            dir: open_dir(cwd)?,
+            confined: false,
+        })
     }
 
     /// Opens the regular file `rel` (relative to the root) for reading.
     pub fn open_read(&self, rel: &str) -> Result<(File, Metadata), FsError> {
-        let comps = components(rel)?;
-        let path = comps.join("/");
+        let (abs, comps) = self.parse(rel, false)?;
+        let path = path_str(abs, &comps);
         // Look at the target through O_PATH first so that opening a FIFO or device (which
         // may block or have side effects) never happens; then open it for real and check it
         // is still the same inode.
-        let probe = beneath(&self.dir, &path, OFlags::PATH, rel)?;
+        let probe = self.at(&path, OFlags::PATH, rel)?;
         let st = rfs::fstat(&probe).map_err(|e| errno_error(e, rel))?;
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
             return Err(FsError::NotAFile(rel.to_string()));
         }
-        let fd = beneath(&self.dir, &path, OFlags::RDONLY | OFlags::NOCTTY, rel)?;
+        let fd = self.at(&path, OFlags::RDONLY | OFlags::NOCTTY, rel)?;
         let file = File::from(fd);
         let meta = file
             .metadata()
@@ -89,34 +137,424 @@ impl Root {
     /// Prepares the upload destination `rel`: creates missing parent directories beneath the
     /// root and opens (creating, mode 0600) the temp file `.<name>.hayate-part` next to the
     /// final name, sized to `size`. An existing temp file is kept (for resume), only resized.
+    /// [`FsError::Busy`] if another open `PartFile` holds it.
     pub fn create_part(&self, rel: &str, size: u64) -> Result<PartFile, FsError> {
-        let comps = components(rel)?;
-        let (name, parents) = comps.split_last().expect("components() is never empty");
-        let mut dir: Option<OwnedFd> = None;
-        for i in 0..parents.len() {
-            let prefix = parents[..=i].join("/");
-            let dir_flags = OFlags::PATH | OFlags::DIRECTORY;
-            let fd = match beneath(&self.dir, &prefix, dir_flags, &prefix) {
+        let (abs, parents, name) = self.parse_named(rel)?;
+        let dir = self.dir_at(abs, &parents, Some(Mode::from_raw_mode(0o755)))?;
+        PartFile::create(dir, name, rel, size)
+    }
+
+    /// lstat of `rel` (a symlink is reported as a symlink, with its target). `path` is "".
+    pub fn stat(&self, rel: &str) -> Result<Entry, FsError> {
+        let (abs, comps) = self.parse(rel, true)?;
+        // O_PATH | O_NOFOLLOW gives the final symlink itself, never what it points to.
+        let fd = self.at(&path_str(abs, &comps), OFlags::PATH | OFlags::NOFOLLOW, rel)?;
+        let st = rfs::fstat(&fd).map_err(|e| errno_error(e, rel))?;
+        let target = link_target(&st, &fd, "", rel)?;
+        Ok(entry(&st, String::new(), target))
+    }
+
+    /// `rel` itself first (path ""), then, if it is a directory and `recursive`, everything
+    /// beneath it, depth-first, parents before children (names sorted), paths relative to
+    /// `rel` joined with '/'. Never follows symlinks (they are listed as Symlink with their
+    /// target). Stops with an error after `max` entries. Unreadable subdirectories are an
+    /// error naming them.
+    pub fn list(&self, rel: &str, recursive: bool, max: usize) -> Result<Vec<Entry>, FsError> {
+        let (abs, comps) = self.parse(rel, true)?;
+        let top = self.at(&path_str(abs, &comps), OFlags::PATH | OFlags::NOFOLLOW, rel)?;
+        let st = rfs::fstat(&top).map_err(|e| errno_error(e, rel))?;
+        let target = link_target(&st, &top, "", rel)?;
+        let mut out = Vec::new();
+        let too_many = || {
+            FsError::Io(
+                rel.to_string(),
+                io::Error::other(format!("more than {max} entries")),
+            )
+        };
+        if max == 0 {
+            return Err(too_many());
+        }
+        out.push(entry(&st, String::new(), target));
+        if !recursive || out[0].kind != EntryKind::Dir {
+            return Ok(out);
+        }
+        let shown = |sub: &str| -> String {
+            match (rel.trim_end_matches('/'), sub) {
+                (r, "") => r.to_string(),
+                ("", s) => s.to_string(),
+                (r, s) => format!("{r}/{s}"),
+            }
+        };
+        let dir = rfs::openat(
+            &top,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| errno_error(e, rel))?;
+        // Explicit stack of sorted, already-stat'ed entries per directory: one fd open at a
+        // time whatever the depth. Subdirectories are reopened from `top` with
+        // RESOLVE_NO_SYMLINKS, so a directory swapped for a symlink meanwhile is refused.
+        let first = read_entries(&dir, "", &shown(""), max)?;
+        drop(dir);
+        let mut stack = vec![first.into_iter()];
+        while let Some(frame) = stack.last_mut() {
+            let Some(e) = frame.next() else {
+                stack.pop();
+                continue;
+            };
+            if out.len() >= max {
+                return Err(too_many());
+            }
+            let is_dir = e.kind == EntryKind::Dir;
+            let sub = e.path.clone();
+            out.push(e);
+            if is_dir {
+                let fd = openat2_retry(
+                    &top,
+                    &sub,
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW,
+                    ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
+                    &shown(&sub),
+                )?;
+                let children = read_entries(&fd, &sub, &shown(&sub), max)?;
+                stack.push(children.into_iter());
+            }
+        }
+        Ok(out)
+    }
+
+    /// mkdir -p; `mode` (masked 0o777) applied to the last component only when given (also
+    /// if it already exists). Error if a component exists and is not a directory.
+    pub fn mkdirs(&self, rel: &str, mode: Option<u32>) -> Result<(), FsError> {
+        let (abs, comps) = self.parse(rel, !self.confined)?;
+        let dir = self.dir_at(abs, &comps, Some(Mode::from_raw_mode(0o777)))?;
+        if let Some(mode) = mode {
+            chmod_fd(&dir, mode & 0o777).map_err(|e| errno_error(e, rel))?;
+        }
+        Ok(())
+    }
+
+    /// Creates symlink `rel` -> `target` (target stored verbatim, never resolved); replaces an
+    /// existing symlink or regular file at `rel` atomically (created under a temp name, then
+    /// renamed), refuses to replace a directory. Parents are created as by [`mkdirs`](Self::mkdirs).
+    /// A target pointing out of a confined root is allowed: it is only a link, and opens
+    /// through it are refused like any other escape.
+    pub fn symlink(&self, rel: &str, target: &str) -> Result<(), FsError> {
+        if target.is_empty() || target.contains('\0') {
+            return Err(FsError::InvalidPath(format!(
+                "{rel}: invalid symbolic link target"
+            )));
+        }
+        let (abs, parents, name) = self.parse_named(rel)?;
+        reserved(name, rel)?;
+        let dir = self.dir_at(abs, &parents, Some(Mode::from_raw_mode(0o777)))?;
+        let is_dir = || FsError::InvalidPath(format!("{rel}: is a directory"));
+        match rfs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
+                return Err(is_dir())
+            }
+            Ok(_) => {}
+            Err(Errno::NOENT) => match rfs::symlinkat(target, &dir, name) {
+                // Raced with a creator: fall through to replacing it.
+                Err(Errno::EXIST) => {}
+                r => return r.map_err(|e| errno_error(e, rel)),
+            },
+            Err(e) => return Err(errno_error(e, rel)),
+        }
+        static SEQ: AtomicU64 = AtomicU64::new(0);
+        let tmp = loop {
+            // Short temp name: `.<name>...` could exceed NAME_MAX for long names.
+            let tmp = format!(
+                ".hayate-link.{}.{}",
+                std::process::id(),
+                SEQ.fetch_add(1, Ordering::Relaxed)
+            );
+            match rfs::symlinkat(target, &dir, tmp.as_str()) {
+                Ok(()) => break tmp,
+                Err(Errno::EXIST) => continue,
+                Err(e) => return Err(errno_error(e, rel)),
+            }
+        };
+        rfs::renameat(&dir, tmp.as_str(), &dir, name).map_err(|e| {
+            let _ = rfs::unlinkat(&dir, tmp.as_str(), AtFlags::empty());
+            match e {
+                Errno::ISDIR | Errno::NOTEMPTY | Errno::EXIST => is_dir(),
+                e => errno_error(e, rel),
+            }
+        })
+    }
+
+    /// Sets mode (masked 0o777) and/or mtime (seconds, nanoseconds) of `rel` without
+    /// following a final symlink (for a symlink only the mtime is set; mode is ignored).
+    pub fn set_meta(
+        &self,
+        rel: &str,
+        mode: Option<u32>,
+        mtime: Option<(i64, u32)>,
+    ) -> Result<(), FsError> {
+        let (abs, comps) = self.parse(rel, !self.confined)?;
+        let fd = self.at(&path_str(abs, &comps), OFlags::PATH | OFlags::NOFOLLOW, rel)?;
+        let st = rfs::fstat(&fd).map_err(|e| errno_error(e, rel))?;
+        let is_link = FileType::from_raw_mode(st.st_mode) == FileType::Symlink;
+        if let (Some(mode), false) = (mode, is_link) {
+            chmod_fd(&fd, mode & 0o777).map_err(|e| errno_error(e, rel))?;
+        }
+        if let Some((sec, nsec)) = mtime {
+            let times = Timestamps {
+                last_access: Timespec {
+                    tv_sec: 0,
+                    tv_nsec: rfs::UTIME_OMIT,
+                },
+                last_modification: Timespec {
+                    tv_sec: sec,
+                    tv_nsec: nsec.into(),
+                },
+            };
+            // On the O_PATH fd itself: a symlink's own time, never its target's.
+            rfs::utimensat(
+                &fd,
+                "",
+                &times,
+                AtFlags::EMPTY_PATH | AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .map_err(|e| errno_error(e, rel))?;
+        }
+        Ok(())
+    }
+
+    fn resolve_flags(&self) -> ResolveFlags {
+        if self.confined {
+            ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS
+        } else {
+            ResolveFlags::NO_MAGICLINKS
+        }
+    }
+
+    /// openat2 of a path from [`path_str`] with this root's resolve flags.
+    fn at(&self, path: &str, flags: OFlags, shown: &str) -> Result<OwnedFd, FsError> {
+        openat2_retry(&self.dir, path, flags, self.resolve_flags(), shown)
+    }
+
+    /// Splits a client path: (absolute, components). Confined: as [`components`], except that
+    /// `allow_top` accepts "" and "." as the root itself. Whole-fs: `..` and absolute paths
+    /// are fine, "" and "." are the working directory.
+    fn parse<'a>(&self, rel: &'a str, allow_top: bool) -> Result<(bool, Vec<&'a str>), FsError> {
+        if !self.confined {
+            return split(rel, true);
+        }
+        if allow_top {
+            if let Ok((false, c)) = split(rel, false) {
+                if c.is_empty() {
+                    return Ok((false, c));
+                }
+            }
+        }
+        Ok((false, components(rel)?))
+    }
+
+    /// For creating an entry: (absolute, parent components, final name).
+    fn parse_named<'a>(&self, rel: &'a str) -> Result<(bool, Vec<&'a str>, &'a str), FsError> {
+        let (abs, mut comps) = self.parse(rel, false)?;
+        match comps.pop() {
+            Some(name) if name != ".." => Ok((abs, comps, name)),
+            _ => Err(FsError::InvalidPath(format!("{rel}: names no file"))),
+        }
+    }
+
+    /// `O_PATH` fd of the directory `comps`, creating missing ones with `create` (mkdir -p).
+    /// Errors name the client's prefix that failed.
+    fn dir_at(&self, abs: bool, comps: &[&str], create: Option<Mode>) -> Result<OwnedFd, FsError> {
+        let dir_flags = OFlags::PATH | OFlags::DIRECTORY;
+        let full = path_str(abs, comps);
+        let mode = match (self.at(&full, dir_flags, &full), create) {
+            (Err(FsError::NotFound(_)), Some(mode)) if !comps.is_empty() => mode,
+            (r, _) => return r,
+        };
+        let base = path_str(abs, &[]);
+        let mut dir = self.at(&base, dir_flags, &base)?;
+        for i in 0..comps.len() {
+            let prefix = path_str(abs, &comps[..=i]);
+            dir = match self.at(&prefix, dir_flags, &prefix) {
                 Err(FsError::NotFound(_)) => {
-                    // Create it inside the already-confined parent; mkdirat never follows a
+                    // Create it inside the already-resolved parent; mkdirat never follows a
                     // symlink in its last component, so this cannot land outside the root.
-                    let parent = dir.as_ref().unwrap_or(&self.dir);
-                    match rfs::mkdirat(parent, parents[i], Mode::from_raw_mode(0o755)) {
+                    match rfs::mkdirat(&dir, comps[i], mode) {
                         Ok(()) | Err(Errno::EXIST) => {}
                         Err(e) => return Err(errno_error(e, &prefix)),
                     }
-                    beneath(&self.dir, &prefix, dir_flags, &prefix)?
+                    self.at(&prefix, dir_flags, &prefix)?
                 }
                 other => other?,
             };
-            dir = Some(fd);
         }
-        let dir = match dir {
-            Some(d) => d,
-            None => rustix::io::dup(&self.dir).map_err(|e| errno_error(e, rel))?,
-        };
-        PartFile::create(dir, name, rel, size)
+        Ok(dir)
     }
+}
+
+fn open_dir(dir: &Path) -> Result<OwnedFd, FsError> {
+    let shown = dir.display().to_string();
+    rfs::open(
+        dir,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| match e {
+        Errno::NOTDIR => FsError::InvalidPath(format!("{shown}: not a directory")),
+        e => errno_error(e, &shown),
+    })
+}
+
+/// The string handed to openat2 for split components ("." for none).
+fn path_str(abs: bool, comps: &[&str]) -> String {
+    let joined = comps.join("/");
+    match (abs, joined.is_empty()) {
+        (true, _) => format!("/{joined}"),
+        (false, true) => ".".to_string(),
+        (false, false) => joined,
+    }
+}
+
+fn reserved(name: &str, shown: &str) -> Result<(), FsError> {
+    for suffix in [PART_SUFFIX, STATE_SUFFIX] {
+        if name.ends_with(suffix) {
+            return Err(FsError::InvalidPath(format!(
+                "{shown}: names ending in {suffix} are reserved"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn entry(st: &Stat, path: String, target: String) -> Entry {
+    let kind = match FileType::from_raw_mode(st.st_mode) {
+        FileType::RegularFile => EntryKind::File,
+        FileType::Directory => EntryKind::Dir,
+        FileType::Symlink => EntryKind::Symlink,
+        _ => EntryKind::Other,
+    };
+    Entry {
+        path,
+        size: if kind == EntryKind::File {
+            st.st_size as u64
+        } else {
+            0
+        },
+        kind,
+        mode: st.st_mode & 0o7777,
+        mtime: st.st_mtime,
+        mtime_nsec: st.st_mtime_nsec as u32,
+        target,
+    }
+}
+
+/// The target of `name` in `dir` if `st` says it is a symlink ("" with an `O_PATH` fd of the
+/// link itself), else "".
+fn link_target(st: &Stat, dir: &OwnedFd, name: &str, shown: &str) -> Result<String, FsError> {
+    if FileType::from_raw_mode(st.st_mode) != FileType::Symlink {
+        return Ok(String::new());
+    }
+    let target = rfs::readlinkat(dir, name, Vec::new()).map_err(|e| errno_error(e, shown))?;
+    target.into_string().map_err(|_| {
+        FsError::InvalidPath(format!("{shown}: symbolic link target is not valid UTF-8"))
+    })
+}
+
+/// The entries of the open directory `dir` (at `sub` relative to the listing), lstat'ed and
+/// sorted by name; at most `max`.
+fn read_entries(dir: &OwnedFd, sub: &str, shown: &str, max: usize) -> Result<Vec<Entry>, FsError> {
+    let mut names = Vec::new();
+    for item in rfs::Dir::read_from(dir).map_err(|e| errno_error(e, shown))? {
+        let item = item.map_err(|e| errno_error(e, shown))?;
+        let name = item.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        let Ok(name) = std::str::from_utf8(name) else {
+            return Err(FsError::InvalidPath(format!(
+                "{shown}: contains a name that is not valid UTF-8 ({})",
+                String::from_utf8_lossy(name)
+            )));
+        };
+        if names.len() >= max {
+            return Err(FsError::Io(
+                shown.to_string(),
+                io::Error::other(format!("more than {max} entries")),
+            ));
+        }
+        names.push(name.to_string());
+    }
+    names.sort_unstable();
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        let path = if sub.is_empty() {
+            name.clone()
+        } else {
+            format!("{sub}/{name}")
+        };
+        let child_shown = if shown.is_empty() {
+            name.clone()
+        } else {
+            format!("{shown}/{name}")
+        };
+        let st = match rfs::statat(dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            // Deleted since readdir: it is simply not there any more.
+            Err(Errno::NOENT) => continue,
+            Err(e) => return Err(errno_error(e, &child_shown)),
+        };
+        let target = link_target(&st, dir, &name, &child_shown)?;
+        out.push(entry(&st, path, target));
+    }
+    Ok(out)
+}
+
+/// chmod of the inode behind an `O_PATH` fd (fchmod refuses those): fchmodat2 with
+/// AT_EMPTY_PATH (Linux 6.6), else through the fd's /proc magic link, as glibc does.
+fn chmod_fd(fd: &OwnedFd, mode: u32) -> Result<(), Errno> {
+    const SYS_FCHMODAT2: libc::c_long = 452;
+    // SAFETY: plain syscall on a valid fd and a NUL-terminated empty path.
+    let r = unsafe {
+        libc::syscall(
+            SYS_FCHMODAT2,
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            mode as libc::c_uint,
+            libc::AT_EMPTY_PATH,
+        )
+    };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = Errno::from_io_error(&io::Error::last_os_error()).unwrap_or(Errno::NOSYS);
+    if !matches!(e, Errno::NOSYS | Errno::INVAL | Errno::PERM) {
+        return Err(e);
+    }
+    rfs::chmod(
+        format!("/proc/self/fd/{}", fd.as_raw_fd()).as_str(),
+        Mode::from_raw_mode(mode),
+    )
+}
+
+/// The process umask, read once (without changing it when /proc tells).
+pub fn umask() -> u32 {
+    static UMASK: OnceLock<u32> = OnceLock::new();
+    *UMASK.get_or_init(|| {
+        let from_proc = std::fs::read_to_string("/proc/self/status")
+            .ok()
+            .and_then(|s| {
+                let line = s.lines().find(|l| l.starts_with("Umask:"))?;
+                u32::from_str_radix(line["Umask:".len()..].trim(), 8).ok()
+            });
+        from_proc.unwrap_or_else(|| {
+            // SAFETY: umask cannot fail; the old value is restored at once.
+            unsafe {
+                let old = libc::umask(0o022);
+                libc::umask(old);
+                old as u32
+            }
+        })
+    })
 }
 
 /// A destination being written: the temp file `.<name>.hayate-part`, renamed to `<name>` by
@@ -126,18 +564,17 @@ pub struct PartFile {
     file: File,
     dir: OwnedFd,
     part_name: String,
+    state_name: String,
     final_name: String,
     /// Path as shown in errors (client-relative on the server).
     shown: String,
+    /// Length of the temp file before `create` resized it (0 when new).
+    existing_len: u64,
 }
 
 impl PartFile {
     fn create(dir: OwnedFd, name: &str, shown: &str, size: u64) -> Result<Self, FsError> {
-        if name.ends_with(PART_SUFFIX) {
-            return Err(FsError::InvalidPath(format!(
-                "{shown}: names ending in {PART_SUFFIX} are reserved"
-            )));
-        }
+        reserved(name, shown)?;
         match rfs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
                 return Err(FsError::NotAFile(shown.to_string()))
@@ -161,6 +598,13 @@ impl PartFile {
             e => errno_error(e, shown),
         })?;
         let file = File::from(fd);
+        // Before anything changes the file: a second writer (another session resuming the
+        // same destination) must not resize or write under the first one.
+        match rfs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(Errno::WOULDBLOCK) => return Err(FsError::Busy(shown.to_string())),
+            Err(e) => return Err(errno_error(e, shown)),
+        }
         let meta = file
             .metadata()
             .map_err(|e| FsError::Io(shown.to_string(), e))?;
@@ -176,14 +620,88 @@ impl PartFile {
         // A kept temp file may have been created by an older umask; keep it private.
         file.set_permissions(Permissions::from_mode(0o600))
             .map_err(io_err)?;
+        let existing_len = meta.len();
         file.set_len(size).map_err(io_err)?;
         Ok(Self {
             file,
             dir,
             part_name,
+            state_name: format!(".{name}{STATE_SUFFIX}"),
             final_name: name.to_string(),
             shown: shown.to_string(),
+            existing_len,
         })
+    }
+
+    /// The temp file's length before this `create_part` resized it: 0 for a fresh one,
+    /// so the driver can tell a resumable part from a new one.
+    pub fn existing_len(&self) -> u64 {
+        self.existing_len
+    }
+
+    /// lstat of the final destination name (None if absent), for --no-clobber/--update.
+    pub fn final_exists(&self) -> Option<Entry> {
+        let st = rfs::statat(
+            &self.dir,
+            self.final_name.as_str(),
+            AtFlags::SYMLINK_NOFOLLOW,
+        )
+        .ok()?;
+        let target = link_target(&st, &self.dir, &self.final_name, &self.shown).unwrap_or_default();
+        Some(entry(&st, String::new(), target))
+    }
+
+    /// Atomically replaces the resume state `.<name>.hayate-state` next to the temp file
+    /// (contents are the driver's business).
+    pub fn save_state(&self, data: &[u8]) -> io::Result<()> {
+        let tmp = format!("{}.tmp", self.state_name);
+        let ctx = |e: io::Error| {
+            io::Error::new(
+                e.kind(),
+                format!("{}: cannot save transfer state: {e}", self.shown),
+            )
+        };
+        // A stale or planted entry under the tmp name is removed, never written through.
+        let _ = rfs::unlinkat(&self.dir, tmp.as_str(), AtFlags::empty());
+        let fd = rfs::openat(
+            &self.dir,
+            tmp.as_str(),
+            OFlags::WRONLY
+                | OFlags::CREATE
+                | OFlags::EXCL
+                | OFlags::NOFOLLOW
+                | OFlags::NOCTTY
+                | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| ctx(e.into()))?;
+        File::from(fd).write_all_at(data, 0).map_err(ctx)?;
+        rfs::renameat(&self.dir, tmp.as_str(), &self.dir, self.state_name.as_str())
+            .map_err(|e| ctx(e.into()))
+    }
+
+    /// The resume state saved by [`save_state`](Self::save_state), if present and a regular
+    /// file of at most 16 MiB.
+    pub fn load_state(&self) -> Option<Vec<u8>> {
+        let fd = rfs::openat(
+            &self.dir,
+            self.state_name.as_str(),
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()?;
+        let st = rfs::fstat(&fd).ok()?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile
+            || st.st_size as u64 > MAX_STATE
+        {
+            return None;
+        }
+        let mut data = Vec::new();
+        File::from(fd)
+            .take(MAX_STATE + 1)
+            .read_to_end(&mut data)
+            .ok()?;
+        (data.len() as u64 <= MAX_STATE).then_some(data)
     }
 
     pub fn file(&self) -> &File {
@@ -228,11 +746,31 @@ impl PartFile {
                 io::Error::from(e).kind(),
                 format!("{}: cannot rename temp file into place: {e}", self.shown),
             )
-        })
+        })?;
+        let _ = rfs::unlinkat(
+            &self.dir,
+            format!("{}.tmp", self.state_name).as_str(),
+            AtFlags::empty(),
+        );
+        match rfs::unlinkat(&self.dir, self.state_name.as_str(), AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(e) => Err(io::Error::new(
+                io::Error::from(e).kind(),
+                format!("{}: cannot remove transfer state: {e}", self.shown),
+            )),
+        }
     }
 
-    /// Closes the temp file and leaves it in place for a later resume.
+    /// Closes the temp file and leaves it (and its resume state) in place for a later resume.
     pub fn abandon(self) {}
+
+    /// Removes the temp file and its resume state (after a failed verification).
+    pub fn discard(self) {
+        let tmp_state = format!("{}.tmp", self.state_name);
+        for name in [&self.part_name, &self.state_name, &tmp_state] {
+            let _ = rfs::unlinkat(&self.dir, name.as_str(), AtFlags::empty());
+        }
+    }
 }
 
 /// Client side: a temp-then-rename destination for a download at the user's own `dest`
@@ -350,33 +888,46 @@ fn components(rel: &str) -> Result<Vec<&str>, FsError> {
     if rel.is_empty() {
         return Err(FsError::InvalidPath("empty path".into()));
     }
-    if rel.contains('\0') {
-        return Err(FsError::InvalidPath(format!(
-            "{}: contains a NUL byte",
-            rel.replace('\0', "\\0")
-        )));
-    }
-    if rel.starts_with('/') {
-        return Err(FsError::Escapes(rel.to_string()));
-    }
-    let mut comps = Vec::new();
-    for c in rel.split('/') {
-        match c {
-            "" | "." => {}
-            ".." => return Err(FsError::Escapes(rel.to_string())),
-            c => comps.push(c),
-        }
-    }
+    let (_, comps) = split(rel, false)?;
     if comps.is_empty() {
         return Err(FsError::InvalidPath(format!("{rel}: names no file")));
     }
     Ok(comps)
 }
 
-/// `openat2(dir, path, flags, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)`, errors named `shown`.
-fn beneath(dir: &OwnedFd, path: &str, flags: OFlags, shown: &str) -> Result<OwnedFd, FsError> {
+/// (absolute, components) of a path; `.` and empty components dropped. Only `whole` (the
+/// whole-filesystem mode) accepts `..` and a leading `/`; the result may be empty.
+fn split(rel: &str, whole: bool) -> Result<(bool, Vec<&str>), FsError> {
+    if rel.contains('\0') {
+        return Err(FsError::InvalidPath(format!(
+            "{}: contains a NUL byte",
+            rel.replace('\0', "\\0")
+        )));
+    }
+    let abs = rel.starts_with('/');
+    if abs && !whole {
+        return Err(FsError::Escapes(rel.to_string()));
+    }
+    let mut comps = Vec::new();
+    for c in rel.split('/') {
+        match c {
+            "" | "." => {}
+            ".." if !whole => return Err(FsError::Escapes(rel.to_string())),
+            c => comps.push(c),
+        }
+    }
+    Ok((abs, comps))
+}
+
+/// `openat2` retried on EAGAIN, errors named `shown`.
+fn openat2_retry(
+    dir: &OwnedFd,
+    path: &str,
+    flags: OFlags,
+    resolve: ResolveFlags,
+    shown: &str,
+) -> Result<OwnedFd, FsError> {
     let flags = flags | OFlags::CLOEXEC;
-    let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
     let mut tries = 0;
     loop {
         match rfs::openat2(dir.as_fd(), path, flags, Mode::empty(), resolve) {
