@@ -145,10 +145,10 @@ impl Root {
     }
 
     /// lstat of `rel` (a symlink is reported as a symlink, with its target). `path` is "".
+    /// As in a shell, a trailing `/` (or `/.`) follows a final symlink (beneath the root).
     pub fn stat(&self, rel: &str) -> Result<Entry, FsError> {
         let (abs, comps) = self.parse(rel, true)?;
-        // O_PATH | O_NOFOLLOW gives the final symlink itself, never what it points to.
-        let fd = self.at(&path_str(abs, &comps), OFlags::PATH | OFlags::NOFOLLOW, rel)?;
+        let fd = self.at(&path_str(abs, &comps), lstat_flags(rel), rel)?;
         let st = rfs::fstat(&fd).map_err(|e| errno_error(e, rel))?;
         let target = link_target(&st, &fd, "", rel)?;
         Ok(entry(&st, String::new(), target))
@@ -158,10 +158,10 @@ impl Root {
     /// beneath it, depth-first, parents before children (names sorted), paths relative to
     /// `rel` joined with '/'. Never follows symlinks (they are listed as Symlink with their
     /// target). Stops with an error after `max` entries. Unreadable subdirectories are an
-    /// error naming them.
+    /// error naming them. `rel` itself is looked at as by [`stat`](Self::stat).
     pub fn list(&self, rel: &str, recursive: bool, max: usize) -> Result<Vec<Entry>, FsError> {
         let (abs, comps) = self.parse(rel, true)?;
-        let top = self.at(&path_str(abs, &comps), OFlags::PATH | OFlags::NOFOLLOW, rel)?;
+        let top = self.at(&path_str(abs, &comps), lstat_flags(rel), rel)?;
         let st = rfs::fstat(&top).map_err(|e| errno_error(e, rel))?;
         let target = link_target(&st, &top, "", rel)?;
         let mut out = Vec::new();
@@ -403,6 +403,16 @@ fn open_dir(dir: &Path) -> Result<OwnedFd, FsError> {
         Errno::NOTDIR => FsError::InvalidPath(format!("{shown}: not a directory")),
         e => errno_error(e, &shown),
     })
+}
+
+/// `O_PATH`, plus `O_NOFOLLOW` (the final symlink itself, never what it points to) unless
+/// `rel` ends in `/` or `/.`.
+fn lstat_flags(rel: &str) -> OFlags {
+    if rel.ends_with('/') || rel.ends_with("/.") {
+        OFlags::PATH
+    } else {
+        OFlags::PATH | OFlags::NOFOLLOW
+    }
 }
 
 /// The string handed to openat2 for split components ("." for none).

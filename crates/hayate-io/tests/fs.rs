@@ -4,7 +4,7 @@ use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use hayate_io::fs::{create_local_part, hash_file, read_at, FsError, Root};
+use hayate_io::fs::{create_local_part, hash_file, read_at, umask, EntryKind, FsError, Root};
 
 fn setup() -> (tempfile::TempDir, Root) {
     let dir = tempfile::tempdir().unwrap();
@@ -281,4 +281,450 @@ fn root_open_errors() {
         Root::open(&dir.path().join("missing")),
         Err(FsError::NotFound(_))
     ));
+}
+
+fn names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn whole_fs_resolves_like_a_shell() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    fs::create_dir(&home).unwrap();
+    fs::write(home.join("a.txt"), b"a").unwrap();
+    fs::write(dir.path().join("up.txt"), b"up").unwrap();
+    symlink(dir.path().join("up.txt"), home.join("abs-link")).unwrap();
+    let root = Root::whole_fs(&home).unwrap();
+
+    assert_eq!(read_all(&root, "a.txt"), b"a");
+    assert_eq!(read_all(&root, "./a.txt"), b"a");
+    assert_eq!(read_all(&root, "../up.txt"), b"up");
+    assert_eq!(read_all(&root, "abs-link"), b"up");
+    let abs = dir.path().join("up.txt");
+    assert_eq!(read_all(&root, abs.to_str().unwrap()), b"up");
+    // Magic links stay refused.
+    let magic = format!("/proc/self/root{}", home.join("a.txt").display());
+    let e = root.open_read(&magic).unwrap_err();
+    assert!(matches!(e, FsError::InvalidPath(_)), "{e:?}");
+
+    // Writes: relative with `..`, and absolute, parents created.
+    let p = root.create_part("../made/x.bin", 2).unwrap();
+    p.write_at(0, b"xy").unwrap();
+    p.commit(None, None).unwrap();
+    assert_eq!(fs::read(dir.path().join("made/x.bin")).unwrap(), b"xy");
+    let abs = dir.path().join("abs/y.bin");
+    let p = root.create_part(abs.to_str().unwrap(), 1).unwrap();
+    p.write_at(0, b"y").unwrap();
+    p.commit(None, None).unwrap();
+    assert_eq!(fs::read(&abs).unwrap(), b"y");
+
+    // The tree ops take the same paths; "" and "." are the working directory.
+    assert_eq!(root.stat("").unwrap().kind, EntryKind::Dir);
+    assert_eq!(root.stat(".").unwrap().kind, EntryKind::Dir);
+    assert_eq!(root.stat("/").unwrap().kind, EntryKind::Dir);
+    assert_eq!(root.stat("../up.txt").unwrap().size, 2);
+    let link = root.stat("abs-link").unwrap();
+    assert_eq!(link.kind, EntryKind::Symlink);
+    assert_eq!(link.target, dir.path().join("up.txt").to_str().unwrap());
+    root.mkdirs("../d1/d2", Some(0o700)).unwrap();
+    assert!(dir.path().join("d1/d2").is_dir());
+    root.symlink("../d1/l", "/etc/hostname").unwrap();
+    assert_eq!(
+        fs::read_link(dir.path().join("d1/l")).unwrap(),
+        Path::new("/etc/hostname")
+    );
+    root.set_meta("../up.txt", Some(0o640), None).unwrap();
+    assert_eq!(
+        fs::metadata(dir.path().join("up.txt")).unwrap().mode() & 0o777,
+        0o640
+    );
+    // A name is needed to create a file.
+    assert!(matches!(
+        root.create_part("sub/..", 1),
+        Err(FsError::InvalidPath(_))
+    ));
+    assert!(matches!(
+        Root::whole_fs(&dir.path().join("nope")),
+        Err(FsError::NotFound(_))
+    ));
+}
+
+/// a/, a/b/ (empty), a/f, a/c/g, a/c/in -> f, a/c/out -> /outside, a/c/dirlink -> ../b
+fn tree() -> (tempfile::TempDir, tempfile::TempDir, Root) {
+    let dir = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    fs::write(outside.path().join("secret"), b"s").unwrap();
+    let a = dir.path().join("a");
+    fs::create_dir_all(a.join("b")).unwrap();
+    fs::create_dir_all(a.join("c")).unwrap();
+    fs::write(a.join("f"), b"12345").unwrap();
+    fs::write(a.join("c/g"), b"g").unwrap();
+    symlink("../f", a.join("c/in")).unwrap();
+    symlink(outside.path(), a.join("c/out")).unwrap();
+    symlink("../b", a.join("c/dirlink")).unwrap();
+    let root = Root::open(dir.path()).unwrap();
+    (dir, outside, root)
+}
+
+#[test]
+fn list_walks_a_tree_parents_first_never_following_links() {
+    let (_dir, outside, root) = tree();
+    let list = root.list("a", true, 100).unwrap();
+    let paths: Vec<_> = list.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        ["", "b", "c", "c/dirlink", "c/g", "c/in", "c/out", "f"]
+    );
+    let by = |p: &str| list.iter().find(|e| e.path == p).unwrap().clone();
+    assert_eq!(by("").kind, EntryKind::Dir);
+    assert_eq!(by("b").kind, EntryKind::Dir);
+    assert_eq!(by("f").kind, EntryKind::File);
+    assert_eq!(by("f").size, 5);
+    assert_eq!(by("c/in").kind, EntryKind::Symlink);
+    assert_eq!(by("c/in").target, "../f");
+    let out = by("c/out");
+    assert_eq!(out.kind, EntryKind::Symlink);
+    assert_eq!(out.target, outside.path().to_str().unwrap());
+    assert!(list.iter().all(|e| !e.path.contains("secret")));
+    assert_eq!(by("c/dirlink").kind, EntryKind::Symlink);
+
+    // Non-recursive, or a file: the entry alone.
+    let one = root.list("a", false, 100).unwrap();
+    assert_eq!(one.len(), 1);
+    assert_eq!(one[0].kind, EntryKind::Dir);
+    assert_eq!(one[0].path, "");
+    let f = root.list("a/f", true, 100).unwrap();
+    assert_eq!(f.len(), 1);
+    assert_eq!(f[0].size, 5);
+    // The root itself lists as "".
+    let all = root.list("", true, 100).unwrap();
+    assert_eq!(all[0].path, "");
+    assert_eq!(all[1].path, "a");
+    assert_eq!(all[2].path, "a/b");
+    assert_eq!(all.len(), 9);
+
+    // Exactly max is fine, one more is an error.
+    assert_eq!(root.list("a", true, 8).unwrap().len(), 8);
+    let e = root.list("a", true, 7).unwrap_err();
+    assert!(e.to_string().contains("more than 7 entries"), "{e}");
+    assert!(root.list("a", true, 2).is_err());
+
+    // A symlink named as the path to list is reported, not followed.
+    let l = root.list("a/c/out", true, 100).unwrap();
+    assert_eq!(l.len(), 1);
+    assert_eq!(l[0].kind, EntryKind::Symlink);
+    assert!(matches!(
+        root.list("nope", true, 10),
+        Err(FsError::NotFound(_))
+    ));
+}
+
+#[test]
+fn list_names_an_unreadable_subdirectory() {
+    let (dir, _outside, root) = tree();
+    // Everything else readable to the unprivileged user below; only a/c is not.
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(dir.path().join("a/c"), fs::Permissions::from_mode(0o000)).unwrap();
+    let euid = unsafe { libc::geteuid() };
+    let r = std::thread::spawn(move || {
+        if euid == 0 {
+            unsafe { libc::setfsuid(65534) };
+            assert_eq!(unsafe { libc::setfsuid(65534) }, 65534);
+        }
+        root.list("a", true, 100)
+    })
+    .join()
+    .unwrap();
+    fs::set_permissions(dir.path().join("a/c"), fs::Permissions::from_mode(0o755)).unwrap();
+    let e = r.unwrap_err();
+    assert_eq!(e.to_string(), "permission denied: a/c");
+    assert_no_leak(&e, dir.path());
+}
+
+#[test]
+fn stat_reports_links_and_metadata() {
+    let (dir, _outside, root) = tree();
+    let mtime = SystemTime::UNIX_EPOCH + Duration::new(1_500_000_000, 123_456_789);
+    let f = fs::File::options()
+        .write(true)
+        .open(dir.path().join("a/f"))
+        .unwrap();
+    f.set_modified(mtime).unwrap();
+    fs::set_permissions(dir.path().join("a/f"), fs::Permissions::from_mode(0o640)).unwrap();
+    let e = root.stat("a/f").unwrap();
+    assert_eq!(e.kind, EntryKind::File);
+    assert_eq!((e.size, e.mode), (5, 0o640));
+    assert_eq!((e.mtime, e.mtime_nsec), (1_500_000_000, 123_456_789));
+    assert_eq!(e.path, "");
+    assert_eq!(root.stat("a/c/out").unwrap().kind, EntryKind::Symlink);
+    assert_eq!(root.stat("a/c/in").unwrap().target, "../f");
+    assert_eq!(root.stat("a/c/dirlink").unwrap().kind, EntryKind::Symlink);
+    // A trailing slash follows a final symlink, as in a shell (and only beneath the root).
+    assert_eq!(root.stat("a/c/dirlink/").unwrap().kind, EntryKind::Dir);
+    assert_eq!(root.stat("a/c/dirlink/.").unwrap().kind, EntryKind::Dir);
+    let l = root.list("a/c/dirlink/", true, 10).unwrap();
+    assert_eq!((l.len(), l[0].kind.clone()), (1, EntryKind::Dir));
+    assert!(matches!(root.stat("a/c/out/"), Err(FsError::Escapes(_))));
+}
+
+#[test]
+fn mkdirs_creates_applies_mode_and_refuses_files() {
+    let (dir, _outside, root) = tree();
+    root.mkdirs("x/y/z", None).unwrap();
+    let m = fs::metadata(dir.path().join("x/y/z")).unwrap();
+    assert!(m.is_dir());
+    assert_eq!(m.mode() & 0o777, 0o777 & !umask());
+    root.mkdirs("x/y/z", Some(0o4711)).unwrap();
+    assert_eq!(
+        fs::metadata(dir.path().join("x/y/z")).unwrap().mode() & 0o7777,
+        0o711
+    );
+    assert_eq!(
+        fs::metadata(dir.path().join("x/y")).unwrap().mode() & 0o777,
+        0o777 & !umask(),
+        "only the last component gets the mode"
+    );
+    root.mkdirs("a/b", Some(0o750)).unwrap();
+    assert_eq!(
+        fs::metadata(dir.path().join("a/b")).unwrap().mode() & 0o777,
+        0o750
+    );
+    assert!(matches!(
+        root.mkdirs("a/f", None),
+        Err(FsError::InvalidPath(_))
+    ));
+    assert!(matches!(
+        root.mkdirs("a/f/sub", None),
+        Err(FsError::InvalidPath(_))
+    ));
+    assert!(matches!(
+        root.mkdirs("", None),
+        Err(FsError::InvalidPath(_))
+    ));
+    assert!(matches!(
+        root.mkdirs(".", Some(0o777)),
+        Err(FsError::InvalidPath(_))
+    ));
+}
+
+#[test]
+fn symlink_creates_replaces_and_refuses_directories() {
+    let (dir, _outside, root) = tree();
+    root.symlink("new/dir/l1", "../../a/f").unwrap();
+    let l1 = dir.path().join("new/dir/l1");
+    assert_eq!(fs::read_link(&l1).unwrap(), Path::new("../../a/f"));
+    assert_eq!(read_all(&root, "new/dir/l1"), b"12345");
+    // Replaces a symlink and a file.
+    root.symlink("new/dir/l1", "other").unwrap();
+    assert_eq!(fs::read_link(&l1).unwrap(), Path::new("other"));
+    fs::write(dir.path().join("plain"), b"p").unwrap();
+    root.symlink("plain", "a/f").unwrap();
+    assert_eq!(
+        fs::read_link(dir.path().join("plain")).unwrap(),
+        Path::new("a/f")
+    );
+    // A target pointing out is stored as is (opens through it are refused).
+    root.symlink("esc", "/etc/passwd").unwrap();
+    assert_eq!(
+        fs::read_link(dir.path().join("esc")).unwrap(),
+        Path::new("/etc/passwd")
+    );
+    assert!(matches!(root.open_read("esc"), Err(FsError::Escapes(_))));
+    // Directories are not replaced; no temp names are left behind.
+    let e = root.symlink("a/b", "x").unwrap_err();
+    assert!(matches!(e, FsError::InvalidPath(_)), "{e:?}");
+    assert!(dir.path().join("a/b").is_dir());
+    assert_eq!(names(&dir.path().join("new/dir")), ["l1"]);
+    assert!(names(dir.path()).iter().all(|n| !n.starts_with(".hayate")));
+    assert!(matches!(
+        root.symlink("z", ""),
+        Err(FsError::InvalidPath(_))
+    ));
+    assert!(matches!(
+        root.symlink("z.hayate-state", "x"),
+        Err(FsError::InvalidPath(_))
+    ));
+}
+
+#[test]
+fn set_meta_on_files_dirs_and_links() {
+    let (dir, _outside, root) = tree();
+    root.set_meta("a/f", Some(0o2600), Some((1_400_000_000, 5)))
+        .unwrap();
+    let m = fs::symlink_metadata(dir.path().join("a/f")).unwrap();
+    assert_eq!(m.mode() & 0o7777, 0o600);
+    assert_eq!((m.mtime(), m.mtime_nsec()), (1_400_000_000, 5));
+    root.set_meta("a/b", Some(0o700), Some((1_300_000_000, 0)))
+        .unwrap();
+    let m = fs::metadata(dir.path().join("a/b")).unwrap();
+    assert_eq!((m.mode() & 0o777, m.mtime()), (0o700, 1_300_000_000));
+    // A symlink: its own mtime, mode ignored, the target untouched.
+    let before = fs::metadata(dir.path().join("a/f")).unwrap();
+    root.set_meta("a/c/in", Some(0o777), Some((1_200_000_000, 7)))
+        .unwrap();
+    let l = fs::symlink_metadata(dir.path().join("a/c/in")).unwrap();
+    assert_eq!((l.mtime(), l.mtime_nsec()), (1_200_000_000, 7));
+    let after = fs::metadata(dir.path().join("a/f")).unwrap();
+    assert_eq!(before.mode(), after.mode());
+    assert_eq!(before.mtime(), after.mtime());
+    // A link pointing out: its own mtime only.
+    let out = root.stat("a/c/out").unwrap();
+    root.set_meta("a/c/out", Some(0o777), Some((1_100_000_000, 0)))
+        .unwrap();
+    assert_eq!(root.stat("a/c/out").unwrap().mtime, 1_100_000_000);
+    assert_eq!(root.stat("a/c/out").unwrap().target, out.target);
+    assert!(matches!(
+        root.set_meta("nope", None, None),
+        Err(FsError::NotFound(_))
+    ));
+}
+
+#[test]
+fn confined_tree_ops_refuse_escapes() {
+    let (dir, outside, root) = tree();
+    symlink(outside.path(), dir.path().join("out-dir")).unwrap();
+    let bad = [
+        "../x",
+        "/tmp/x",
+        "a/../../x",
+        "out-dir/x",
+        "a/c/out/x",
+        "a/c/out/new/x",
+    ];
+    for rel in bad {
+        let check = |r: Result<(), FsError>, what: &str| {
+            let e = r.expect_err(&format!("{what} {rel}"));
+            assert!(matches!(e, FsError::Escapes(_)), "{what} {rel}: {e:?}");
+            assert_no_leak(&e, dir.path());
+        };
+        check(root.stat(rel).map(|_| ()), "stat");
+        check(root.list(rel, true, 100).map(|_| ()), "list");
+        check(root.mkdirs(rel, Some(0o777)), "mkdirs");
+        check(root.symlink(rel, "t"), "symlink");
+        check(root.set_meta(rel, Some(0o777), Some((1, 0))), "set_meta");
+    }
+    // Nothing appeared outside, and the outside dir kept its metadata.
+    assert_eq!(names(outside.path()), ["secret"]);
+    let m = fs::metadata(outside.path()).unwrap();
+    assert_ne!(m.mtime(), 1);
+    // ".." inside the root is refused too (no lexical escapes at all in confined mode).
+    assert!(matches!(root.stat("a/../a"), Err(FsError::Escapes(_))));
+}
+
+#[test]
+fn part_file_lock_is_exclusive_until_dropped() {
+    let (dir, root) = setup();
+    let first = root.create_part("big.bin", 10).unwrap();
+    first.write_at(0, b"0123456789").unwrap();
+    let e = root.create_part("big.bin", 100).unwrap_err();
+    assert!(matches!(e, FsError::Busy(_)), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "big.bin: another transfer is writing this file right now"
+    );
+    assert_eq!(
+        fs::metadata(dir.path().join(".big.bin.hayate-part"))
+            .unwrap()
+            .len(),
+        10,
+        "the busy attempt did not resize"
+    );
+    first.abandon();
+    let again = root.create_part("big.bin", 10).unwrap();
+    assert_eq!(again.existing_len(), 10);
+    drop(again);
+    let third = root.create_part("big.bin", 10).unwrap();
+    third.commit(None, None).unwrap();
+    let fourth = root.create_part("big.bin", 4).unwrap();
+    assert_eq!(fourth.existing_len(), 0, "a fresh part after a commit");
+}
+
+#[test]
+fn resume_state_save_load_commit_discard() {
+    let (dir, root) = setup();
+    let part = root.create_part("r.bin", 4).unwrap();
+    assert_eq!(part.existing_len(), 0);
+    assert_eq!(part.load_state(), None);
+    assert!(part.final_exists().is_none());
+    part.save_state(b"state-1").unwrap();
+    part.save_state(b"state-2").unwrap();
+    assert_eq!(part.load_state().unwrap(), b"state-2");
+    let state = dir.path().join(".r.bin.hayate-state");
+    assert_eq!(fs::metadata(&state).unwrap().mode() & 0o777, 0o600);
+    part.write_at(0, b"ab").unwrap();
+    part.abandon();
+    assert_eq!(
+        names(dir.path()),
+        [
+            ".r.bin.hayate-part",
+            ".r.bin.hayate-state",
+            "hello.txt",
+            "sub"
+        ]
+    );
+
+    // Resume: the kept part and its state.
+    let part = root.create_part("r.bin", 4).unwrap();
+    assert_eq!(part.existing_len(), 4);
+    assert_eq!(part.load_state().unwrap(), b"state-2");
+    part.write_at(2, b"cd").unwrap();
+    part.commit(None, None).unwrap();
+    assert_eq!(names(dir.path()), ["hello.txt", "r.bin", "sub"]);
+    assert_eq!(fs::read(dir.path().join("r.bin")).unwrap(), b"abcd");
+
+    // final_exists sees the committed file; discard removes part and state.
+    let part = root.create_part("r.bin", 8).unwrap();
+    let fin = part.final_exists().unwrap();
+    assert_eq!((fin.kind, fin.size), (EntryKind::File, 4));
+    part.save_state(b"x").unwrap();
+    part.discard();
+    assert_eq!(names(dir.path()), ["hello.txt", "r.bin", "sub"]);
+
+    // A state that is a symlink or too big is not read.
+    let part = root.create_part("s.bin", 1).unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    fs::write(outside.path().join("v"), b"victim").unwrap();
+    symlink(
+        outside.path().join("v"),
+        dir.path().join(".s.bin.hayate-state"),
+    )
+    .unwrap();
+    assert_eq!(part.load_state(), None);
+    part.save_state(b"mine").unwrap();
+    assert_eq!(fs::read(outside.path().join("v")).unwrap(), b"victim");
+    assert_eq!(part.load_state().unwrap(), b"mine");
+    fs::File::options()
+        .write(true)
+        .open(dir.path().join(".s.bin.hayate-state"))
+        .unwrap()
+        .set_len(17 << 20)
+        .unwrap();
+    assert_eq!(part.load_state(), None);
+    part.discard();
+    assert!(matches!(
+        root.create_part("t.hayate-state", 1),
+        Err(FsError::InvalidPath(_))
+    ));
+    // final_exists reports a symlink as one.
+    symlink("hello.txt", dir.path().join("ln")).unwrap();
+    let part = root.create_part("ln", 1).unwrap();
+    let fin = part.final_exists().unwrap();
+    assert_eq!(
+        (fin.kind, fin.target.as_str()),
+        (EntryKind::Symlink, "hello.txt")
+    );
+    part.discard();
+}
+
+#[test]
+fn umask_is_stable() {
+    let u = umask();
+    assert_eq!(u & !0o777, 0);
+    assert_eq!(umask(), u);
 }
