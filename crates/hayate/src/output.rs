@@ -4,7 +4,7 @@
 use std::io::IsTerminal;
 use std::time::Duration;
 
-use hayate_io::driver::client::{Progress, Report};
+use hayate_io::driver::client::{Kind, Progress, Report, Ui};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::units::{fmt_bits, fmt_bytes};
@@ -44,6 +44,17 @@ impl Output {
             last_sent: 0,
             last_retx: 0,
             last_lost: 0,
+        }
+    }
+
+    /// A notice on its own line (above the bar, if there is one); silent with -q.
+    pub fn note_line(&mut self, msg: &str) {
+        if self.quiet {
+            return;
+        }
+        match &self.bar {
+            Some(b) => b.println(format!("hayate: {msg}")),
+            None => eprintln!("hayate: {msg}"),
         }
     }
 
@@ -103,12 +114,7 @@ impl Output {
         }
         for f in &r.files {
             if let Some(e) = &f.error {
-                let name = if f.upload {
-                    f.local.display().to_string()
-                } else {
-                    f.remote.clone()
-                };
-                eprintln!("hayate: {name}: {e}");
+                eprintln!("hayate: {}: {e}", f.source());
             }
         }
         if let Some(e) = &r.error {
@@ -126,24 +132,43 @@ impl Output {
         } else {
             s.blocks_declared_lost as f64 / s.data_packets_sent as f64
         };
+        let files_n = r.file_count();
+        let skipped = r.files.iter().filter(|f| f.skipped.is_some()).count();
+        let resumed = r.resumed_bytes();
         if self.json {
+            let entry = |f: &hayate_io::driver::client::FileResult| {
+                serde_json::json!({
+                    "kind": f.kind,
+                    "path": f.source(),
+                    "dest": if f.upload { f.remote.clone() } else { f.local.display().to_string() },
+                    "direction": if f.upload { "upload" } else { "download" },
+                    "bytes": f.bytes,
+                    "blake3": f.blake3,
+                    "verified": f.verified,
+                    "skipped": f.skipped,
+                    "resumed_bytes": f.resumed_bytes,
+                    "error": f.error,
+                })
+            };
             let files: Vec<_> = r
                 .files
                 .iter()
-                .map(|f| {
-                    serde_json::json!({
-                        "path": if f.upload { f.local.display().to_string() } else { f.remote.clone() },
-                        "dest": if f.upload { f.remote.clone() } else { f.local.display().to_string() },
-                        "direction": if f.upload { "upload" } else { "download" },
-                        "bytes": f.bytes,
-                        "blake3": f.blake3,
-                        "verified": f.verified,
-                        "error": f.error,
-                    })
-                })
+                .filter(|f| f.kind == Kind::File)
+                .map(entry)
+                .collect();
+            let others: Vec<_> = r
+                .files
+                .iter()
+                .filter(|f| f.kind != Kind::File)
+                .map(entry)
                 .collect();
             let mut obj = serde_json::json!({
                 "bytes": bytes,
+                "file_count": files_n,
+                "skipped": skipped,
+                "resumed_bytes": resumed,
+                "data_bytes_sent": s.data_bytes_sent,
+                "transport": if r.via_stream { "ssh" } else { "udp" },
                 "seconds": r.seconds,
                 "goodput_bps": goodput,
                 "packets_sent": s.packets_sent,
@@ -154,23 +179,47 @@ impl Output {
                 "srtt_ms": s.srtt_us as f64 / 1000.0,
                 "min_rtt_ms": s.min_rtt_us as f64 / 1000.0,
                 "verified": r.all_verified(),
-                "blake3": r.files.first().and_then(|f| f.blake3.clone()),
+                // One file: its hash; several: see "entries".
+                "blake3": if files_n == 1 {
+                    r.files.iter().find(|f| f.kind == Kind::File).and_then(|f| f.blake3.clone())
+                } else {
+                    None
+                },
                 "error": r.error,
             });
-            if r.files.len() > 1 {
-                obj["files"] = serde_json::Value::Array(files);
-            }
+            obj["files"] = serde_json::Value::Array(files);
+            // Directories and links (with -r).
+            obj["other_entries"] = serde_json::Value::Array(others);
             println!("{obj}");
         } else if !self.quiet && r.all_verified() {
+            let mut extra = String::new();
+            if resumed > 0 {
+                extra.push_str(&format!(", {} resumed (already there)", fmt_bytes(resumed)));
+            }
+            if skipped > 0 {
+                extra.push_str(&format!(", {skipped} skipped"));
+            }
+            if r.via_stream {
+                extra.push_str(", over the ssh channel");
+            }
             eprintln!(
-                "{} in {} file{} in {:.2} s: {} (retransmitted {:.2}%), verified",
+                "{} in {} file{} in {:.2} s: {} (retransmitted {:.2}%){extra}, verified",
                 fmt_bytes(bytes),
-                r.files.len(),
-                if r.files.len() == 1 { "" } else { "s" },
+                files_n,
+                if files_n == 1 { "" } else { "s" },
                 r.seconds,
                 fmt_bits(goodput / 8.0),
                 100.0 * s.data_packets_retransmitted as f64 / s.data_packets_sent.max(1) as f64
             );
         }
+    }
+}
+
+impl Ui for Output {
+    fn progress(&mut self, p: &Progress<'_>) {
+        Output::progress(self, p);
+    }
+    fn note(&mut self, msg: &str) {
+        self.note_line(msg);
     }
 }

@@ -738,7 +738,7 @@ fn slow_upload(fx: &Fx, name: &str) -> Running {
 }
 
 #[test]
-fn killed_client_leaves_only_a_part_file_and_sigterm_exits_0() {
+fn killed_client_leaves_only_part_and_state_files_and_sigterm_exits_0() {
     let mut fx = Fx::new();
     let mut client = slow_upload(&fx, "big.bin");
     assert!(
@@ -747,13 +747,19 @@ fn killed_client_leaves_only_a_part_file_and_sigterm_exits_0() {
     );
     signal(client.pid(), libc::SIGKILL);
     let _ = client.wait(Duration::from_secs(10));
-    assert_eq!(tree(&fx.root), [".big.bin.hayate-part"]);
+    assert_eq!(
+        tree(&fx.root),
+        [".big.bin.hayate-part", ".big.bin.hayate-state"]
+    );
 
     let st = fx
         .srv
         .signal_and_wait(libc::SIGTERM, Duration::from_secs(5));
     assert_eq!(st.code(), Some(0), "{st:?}\n{}", fx.srv.log.text());
-    assert_eq!(tree(&fx.root), [".big.bin.hayate-part"]);
+    assert_eq!(
+        tree(&fx.root),
+        [".big.bin.hayate-part", ".big.bin.hayate-state"]
+    );
     assert!(
         fx.srv.log.contains("incomplete upload kept"),
         "{}",
@@ -772,11 +778,14 @@ fn sigterm_during_an_upload_keeps_it_partial_and_the_client_fails() {
     let run = client.wait(Duration::from_secs(30));
     run.assert_failed();
     assert!(!run.stderr.is_empty(), "{run:#?}");
-    assert_eq!(tree(&fx.root), [".big.bin.hayate-part"]);
+    assert_eq!(
+        tree(&fx.root),
+        [".big.bin.hayate-part", ".big.bin.hayate-state"]
+    );
 }
 
 #[test]
-fn interrupted_download_leaves_only_a_part_file() {
+fn interrupted_download_leaves_only_part_and_state_files() {
     let fx = Fx::new();
     write_random(&fx.root.join("big.bin"), 64 << 20, 20);
     let dst = fx.local.join("big.bin");
@@ -796,5 +805,8 @@ fn interrupted_download_leaves_only_a_part_file() {
     run.assert_failed();
     assert!(lower(&run.stderr).contains("interrupted"), "{run:#?}");
     assert!(!dst.exists());
-    assert_eq!(tree(&fx.local), [".big.bin.hayate-part"]);
+    assert_eq!(
+        tree(&fx.local),
+        [".big.bin.hayate-part", ".big.bin.hayate-state"]
+    );
 }

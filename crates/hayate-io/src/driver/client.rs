@@ -1,47 +1,117 @@
-//! `hayate cp` against a running server: one session, any number of uploads and downloads,
-//! pipelined. Each file either ends verified under its final name or is reported with what
-//! is missing.
+//! The near side of `hayate cp`: one session, any number of files, directory trees and links,
+//! pipelined. Each file either ends verified under its final name, is skipped on purpose
+//! (`--no-clobber`, `--update`), or is reported with what is missing (and its temp file and
+//! resume state are kept for a rerun).
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use hayate_proto::control::{flags, EntryKind as WireKind, MetaEntry, MetaOp};
 use hayate_proto::crypto::Psk;
 use hayate_proto::wire::AddrFamily;
 use hayate_proto::{BlockSink, BlockSource, Config, Connection, Event, Stats, XferId};
 
-use super::{SendBatch, StopFlag};
-use crate::fs::{create_local_part, read_at, PartFile};
-use crate::udp::{RecvBufs, UdpSocket};
+use super::link::{Links, StreamLink, STREAM_PEER};
+use super::resume::{ResumeState, MIN_RESUME_SIZE};
+use super::server::{dest_mode, resumable, systime};
+use super::StopFlag;
+use crate::fs::{self, create_local_part, EntryKind, PartFile, Root};
+use crate::udp::UdpSocket;
 
 /// Transfers in flight at once; more are queued (bounds open files and state).
 const MAX_ACTIVE: usize = 64;
+/// Largest datagram on the stream fallback (no IP path limits it; bigger means fewer frames).
+const STREAM_MTU: u16 = 16384;
 
-pub struct ClientOptions {
-    pub server: SocketAddr,
-    pub psk: Psk,
-    pub proto: Config,
+/// How datagrams reach the far side.
+pub enum Transport {
+    /// UDP to this address.
+    Udp(SocketAddr),
+    /// Only the byte stream (ssh channel).
+    Stream(StreamLink),
+    /// UDP first; the stream if no UDP answer came within `after`.
+    UdpThenStream {
+        addr: SocketAddr,
+        stream: StreamLink,
+        after: Duration,
+    },
 }
 
+pub struct ClientOptions {
+    pub path: Transport,
+    pub psk: Psk,
+    pub proto: Config,
+    /// [`flags`]: PRESERVE (`-p`), NO_CLOBBER, UPDATE.
+    pub flags: u32,
+    /// `-r`: directories are copied with everything beneath them.
+    pub recursive: bool,
+}
+
+/// What the user asked for.
 #[derive(Debug, Clone)]
-pub enum Transfer {
-    Upload { local: PathBuf, remote: String },
-    Download { remote: String, local: PathBuf },
+pub enum Job {
+    /// Local sources to a remote destination ("" = the far side's home / root).
+    Upload { sources: Vec<PathBuf>, dest: String },
+    /// Remote sources to a local destination.
+    Download { sources: Vec<String>, dest: PathBuf },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Kind {
+    File,
+    Dir,
+    Symlink,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct FileResult {
+    pub kind: Kind,
     pub upload: bool,
     pub local: PathBuf,
     pub remote: String,
     pub bytes: u64,
     /// BLAKE3 of the whole file, hex, when verified.
     pub blake3: Option<String>,
+    /// Files: content verified in place. Directories and links: created.
     pub verified: bool,
+    /// Not copied on purpose (exists with --no-clobber, identical with --update).
+    pub skipped: Option<String>,
+    /// Bytes the destination already had from an interrupted copy (not sent again).
+    pub resumed_bytes: u64,
     pub error: Option<String>,
+}
+
+impl FileResult {
+    fn new(kind: Kind, upload: bool, local: PathBuf, remote: String, bytes: u64) -> Self {
+        Self {
+            kind,
+            upload,
+            local,
+            remote,
+            bytes,
+            blake3: None,
+            verified: false,
+            skipped: None,
+            resumed_bytes: 0,
+            error: None,
+        }
+    }
+    pub fn ok(&self) -> bool {
+        self.error.is_none() && (self.verified || self.skipped.is_some())
+    }
+    /// The source as the user named it.
+    pub fn source(&self) -> String {
+        if self.upload {
+            self.local.display().to_string()
+        } else {
+            self.remote.clone()
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -51,18 +121,26 @@ pub struct Report {
     pub stats: Stats,
     /// Session-level failure (no server, wrong key, interrupted, peer vanished).
     pub error: Option<String>,
+    /// The data went over the ssh channel because UDP got no answer.
+    pub via_stream: bool,
 }
 
 impl Report {
     pub fn all_verified(&self) -> bool {
-        self.error.is_none() && self.files.iter().all(|f| f.verified)
+        self.error.is_none() && self.files.iter().all(|f| f.ok())
     }
     pub fn bytes_verified(&self) -> u64 {
         self.files
             .iter()
-            .filter(|f| f.verified)
+            .filter(|f| f.kind == Kind::File && f.verified)
             .map(|f| f.bytes)
             .sum()
+    }
+    pub fn resumed_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.resumed_bytes).sum()
+    }
+    pub fn file_count(&self) -> usize {
+        self.files.iter().filter(|f| f.kind == Kind::File).count()
     }
 }
 
@@ -77,12 +155,23 @@ pub struct Progress<'a> {
     pub connected: bool,
 }
 
+/// What the driver tells the user while it runs.
+pub trait Ui {
+    fn progress(&mut self, p: &Progress<'_>);
+    /// A one-line notice (e.g. the switch to the ssh channel).
+    fn note(&mut self, msg: &str);
+}
+
 struct Active {
     idx: usize,
     upload: bool,
     size: u64,
+    mode: u32,
+    mtime: i64,
     file: Option<File>,
     part: Option<PartFile>,
+    saved: Option<u64>,
+    no_space: bool,
 }
 
 #[derive(Default)]
@@ -97,7 +186,7 @@ impl BlockSource for Files {
             .get(&xfer)
             .and_then(|a| a.file.as_ref())
             .ok_or("transfer not open")?;
-        match read_at(f, offset, buf) {
+        match fs::read_at(f, offset, buf) {
             Ok(n) if n == buf.len() => Ok(()),
             Ok(_) => Err("file shrank while being sent".into()),
             Err(e) => Err(e.to_string()),
@@ -107,12 +196,12 @@ impl BlockSource for Files {
 
 impl BlockSink for Files {
     fn write(&mut self, xfer: XferId, offset: u64, data: &[u8]) -> Result<(), String> {
-        let p = self
-            .act
-            .get(&xfer)
-            .and_then(|a| a.part.as_ref())
-            .ok_or("transfer not open")?;
-        p.write_at(offset, data).map_err(|e| e.to_string())
+        let a = self.act.get_mut(&xfer).ok_or("transfer not open")?;
+        let p = a.part.as_ref().ok_or("transfer not open")?;
+        p.write_at(offset, data).map_err(|e| {
+            a.no_space |= e.raw_os_error() == Some(libc::ENOSPC);
+            e.to_string()
+        })
     }
 }
 
@@ -120,156 +209,609 @@ fn hex(h: &[u8; 32]) -> String {
     h.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Runs the whole job. Never panics on I/O trouble: everything ends up in the report.
-pub fn run(
-    opts: ClientOptions,
-    transfers: Vec<Transfer>,
-    stop: StopFlag,
-    progress: &mut dyn FnMut(&Progress<'_>),
-) -> Report {
-    let start = Instant::now();
-    let mut results: Vec<FileResult> = transfers
-        .iter()
-        .map(|t| {
-            let (upload, local, remote) = match t {
-                Transfer::Upload { local, remote } => (true, local, remote),
-                Transfer::Download { remote, local } => (false, local, remote),
-            };
-            FileResult {
-                upload,
-                local: local.clone(),
-                remote: remote.clone(),
-                bytes: 0,
-                blake3: None,
-                verified: false,
-                error: None,
+/// Why a meta request was sent: what to do with its answer.
+enum Pending {
+    /// What the upload destination is (directory or not).
+    DestStat,
+    /// The listing of download source `i`.
+    SourceList(usize, Vec<MetaEntry>),
+    /// A directory, link or metadata change recorded in `results[i]`.
+    Op(usize),
+}
+
+/// Directory metadata applied last (writing files into a directory changes its mtime).
+struct DirMeta {
+    /// Local path (downloads) or remote path (uploads).
+    path: String,
+    mode: u32,
+    mtime: i64,
+    idx: usize,
+}
+
+fn join_remote(base: &str, rel: &str) -> String {
+    match (base.trim_end_matches('/'), rel) {
+        (b, "") => b.to_string(),
+        ("", r) if !base.starts_with('/') => r.to_string(),
+        (b, r) => format!("{b}/{r}"),
+    }
+}
+
+fn remote_basename(p: &str) -> String {
+    p.trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn local_basename(p: &Path) -> Option<String> {
+    let name = match p.file_name() {
+        Some(n) => n.to_owned(),
+        None => std::fs::canonicalize(p).ok()?.file_name()?.to_owned(),
+    };
+    name.to_str().map(str::to_string)
+}
+
+fn path_str(p: &Path) -> Result<&str, String> {
+    p.to_str()
+        .ok_or_else(|| format!("{}: not valid UTF-8", p.display()))
+}
+
+/// The session: plans the job as answers arrive, runs the transfers, records every result.
+struct Session<'a> {
+    opts_flags: u32,
+    recursive: bool,
+    job: &'a Job,
+    local: Option<Root>,
+    results: Vec<FileResult>,
+    queue: VecDeque<usize>,
+    pending: HashMap<u32, Pending>,
+    dirs: Vec<DirMeta>,
+    dirs_sent: bool,
+    bytes_total: u64,
+    finished_bytes: u64,
+}
+
+impl Session<'_> {
+    fn preserve(&self) -> bool {
+        self.opts_flags & flags::PRESERVE != 0
+    }
+
+    fn push(&mut self, r: FileResult) -> usize {
+        self.results.push(r);
+        self.results.len() - 1
+    }
+
+    fn fail(&mut self, kind: Kind, upload: bool, local: PathBuf, remote: String, e: String) {
+        let i = self.push(FileResult::new(kind, upload, local, remote, 0));
+        self.results[i].error = Some(e);
+    }
+
+    /// First requests, once the session is up.
+    fn start(&mut self, conn: &mut Connection) {
+        match self.job {
+            Job::Upload { dest, .. } => {
+                let id = conn.meta(MetaOp::List {
+                    path: dest.clone(),
+                    recursive: false,
+                });
+                self.pending.insert(id, Pending::DestStat);
             }
-        })
-        .collect();
-    let report = |results: Vec<FileResult>, stats: Stats, error: Option<String>| Report {
-        files: results,
+            Job::Download { sources, .. } => {
+                for (i, s) in sources.iter().enumerate() {
+                    let id = conn.meta(MetaOp::List {
+                        path: s.clone(),
+                        recursive: self.recursive,
+                    });
+                    self.pending.insert(id, Pending::SourceList(i, Vec::new()));
+                }
+            }
+        }
+    }
+
+    fn on_meta(&mut self, conn: &mut Connection, id: u32, result: Result<Vec<MetaEntry>, String>, more: bool) {
+        let Some(p) = self.pending.remove(&id) else {
+            return;
+        };
+        match p {
+            Pending::DestStat => {
+                let dest_kind = result.ok().and_then(|v| v.first().map(|e| e.kind));
+                self.plan_upload(conn, dest_kind);
+            }
+            Pending::SourceList(i, mut acc) => match result {
+                Ok(v) if more => {
+                    acc.extend(v);
+                    self.pending.insert(id, Pending::SourceList(i, acc));
+                }
+                Ok(v) => {
+                    acc.extend(v);
+                    self.plan_download(i, acc);
+                }
+                Err(e) => {
+                    let Job::Download { sources, dest } = self.job else {
+                        return;
+                    };
+                    self.fail(Kind::File, false, dest.clone(), sources[i].clone(), e);
+                }
+            },
+            Pending::Op(i) => match result {
+                Ok(_) => self.results[i].verified = true,
+                Err(e) => self.results[i].error = Some(e),
+            },
+        }
+    }
+
+    fn meta_op(&mut self, conn: &mut Connection, op: MetaOp, r: FileResult) {
+        let i = self.push(r);
+        let id = conn.meta(op);
+        self.pending.insert(id, Pending::Op(i));
+    }
+
+    fn plan_upload(&mut self, conn: &mut Connection, dest_kind: Option<WireKind>) {
+        let Job::Upload { sources, dest } = self.job else {
+            return;
+        };
+        let several = sources.len() > 1;
+        let dest_is_dir = dest_kind == Some(WireKind::Dir);
+        let into_dir = several || dest.is_empty() || dest.ends_with('/') || dest_is_dir;
+        if into_dir && !dest_is_dir && !dest.is_empty() {
+            if dest_kind.is_some() {
+                self.fail(Kind::Dir, true, PathBuf::new(), dest.clone(), "not a directory".into());
+                return;
+            }
+            self.meta_op(
+                conn,
+                MetaOp::Mkdir { path: dest.clone(), mode: None },
+                FileResult::new(Kind::Dir, true, PathBuf::new(), dest.clone(), 0),
+            );
+        }
+        for src in sources {
+            let target = |name: &str| {
+                if into_dir {
+                    join_remote(dest, name)
+                } else {
+                    dest.clone()
+                }
+            };
+            let meta = match std::fs::metadata(src) {
+                Ok(m) => m,
+                Err(e) => {
+                    self.fail(Kind::File, true, src.clone(), dest.clone(), e.to_string());
+                    continue;
+                }
+            };
+            let Some(name) = local_basename(src) else {
+                self.fail(Kind::File, true, src.clone(), dest.clone(), "no usable name".into());
+                continue;
+            };
+            if meta.is_file() {
+                let i = self.push(FileResult::new(Kind::File, true, src.clone(), target(&name), meta.len()));
+                self.bytes_total += meta.len();
+                self.queue.push_back(i);
+            } else if meta.is_dir() && !self.recursive {
+                self.fail(Kind::Dir, true, src.clone(), target(&name), "is a directory (use -r)".into());
+            } else if meta.is_dir() {
+                self.plan_upload_tree(conn, src, &target(&name));
+            } else {
+                self.fail(Kind::File, true, src.clone(), target(&name), "not a regular file".into());
+            }
+        }
+    }
+
+    fn plan_upload_tree(&mut self, conn: &mut Connection, src: &Path, base: &str) {
+        let listed = path_str(src).and_then(|s| {
+            self.local
+                .as_ref()
+                .ok_or_else(|| "no local root".to_string())?
+                .list(s, true, 4_000_000)
+                .map_err(|e| e.to_string())
+        });
+        let entries = match listed {
+            Ok(v) => v,
+            Err(e) => {
+                self.fail(Kind::Dir, true, src.to_path_buf(), base.to_string(), e);
+                return;
+            }
+        };
+        let preserve = self.preserve();
+        for e in entries {
+            let local = if e.path.is_empty() { src.to_path_buf() } else { src.join(&e.path) };
+            let remote = join_remote(base, &e.path);
+            match e.kind {
+                EntryKind::Dir => {
+                    let mode = Some(if preserve { e.mode & 0o777 } else { e.mode & 0o777 & !fs::umask() });
+                    let r = FileResult::new(Kind::Dir, true, local, remote.clone(), 0);
+                    self.meta_op(conn, MetaOp::Mkdir { path: remote.clone(), mode }, r);
+                    if preserve {
+                        let idx = self.results.len() - 1;
+                        self.dirs.push(DirMeta { path: remote, mode: e.mode, mtime: e.mtime, idx });
+                    }
+                }
+                EntryKind::Symlink => {
+                    let r = FileResult::new(Kind::Symlink, true, local, remote.clone(), 0);
+                    self.meta_op(conn, MetaOp::Symlink { path: remote, target: e.target }, r);
+                }
+                EntryKind::File => {
+                    let i = self.push(FileResult::new(Kind::File, true, local, remote, e.size));
+                    self.bytes_total += e.size;
+                    self.queue.push_back(i);
+                }
+                EntryKind::Other => {
+                    let i = self.push(FileResult::new(Kind::File, true, local, remote, 0));
+                    self.results[i].skipped = Some("not a regular file, directory or link".into());
+                }
+            }
+        }
+    }
+
+    fn plan_download(&mut self, i: usize, entries: Vec<MetaEntry>) {
+        let Job::Download { sources, dest } = self.job else {
+            return;
+        };
+        let src = &sources[i];
+        let into_dir = sources.len() > 1 || dest.is_dir();
+        let name = remote_basename(src);
+        let base = if into_dir && !name.is_empty() { dest.join(&name) } else { dest.clone() };
+        let Some(root) = entries.first() else {
+            self.fail(Kind::File, false, base, src.clone(), "empty listing".into());
+            return;
+        };
+        match root.kind {
+            WireKind::File | WireKind::Symlink => {
+                let i = self.push(FileResult::new(Kind::File, false, base, src.clone(), root.size));
+                self.bytes_total += root.size;
+                self.queue.push_back(i);
+                return;
+            }
+            WireKind::Dir if !self.recursive => {
+                self.fail(Kind::Dir, false, base, src.clone(), "is a directory (use -r)".into());
+                return;
+            }
+            WireKind::Other => {
+                self.fail(Kind::File, false, base, src.clone(), "not a regular file".into());
+                return;
+            }
+            WireKind::Dir => {}
+        }
+        let preserve = self.preserve();
+        let Some(local) = self.local.take() else {
+            return;
+        };
+        for e in entries {
+            let lpath = if e.path.is_empty() { base.clone() } else { base.join(&e.path) };
+            let remote = join_remote(src, &e.path);
+            match e.kind {
+                WireKind::Dir => {
+                    let mut r = FileResult::new(Kind::Dir, false, lpath.clone(), remote, 0);
+                    let mode = if preserve { e.mode & 0o777 } else { e.mode & 0o777 & !fs::umask() };
+                    match path_str(&lpath).and_then(|p| local.mkdirs(p, Some(mode)).map_err(|e| e.to_string())) {
+                        Ok(()) => r.verified = true,
+                        Err(e) => r.error = Some(e),
+                    }
+                    let idx = self.push(r);
+                    if preserve {
+                        self.dirs.push(DirMeta {
+                            path: lpath.display().to_string(),
+                            mode: e.mode,
+                            mtime: e.mtime,
+                            idx,
+                        });
+                    }
+                }
+                WireKind::Symlink => {
+                    let mut r = FileResult::new(Kind::Symlink, false, lpath.clone(), remote, 0);
+                    match path_str(&lpath).and_then(|p| local.symlink(p, &e.target).map_err(|e| e.to_string())) {
+                        Ok(()) => r.verified = true,
+                        Err(e) => r.error = Some(e),
+                    }
+                    if r.verified && preserve {
+                        let _ = path_str(&lpath).map(|p| local.set_meta(p, None, Some((e.mtime, 0))));
+                    }
+                    self.push(r);
+                }
+                WireKind::File => {
+                    let i = self.push(FileResult::new(Kind::File, false, lpath, remote, e.size));
+                    self.bytes_total += e.size;
+                    self.queue.push_back(i);
+                }
+                WireKind::Other => {
+                    let i = self.push(FileResult::new(Kind::File, false, lpath, remote, 0));
+                    self.results[i].skipped = Some("not a regular file, directory or link".into());
+                }
+            }
+        }
+        self.local = Some(local);
+    }
+
+    /// Starts the transfer of `results[i]`; None if it finished at once (error, skip).
+    fn start_file(&mut self, conn: &mut Connection, i: usize) -> Option<(XferId, Active)> {
+        let r = &mut self.results[i];
+        let fl = self.opts_flags;
+        if r.upload {
+            let (f, m) = match open_source(&r.local) {
+                Ok(x) => x,
+                Err(e) => {
+                    r.error = Some(e);
+                    return None;
+                }
+            };
+            self.bytes_total = self.bytes_total - r.bytes + m.len();
+            r.bytes = m.len();
+            let hash = if fl & flags::UPDATE != 0 {
+                match fs::hash_file(&f) {
+                    Ok(h) => Some(*h.as_bytes()),
+                    Err(e) => {
+                        r.error = Some(e.to_string());
+                        return None;
+                    }
+                }
+            } else {
+                None
+            };
+            let x = conn.send_file_ext(&r.remote, m.len(), m.mode(), m.mtime(), fl, hash);
+            Some((
+                x,
+                Active {
+                    idx: i,
+                    upload: true,
+                    size: m.len(),
+                    mode: m.mode(),
+                    mtime: m.mtime(),
+                    file: Some(f),
+                    part: None,
+                    saved: None,
+                    no_space: false,
+                },
+            ))
+        } else {
+            if fl & flags::NO_CLOBBER != 0 && std::fs::symlink_metadata(&r.local).is_ok() {
+                r.skipped = Some("destination exists (--no-clobber)".into());
+                return None;
+            }
+            let x = conn.request_ext(&r.remote, fl & (flags::UPDATE | flags::PRESERVE));
+            Some((
+                x,
+                Active {
+                    idx: i,
+                    upload: false,
+                    size: r.bytes,
+                    mode: 0o644,
+                    mtime: 0,
+                    file: None,
+                    part: None,
+                    saved: None,
+                    no_space: false,
+                },
+            ))
+        }
+    }
+
+    /// Directory modes and mtimes, deepest first, once every file is in place.
+    fn finish_dirs(&mut self, conn: &mut Connection) {
+        self.dirs_sent = true;
+        let dirs = std::mem::take(&mut self.dirs);
+        for d in dirs.into_iter().rev() {
+            if self.results[d.idx].error.is_some() {
+                continue;
+            }
+            if matches!(self.job, Job::Upload { .. }) {
+                let id = conn.meta(MetaOp::SetMeta {
+                    path: d.path,
+                    mode: Some(d.mode & 0o777),
+                    mtime: Some(d.mtime),
+                });
+                self.pending.insert(id, Pending::Op(d.idx));
+            } else if let Some(local) = &self.local {
+                if let Err(e) = local.set_meta(&d.path, Some(d.mode & 0o777), Some((d.mtime, 0))) {
+                    self.results[d.idx].error = Some(e.to_string());
+                }
+            }
+        }
+    }
+}
+
+/// Writes down what a download already has, for a rerun.
+fn save_download_state(conn: &Connection, xfer: XferId, a: &mut Active) {
+    let Some(part) = &a.part else { return };
+    if a.size < MIN_RESUME_SIZE {
+        return;
+    }
+    let Some(missing) = conn.incoming_missing(xfer) else {
+        return;
+    };
+    let key = missing.iter().map(|(a, b)| b - a).sum::<u64>();
+    if a.saved == Some(key) {
+        return;
+    }
+    let st = ResumeState::from_missing(a.size, a.mtime, conn.block_size() as u64, &missing);
+    if part.save_state(&st.encode()).is_ok() {
+        a.saved = Some(key);
+    }
+}
+
+fn have_bytes(have: &[(u64, u64)], block: u64, size: u64) -> u64 {
+    have.iter()
+        .map(|&(a, b)| (b * block).min(size).saturating_sub(a * block))
+        .sum()
+}
+
+fn new_conn(cfg: &Config, psk: &Psk, peer: SocketAddr, now: Instant) -> Connection {
+    let fam = if peer.is_ipv4() { AddrFamily::V4 } else { AddrFamily::V6 };
+    Connection::client(cfg.clone(), psk, fam, now)
+}
+
+/// Runs the whole job. Never panics on I/O trouble: everything ends up in the report.
+pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Report {
+    let start = Instant::now();
+    let mut s = Session {
+        opts_flags: opts.flags,
+        recursive: opts.recursive,
+        job: &job,
+        local: None,
+        results: Vec::new(),
+        queue: VecDeque::new(),
+        pending: HashMap::new(),
+        dirs: Vec::new(),
+        dirs_sent: false,
+        bytes_total: 0,
+        finished_bytes: 0,
+    };
+    let report = |s: Session<'_>, stats: Stats, error: Option<String>, via_stream: bool| Report {
+        files: s.results,
         seconds: start.elapsed().as_secs_f64(),
         stats,
         error,
+        via_stream,
     };
-
-    // Open every source first: a missing one is reported, the others still go.
-    let mut queue: VecDeque<(usize, Option<File>)> = VecDeque::new();
-    for (i, t) in transfers.iter().enumerate() {
-        match t {
-            Transfer::Upload { local, .. } => match open_source(local) {
-                Ok((f, size)) => {
-                    results[i].bytes = size;
-                    queue.push_back((i, Some(f)));
-                }
-                Err(e) => results[i].error = Some(e),
-            },
-            Transfer::Download { .. } => queue.push_back((i, None)),
+    match std::env::current_dir()
+        .map_err(|e| e.to_string())
+        .and_then(|d| Root::whole_fs(&d).map_err(|e| e.to_string()))
+    {
+        Ok(r) => s.local = Some(r),
+        Err(e) => return report(s, Stats::default(), Some(format!("current directory: {e}")), false),
+    }
+    if let Job::Download { sources, dest } = &job {
+        if sources.len() > 1 && !dest.is_dir() {
+            let e = format!("{}: not a directory (several sources need one)", dest.display());
+            return report(s, Stats::default(), Some(e), false);
         }
     }
-    if queue.is_empty() {
-        return report(results, Stats::default(), None);
-    }
 
-    let bind: SocketAddr = if opts.server.is_ipv4() {
-        "0.0.0.0:0".parse().expect("addr")
-    } else {
-        "[::]:0".parse().expect("addr")
+    let (mut peer, mut spare_stream, fallback_after, udp_target) = match opts.path {
+        Transport::Udp(a) => (a, None, None, Some(a)),
+        Transport::Stream(st) => (STREAM_PEER, Some(st), None, None),
+        Transport::UdpThenStream { addr, stream, after } => (addr, Some(stream), Some(after), Some(addr)),
     };
-    let sock = match UdpSocket::bind(bind) {
-        Ok(s) => s,
-        Err(e) => {
-            return report(
-                results,
-                Stats::default(),
-                Some(format!("cannot open a UDP socket: {e}")),
-            )
+    let mut links = match udp_target {
+        Some(a) => {
+            let bind: SocketAddr = if a.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("addr");
+            match UdpSocket::bind(bind) {
+                Ok(sock) => Links::new(Some(sock), None),
+                Err(e) => return report(s, Stats::default(), Some(format!("cannot open a UDP socket: {e}")), false),
+            }
         }
+        None => Links::new(None, spare_stream.take()),
     };
+    let stream_cfg = Config { mtu: STREAM_MTU, ..opts.proto.clone() };
+    let mut via_stream = udp_target.is_none();
     let _ = crate::clock::set_timer_slack_ns(1);
-    let fam = if opts.server.is_ipv4() {
-        AddrFamily::V4
+    let mut conn = if via_stream {
+        new_conn(&stream_cfg, &opts.psk, peer, Instant::now())
     } else {
-        AddrFamily::V6
+        new_conn(&opts.proto, &opts.psk, peer, Instant::now())
     };
-    let mut conn = Connection::client(opts.proto.clone(), &opts.psk, fam, Instant::now());
     let mut files = Files::default();
-    let mut rbufs = RecvBufs::new(32);
-    let mut batch = SendBatch::new(65536, 64);
-    let mut bytes_total: u64 = results.iter().filter(|r| r.upload).map(|r| r.bytes).sum();
-    let files_total = transfers.len();
-    let mut finished_bytes = 0u64;
     let mut session_error: Option<String> = None;
     let mut bye_at: Option<Instant> = None;
     let mut last_progress = Instant::now() - Duration::from_secs(1);
+    let mut last_state = Instant::now();
     let mut connected = false;
+    let mut started = false;
 
     loop {
         let now = Instant::now();
+        // No UDP answer: the far side listens on the ssh channel too.
+        let udp_silent = !connected
+            && spare_stream.is_some()
+            && (fallback_after.is_some_and(|t| now.duration_since(start) >= t) || conn.is_closed());
+        if udp_silent {
+            if let Some(st) = spare_stream.take() {
+                ui.note(&format!(
+                    "no UDP reply from {peer} (blocked by a firewall?): carrying the data over the ssh channel instead (slower)"
+                ));
+                links = Links::new(None, Some(st));
+                peer = STREAM_PEER;
+                via_stream = true;
+                conn = new_conn(&stream_cfg, &opts.psk, peer, now);
+                while conn.poll_event().is_some() {}
+            }
+        }
         if stop.is_stopped() && session_error.is_none() {
             session_error = Some("interrupted".into());
             conn.close(now, 1, "client interrupted");
         }
         // Start queued transfers while there is room.
-        while files.act.len() < MAX_ACTIVE && session_error.is_none() {
-            let Some((i, file)) = queue.pop_front() else {
+        while started && files.act.len() < MAX_ACTIVE && session_error.is_none() {
+            let Some(i) = s.queue.pop_front() else {
                 break;
             };
-            let (xfer, upload, size) = match &transfers[i] {
-                Transfer::Upload { remote, .. } => {
-                    let f = file.as_ref().expect("opened");
-                    let (mode, mtime) = f
-                        .metadata()
-                        .map(|m| (m.mode(), m.mtime()))
-                        .unwrap_or((0o644, 0));
-                    (
-                        conn.send_file(remote, results[i].bytes, mode, mtime),
-                        true,
-                        results[i].bytes,
-                    )
-                }
-                Transfer::Download { remote, .. } => (conn.request(remote), false, 0),
-            };
-            files.act.insert(
-                xfer,
-                Active {
-                    idx: i,
-                    upload,
-                    size,
-                    file,
-                    part: None,
-                },
-            );
+            if let Some((x, a)) = s.start_file(&mut conn, i) {
+                files.act.insert(x, a);
+            }
         }
 
-        if let Err(e) = sock.recv_batch(&mut rbufs) {
+        if let Err(e) = links.recv(&mut |from, d| {
+            if from == peer {
+                conn.handle_datagram(now, d, &mut files);
+            }
+        }) {
             session_error.get_or_insert(format!("receive failed: {e}"));
             break;
         }
-        for (from, d) in rbufs.datagrams() {
-            if from == opts.server {
-                conn.handle_datagram(now, d, &mut files);
-            }
+        if via_stream && links.stream_eof() && session_error.is_none() && bye_at.is_none() {
+            session_error = Some("the ssh channel closed".into());
+            conn.close(now, 1, "channel closed");
         }
-        conn.set_receiver_state(0, sock.kernel_drops());
+        conn.set_receiver_state(0, links.kernel_drops());
         if conn.poll_timeout(now).is_some_and(|t| t <= now) {
             conn.handle_timeout(now);
         }
+        // Resume credit of uploads: what the receiver said it had.
+        for (x, a) in files.act.iter() {
+            if a.upload {
+                if let Some(b) = conn.outgoing_skipped_bytes(*x) {
+                    s.results[a.idx].resumed_bytes = b;
+                }
+            }
+        }
         while let Some(ev) = conn.poll_event() {
             match ev {
-                Event::Connected => connected = true,
-                Event::Offered { xfer, size, .. } => {
+                Event::Connected => {
+                    connected = true;
+                    if !started {
+                        started = true;
+                        s.start(&mut conn);
+                    }
+                }
+                Event::MetaReplied { id, result, more } => s.on_meta(&mut conn, id, result, more),
+                Event::Offered {
+                    xfer,
+                    size,
+                    mode,
+                    mtime,
+                    flags: fl,
+                    hash,
+                    ..
+                } => {
                     let Some(a) = files.act.get_mut(&xfer) else {
                         continue;
                     };
-                    let r = &mut results[a.idx];
+                    let r = &mut s.results[a.idx];
+                    s.bytes_total = s.bytes_total - r.bytes + size;
+                    r.bytes = size;
+                    a.size = size;
+                    a.mode = mode;
+                    a.mtime = mtime;
+                    if let Some(want) = hash.filter(|_| fl & flags::UPDATE != 0) {
+                        let same = File::open(&r.local)
+                            .ok()
+                            .filter(|f| f.metadata().is_ok_and(|m| m.is_file() && m.len() == size))
+                            .and_then(|f| fs::hash_file(&f).ok())
+                            .is_some_and(|h| *h.as_bytes() == want);
+                        if same {
+                            r.skipped = Some("identical at the destination (--update)".into());
+                            r.blake3 = Some(hex(&want));
+                            conn.skip(xfer, "identical");
+                            files.act.remove(&xfer);
+                            continue;
+                        }
+                    }
                     match create_local_part(&r.local, size) {
                         Ok(p) => {
+                            let have = resumable(&p, size, mtime, conn.block_size() as u64);
+                            r.resumed_bytes = have_bytes(&have, conn.block_size() as u64, size);
                             a.part = Some(p);
-                            a.size = size;
-                            r.bytes = size;
-                            bytes_total += size;
-                            conn.accept(xfer, &[]);
+                            conn.accept(xfer, &have);
                         }
                         Err(e) => {
                             r.error = Some(e.to_string());
@@ -282,15 +824,18 @@ pub fn run(
                     let Some(a) = files.act.remove(&xfer) else {
                         continue;
                     };
-                    let r = &mut results[a.idx];
+                    let r = &mut s.results[a.idx];
                     let part = a.part.expect("accepted downloads have a part file");
+                    let preserve = s.opts_flags & flags::PRESERVE != 0;
                     let verdict = match part.hash() {
-                        Ok(h) if *h.as_bytes() == blake3 => part
-                            .commit(None, None)
-                            .map(|_| blake3)
-                            .map_err(|e| format!("cannot rename into place: {e}")),
+                        Ok(h) if *h.as_bytes() == blake3 => {
+                            let mode = dest_mode(a.mode, s.opts_flags);
+                            part.commit(Some(mode), preserve.then(|| systime(a.mtime)))
+                                .map(|_| blake3)
+                                .map_err(|e| format!("cannot rename into place: {e}"))
+                        }
                         Ok(_) => {
-                            part.abandon();
+                            part.discard();
                             Err("BLAKE3 mismatch after transfer".to_string())
                         }
                         Err(e) => Err(format!("cannot read back for verification: {e}")),
@@ -299,56 +844,88 @@ pub fn run(
                         Ok(h) => {
                             r.verified = true;
                             r.blake3 = Some(hex(h));
-                            finished_bytes += a.size;
+                            s.finished_bytes += a.size;
                         }
                         Err(e) => r.error = Some(e.clone()),
                     }
                     conn.finish_incoming(xfer, verdict);
                 }
                 Event::IncomingFailed { xfer, reason } => {
-                    if let Some(a) = files.act.remove(&xfer) {
-                        results[a.idx].error = Some(reason);
-                        if let Some(p) = a.part {
-                            p.abandon();
+                    if let Some(mut a) = files.act.remove(&xfer) {
+                        s.results[a.idx].error = Some(reason);
+                        if a.no_space {
+                            // Keeping it would leave the disk full for everything else.
+                            if let Some(p) = a.part {
+                                p.discard();
+                            }
+                        } else {
+                            save_download_state(&conn, xfer, &mut a);
+                            if let Some(p) = a.part {
+                                p.abandon();
+                            }
                         }
                     }
                 }
                 Event::OutgoingDone { xfer, result } => {
                     if let Some(a) = files.act.remove(&xfer) {
-                        let r = &mut results[a.idx];
+                        let r = &mut s.results[a.idx];
                         match result {
                             Ok(h) => {
                                 r.verified = true;
                                 r.blake3 = Some(hex(&h));
-                                finished_bytes += a.size;
+                                s.finished_bytes += a.size;
                             }
-                            Err(e) => r.error = Some(format!("server: {e}")),
+                            Err(e) => r.error = Some(format!("far side: {e}")),
                         }
+                    }
+                }
+                Event::Skipped { xfer, reason } => {
+                    if let Some(a) = files.act.remove(&xfer) {
+                        s.results[a.idx].skipped = Some(reason);
+                        s.finished_bytes += a.size;
                     }
                 }
                 Event::Rejected { xfer, reason } => {
                     if let Some(a) = files.act.remove(&xfer) {
-                        results[a.idx].error = Some(format!("server refused: {reason}"));
+                        s.results[a.idx].error = Some(format!("refused: {reason}"));
+                        if let Some(p) = a.part {
+                            p.abandon();
+                        }
                     }
                 }
-                Event::GetRequested { .. } | Event::Bye => {}
+                Event::GetRequested { .. } | Event::Bye | Event::MetaRequested { .. } => {}
                 Event::Closed { error } => {
                     if let Some(e) = error {
-                        session_error.get_or_insert(e);
+                        if connected || spare_stream.is_none() {
+                            session_error.get_or_insert(e);
+                        }
                     }
                 }
             }
         }
 
-        if files.act.is_empty() && queue.is_empty() && bye_at.is_none() && session_error.is_none() {
+        let idle = started && files.act.is_empty() && s.queue.is_empty() && s.pending.is_empty();
+        if idle && !s.dirs_sent && session_error.is_none() {
+            s.finish_dirs(&mut conn);
+        }
+        let idle = idle && s.pending.is_empty();
+        if idle && bye_at.is_none() && session_error.is_none() {
             conn.bye();
             bye_at = Some(now);
         }
-        while let Some(n) = conn.poll_transmit(now, batch.slot(), &mut files) {
-            batch.commit(&sock, opts.server, n);
+        while let Some(n) = conn.poll_transmit(now, links.slot(), &mut files) {
+            links.commit(peer, n);
         }
-        batch.flush(&sock);
+        links.flush();
 
+        if now.duration_since(last_state) >= Duration::from_millis(500) {
+            last_state = now;
+            for (x, a) in files.act.iter_mut() {
+                if !a.upload {
+                    save_download_state(&conn, *x, a);
+                }
+            }
+        }
         if now.duration_since(last_progress) >= Duration::from_millis(100) {
             last_progress = now;
             let stats = conn.stats();
@@ -365,21 +942,24 @@ pub fn run(
                     }
                 })
                 .sum();
-            progress(&Progress {
+            let files_total = s.results.iter().filter(|r| r.kind == Kind::File).count();
+            let files_done = s
+                .results
+                .iter()
+                .filter(|r| r.kind == Kind::File && (r.ok() || r.error.is_some()))
+                .count();
+            ui.progress(&Progress {
                 elapsed: start.elapsed(),
-                bytes_done: finished_bytes + active,
-                bytes_total,
-                files_done: results
-                    .iter()
-                    .filter(|r| r.verified || r.error.is_some())
-                    .count(),
+                bytes_done: s.finished_bytes + active,
+                bytes_total: s.bytes_total,
+                files_done,
                 files_total,
                 stats: &stats,
                 connected,
             });
         }
 
-        if conn.is_draining() {
+        if conn.is_draining() || (conn.is_closed() && spare_stream.is_none()) {
             break;
         }
         // All done and said goodbye: don't wait long for the server's CLOSE.
@@ -391,59 +971,55 @@ pub fn run(
             .unwrap_or(now + Duration::from_millis(100))
             .min(now + Duration::from_millis(100));
         if next > Instant::now() {
-            if let Err(e) = crate::clock::wait_readable_until(&sock, next) {
+            if let Err(e) = links.wait_until(next) {
                 session_error.get_or_insert(format!("socket wait failed: {e}"));
                 break;
             }
         }
     }
+    if !started && session_error.is_none() {
+        session_error = Some("the session ended before it started".into());
+    }
 
     // Whatever is still open did not finish: say what is missing, keep partial files.
-    for (xfer, a) in files.act.drain() {
-        let r = &mut results[a.idx];
-        let why = session_error
-            .clone()
-            .unwrap_or_else(|| "session ended".into());
+    let why = session_error.clone().unwrap_or_else(|| "session ended".into());
+    for (xfer, mut a) in files.act.drain() {
+        if !a.upload {
+            save_download_state(&conn, xfer, &mut a);
+        }
+        let r = &mut s.results[a.idx];
         let detail = if a.upload {
             let acked = conn.outgoing_acked_bytes(xfer).unwrap_or(0);
-            format!("{why}; server acknowledged {acked} of {} bytes", a.size)
+            format!("{why}; the far side acknowledged {acked} of {} bytes (a rerun resumes)", a.size)
         } else if let Some((got, n)) = conn.incoming_progress(xfer) {
             let missing = conn.incoming_missing(xfer).unwrap_or_default();
-            let first: Vec<String> = missing
-                .iter()
-                .take(5)
-                .map(|(a, b)| format!("{a}..{b}"))
-                .collect();
+            let first: Vec<String> = missing.iter().take(5).map(|(a, b)| format!("{a}..{b}")).collect();
             format!(
-                "{why}; received {got} of {n} blocks, missing blocks {}{}",
+                "{why}; received {got} of {n} blocks, missing blocks {}{} (a rerun resumes)",
                 first.join(", "),
                 if missing.len() > 5 { ", ..." } else { "" }
             )
         } else {
-            why
+            why.clone()
         };
         r.error.get_or_insert(detail);
         if let Some(p) = a.part {
             p.abandon();
         }
     }
-    for (i, _) in queue {
-        results[i].error.get_or_insert_with(|| {
-            session_error
-                .clone()
-                .unwrap_or_else(|| "not started".into())
-        });
+    for i in std::mem::take(&mut s.queue) {
+        s.results[i].error.get_or_insert_with(|| why.clone());
     }
     let stats = conn.stats();
-    report(results, stats, session_error)
+    report(s, stats, session_error, via_stream)
 }
 
 /// Errors do not repeat the path: the report already names the file.
-fn open_source(path: &PathBuf) -> Result<(File, u64), String> {
+fn open_source(path: &Path) -> Result<(File, std::fs::Metadata), String> {
     let f = File::open(path).map_err(|e| e.to_string())?;
     let m = f.metadata().map_err(|e| e.to_string())?;
     if !m.is_file() {
         return Err("not a regular file".into());
     }
-    Ok((f, m.len()))
+    Ok((f, m))
 }

@@ -4,6 +4,8 @@
 
 mod batch;
 pub mod client;
+pub mod link;
+mod resume;
 pub mod server;
 
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,23 +1,41 @@
-//! `hayate serve`: many sessions on one UDP socket, files confined beneath `--root`.
+//! `hayate serve`: many sessions on one UDP socket, files confined beneath `--root`; and
+//! `hayate serve --stdio`, the far side of a copy started over ssh: whole file system as the
+//! ssh user sees it, one client, UDP plus the ssh channel as a fallback path, gone when the
+//! channel closes.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
+use hayate_proto::control::{flags, EntryKind as WireKind, MetaEntry, MetaOp};
 use hayate_proto::crypto::Psk;
-use hayate_proto::{BlockSink, BlockSource, Config, Endpoint, Event, Route, XferId};
+use hayate_proto::{BlockSink, BlockSource, Config, Connection, Endpoint, Event, Route, XferId};
 
-use super::{SendBatch, StopFlag};
-use crate::fs::{read_at, PartFile, Root};
-use crate::udp::{RecvBufs, UdpSocket};
+use super::link::{Links, StreamLink};
+use super::resume::{ResumeState, MIN_RESUME_SIZE};
+use super::StopFlag;
+use crate::fs::{self, Entry, EntryKind, FsError, PartFile, Root};
+use crate::udp::UdpSocket;
+
+/// Most entries one listing may return (a runaway tree is an error, not an OOM).
+const MAX_LIST: usize = 4_000_000;
+/// How often the resume state of running receives is written down.
+const STATE_EVERY: Duration = Duration::from_millis(500);
+
+pub enum Scope {
+    /// `--root DIR`: nothing outside it.
+    Confined(PathBuf),
+    /// The far side of an ssh copy: what the ssh user can reach; relative paths from here.
+    WholeFs(PathBuf),
+}
 
 pub struct ServerOptions {
     pub listen: SocketAddr,
-    pub root: PathBuf,
+    pub scope: Scope,
     pub psk: Psk,
     pub proto: Config,
 }
@@ -28,7 +46,14 @@ pub type Log<'a> = &'a mut dyn FnMut(&str);
 struct Incoming {
     part: PartFile,
     path: String,
+    size: u64,
     mode: u32,
+    mtime: i64,
+    flags: u32,
+    /// Missing-range count at the last state save, to skip unchanged saves.
+    saved: Option<u64>,
+    /// A write failed for lack of space: the partial file is removed, not kept.
+    no_space: bool,
 }
 
 /// The files one session is reading and writing.
@@ -41,7 +66,7 @@ struct SessionFiles {
 impl BlockSource for SessionFiles {
     fn read(&mut self, xfer: XferId, offset: u64, buf: &mut [u8]) -> Result<(), String> {
         let f = self.out.get(&xfer).ok_or("transfer not open")?;
-        match read_at(f, offset, buf) {
+        match fs::read_at(f, offset, buf) {
             Ok(n) if n == buf.len() => Ok(()),
             Ok(_) => Err("file shrank while being sent".into()),
             Err(e) => Err(e.to_string()),
@@ -51,139 +76,423 @@ impl BlockSource for SessionFiles {
 
 impl BlockSink for SessionFiles {
     fn write(&mut self, xfer: XferId, offset: u64, data: &[u8]) -> Result<(), String> {
-        let f = self.inc.get(&xfer).ok_or("transfer not open")?;
-        f.part.write_at(offset, data).map_err(|e| e.to_string())
+        let f = self.inc.get_mut(&xfer).ok_or("transfer not open")?;
+        f.part.write_at(offset, data).map_err(|e| {
+            f.no_space |= e.raw_os_error() == Some(libc::ENOSPC);
+            e.to_string()
+        })
+    }
+}
+
+/// Writes down what an incoming file already has, so a rerun can resume it.
+fn save_state(c: &Connection, xfer: XferId, inc: &mut Incoming) {
+    if inc.size < MIN_RESUME_SIZE {
+        return;
+    }
+    let Some(missing) = c.incoming_missing(xfer) else {
+        return;
+    };
+    let key = missing.iter().map(|(a, b)| b - a).sum::<u64>();
+    if inc.saved == Some(key) {
+        return;
+    }
+    let st = ResumeState::from_missing(inc.size, inc.mtime, c.block_size() as u64, &missing);
+    if inc.part.save_state(&st.encode()).is_ok() {
+        inc.saved = Some(key);
+    }
+}
+
+/// Block ranges of `part` already holding the offered file's bytes, from its state file.
+pub(crate) fn resumable(part: &PartFile, size: u64, mtime: i64, block: u64) -> Vec<(u64, u64)> {
+    if part.existing_len() == 0 || size < MIN_RESUME_SIZE {
+        return Vec::new();
+    }
+    match part.load_state().and_then(|d| ResumeState::decode(&d)) {
+        Some(st) if st.size == size && st.mtime == mtime => st.have_blocks(block),
+        _ => Vec::new(),
+    }
+}
+
+pub(crate) fn to_wire(e: Entry) -> MetaEntry {
+    MetaEntry {
+        path: e.path,
+        kind: match e.kind {
+            EntryKind::File => WireKind::File,
+            EntryKind::Dir => WireKind::Dir,
+            EntryKind::Symlink => WireKind::Symlink,
+            EntryKind::Other => WireKind::Other,
+        },
+        size: e.size,
+        mode: e.mode,
+        mtime: e.mtime,
+        target: e.target,
+    }
+}
+
+pub(crate) fn systime(secs: i64) -> SystemTime {
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::from_secs(secs as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
+    }
+}
+
+/// The mode a received file or directory gets: exact with `-p`, else masked by the umask.
+pub(crate) fn dest_mode(mode: u32, flags: u32) -> u32 {
+    if flags & flags::PRESERVE != 0 {
+        mode & 0o777
+    } else {
+        mode & 0o777 & !fs::umask()
     }
 }
 
 /// Runs until `stop` is set. Partial uploads stay under their `.hayate-part` names.
 pub fn serve(opts: ServerOptions, stop: StopFlag, log: Log<'_>) -> anyhow::Result<()> {
-    let root = Root::open(&opts.root).map_err(|e| anyhow::anyhow!("--root: {e}"))?;
     let sock = UdpSocket::bind(opts.listen)
         .with_context(|| format!("cannot listen on {}", opts.listen))?;
-    let _ = crate::clock::set_timer_slack_ns(1);
+    let mut srv = Server::new(&opts)?;
     log(&format!(
         "listening on {} (root {}, receive buffer {} KiB)",
         sock.local_addr()?,
-        opts.root.display(),
+        srv.shown_root,
         sock.recv_buffer_size() / 1024
     ));
-    let mut ep = Endpoint::new(opts.psk.clone(), opts.proto.clone(), Instant::now());
-    let mut files: HashMap<u64, SessionFiles> = HashMap::new();
-    let mut rbufs = RecvBufs::new(32);
-    let max_dgram = 65536;
-    let mut batch = SendBatch::new(max_dgram, 64);
+    let mut links = Links::new(Some(sock), None);
+    srv.run(&mut links, &stop, log, |_| false)?;
+    srv.shutdown(&mut links, log);
+    Ok(())
+}
 
-    while !stop.is_stopped() {
-        let now = Instant::now();
-        sock.recv_batch(&mut rbufs)?;
-        for (from, d) in rbufs.datagrams() {
-            match ep.route(now, from, d) {
-                Route::Conn(cid) => {
-                    let f = files.entry(cid).or_default();
-                    if let Some(c) = ep.conn_mut(cid) {
-                        c.handle_datagram(now, d, f);
+/// The far side of an ssh copy: binds a UDP port from `ports`, prints the banner with a fresh
+/// session key through `announce` (stdout, read by the client over ssh), then serves the one
+/// client over UDP or over the channel (`chan_in`/`chan_out`), until the channel closes.
+pub fn serve_stdio(
+    scope: Scope,
+    proto: Config,
+    ports: (u16, u16),
+    chan: (std::os::fd::OwnedFd, std::os::fd::OwnedFd),
+    announce: &mut dyn FnMut(u16, &Psk) -> std::io::Result<()>,
+    stop: StopFlag,
+    log: Log<'_>,
+) -> anyhow::Result<()> {
+    let mut sock = None;
+    let mut last_err = None;
+    for port in ports.0..=ports.1 {
+        // Dual-stack: IPv6 any accepts IPv4 clients through mapped addresses.
+        let v6: SocketAddr = (std::net::Ipv6Addr::UNSPECIFIED, port).into();
+        let v4: SocketAddr = (std::net::Ipv4Addr::UNSPECIFIED, port).into();
+        match UdpSocket::bind(v6).or_else(|_| UdpSocket::bind(v4)) {
+            Ok(s) => {
+                sock = Some(s);
+                break;
+            }
+            Err(e) => last_err = Some(e),
+        }
+    }
+    let sock = sock.with_context(|| {
+        format!(
+            "no free UDP port in {}-{}: {}",
+            ports.0,
+            ports.1,
+            last_err.map(|e| e.to_string()).unwrap_or_default()
+        )
+    })?;
+    let port = sock.local_addr()?.port();
+    let psk = Psk::generate();
+    let opts = ServerOptions {
+        listen: sock.local_addr()?,
+        scope,
+        psk: psk.clone(),
+        proto,
+    };
+    let mut srv = Server::new(&opts)?;
+    announce(port, &psk).context("cannot write to the ssh channel")?;
+    let stream = StreamLink::new(chan.0, chan.1, Vec::new())?;
+    let mut links = Links::new(Some(sock), Some(stream));
+    let started = Instant::now();
+    srv.run(&mut links, &stop, log, |srv| {
+        // Channel closed: the client is gone (done, or killed). A client that never
+        // connects is given up on after a while too.
+        srv.ever_connected = srv.ever_connected || srv.sessions() > 0;
+        !srv.ever_connected && started.elapsed() > Duration::from_secs(120)
+    })?;
+    srv.shutdown(&mut links, log);
+    Ok(())
+}
+
+struct Server {
+    root: Root,
+    shown_root: String,
+    ep: Endpoint,
+    files: HashMap<u64, SessionFiles>,
+    ever_connected: bool,
+}
+
+impl Server {
+    fn new(opts: &ServerOptions) -> anyhow::Result<Self> {
+        let (root, shown_root) = match &opts.scope {
+            Scope::Confined(dir) => (
+                Root::open(dir).map_err(|e| anyhow::anyhow!("--root: {e}"))?,
+                dir.display().to_string(),
+            ),
+            Scope::WholeFs(cwd) => (
+                Root::whole_fs(cwd).map_err(|e| anyhow::anyhow!("{e}"))?,
+                "/".to_string(),
+            ),
+        };
+        Ok(Self {
+            root,
+            shown_root,
+            ep: Endpoint::new(opts.psk.clone(), opts.proto.clone(), Instant::now()),
+            files: HashMap::new(),
+            ever_connected: false,
+        })
+    }
+
+    fn sessions(&self) -> usize {
+        self.ep.cids().len()
+    }
+
+    fn run(
+        &mut self,
+        links: &mut Links,
+        stop: &StopFlag,
+        log: Log<'_>,
+        mut give_up: impl FnMut(&mut Self) -> bool,
+    ) -> anyhow::Result<()> {
+        let mut last_state = Instant::now();
+        while !stop.is_stopped() && !links.stream_eof() && !give_up(self) {
+            let now = Instant::now();
+            let mut replies: Vec<(SocketAddr, Vec<u8>)> = Vec::new();
+            {
+                let (ep, files) = (&mut self.ep, &mut self.files);
+                links.recv(&mut |from, d| match ep.route(now, from, d) {
+                    Route::Conn(cid) => {
+                        let f = files.entry(cid).or_default();
+                        if let Some(c) = ep.conn_mut(cid) {
+                            c.handle_datagram(now, d, f);
+                        }
+                    }
+                    Route::NewConn(cid, reply) => {
+                        files.insert(cid, SessionFiles::default());
+                        replies.push((from, reply));
+                    }
+                    Route::Reply(reply) => replies.push((from, reply)),
+                    Route::Drop => {}
+                })?;
+            }
+            for (to, r) in replies {
+                links.send_one(to, &r);
+            }
+
+            let save_states = now.duration_since(last_state) >= STATE_EVERY;
+            if save_states {
+                last_state = now;
+            }
+            let mut next = now + Duration::from_millis(200);
+            let mut busy_offers = Vec::new();
+            let drops = links.kernel_drops();
+            for cid in self.ep.cids() {
+                let addr = self.ep.conn_addr(cid).expect("listed");
+                let f = self.files.entry(cid).or_default();
+                let c = self.ep.conn_mut(cid).expect("listed");
+                c.set_receiver_state(0, drops);
+                if c.poll_timeout(now).is_some_and(|t| t <= now) {
+                    c.handle_timeout(now);
+                }
+                while let Some(ev) = c.poll_event() {
+                    if let Some(busy) = on_event(&self.root, c, f, ev, addr, log, false) {
+                        busy_offers.push((cid, busy));
                     }
                 }
-                Route::NewConn(cid, reply) => {
-                    files.insert(cid, SessionFiles::default());
-                    let _ = sock.send_to(from, &reply);
+                if save_states {
+                    for (x, inc) in f.inc.iter_mut() {
+                        save_state(c, *x, inc);
+                    }
                 }
-                Route::Reply(reply) => {
-                    let _ = sock.send_to(from, &reply);
+                while let Some(n) = c.poll_transmit(now, links.slot(), f) {
+                    links.commit(addr, n);
                 }
-                Route::Drop => {}
+                links.flush();
+                // Events raised while transmitting (a read error) are handled next round.
+                if let Some(t) = c.poll_timeout(now) {
+                    next = next.min(t);
+                }
+            }
+            for (cid, ev) in busy_offers {
+                self.supersede(cid, ev, log);
+            }
+            for cid in self.ep.reap(now) {
+                if let Some(f) = self.files.remove(&cid) {
+                    abandon(f, log);
+                }
+            }
+            if next > Instant::now() {
+                links.wait_until(next)?;
             }
         }
+        Ok(())
+    }
 
-        let mut next = now + Duration::from_millis(200);
-        for cid in ep.cids() {
-            let addr = ep.conn_addr(cid).expect("listed");
-            let f = files.entry(cid).or_default();
-            let c = ep.conn_mut(cid).expect("listed");
-            c.set_receiver_state(0, sock.kernel_drops());
-            if c.poll_timeout(now).is_some_and(|t| t <= now) {
-                c.handle_timeout(now);
+    /// An upload whose temp file another session of ours still writes (a client killed and
+    /// rerun before its old session timed out): the old receive gives way, keeping its
+    /// resume state, and the new one takes over. Then the offer is handled again, waiting a
+    /// little if another process holds the file.
+    fn supersede(&mut self, cid: u64, ev: Event, log: Log<'_>) {
+        let Event::Offered { path, .. } = &ev else {
+            return;
+        };
+        let norm = |p: &str| p.split('/').filter(|c| !c.is_empty() && *c != ".").collect::<Vec<_>>().join("/");
+        let want = norm(path);
+        for other in self.ep.cids() {
+            if other == cid {
+                continue;
             }
-            while let Some(ev) = c.poll_event() {
-                on_event(&root, c, f, ev, addr, log);
-            }
-            while let Some(n) = c.poll_transmit(now, batch.slot(), f) {
-                batch.commit(&sock, addr, n);
-            }
-            batch.flush(&sock);
-            // Events raised while transmitting (a read error) are handled next round.
-            if let Some(t) = c.poll_timeout(now) {
-                next = next.min(t);
+            let (Some(f), Some(c)) = (self.files.get_mut(&other), self.ep.conn_mut(other)) else {
+                continue;
+            };
+            let old: Vec<XferId> = f
+                .inc
+                .iter()
+                .filter(|(_, i)| norm(&i.path) == want)
+                .map(|(x, _)| *x)
+                .collect();
+            for x in old {
+                if let Some(mut inc) = f.inc.remove(&x) {
+                    inc.saved = None;
+                    save_state(c, x, &mut inc);
+                    log(&format!("{}: superseded by a newer upload of the same file", inc.path));
+                    inc.part.abandon();
+                    c.reject(x, "superseded by a newer upload of the same file");
+                }
             }
         }
-        for cid in ep.reap(now) {
-            if let Some(f) = files.remove(&cid) {
-                abandon(f, log);
+        let addr = self.ep.conn_addr(cid);
+        let (Some(addr), Some(f), Some(c)) = (addr, self.files.get_mut(&cid), self.ep.conn_mut(cid)) else {
+            return;
+        };
+        on_event(&self.root, c, f, ev, addr, log, true);
+    }
+
+    fn shutdown(&mut self, links: &mut Links, log: Log<'_>) {
+        let now = Instant::now();
+        for cid in self.ep.cids() {
+            let addr = self.ep.conn_addr(cid).expect("listed");
+            let f = self.files.entry(cid).or_default();
+            if let Some(c) = self.ep.conn_mut(cid) {
+                for (x, inc) in f.inc.iter_mut() {
+                    inc.saved = None;
+                    save_state(c, *x, inc);
+                }
+                c.close(now, 1, "server shutting down");
+                while let Some(n) = c.poll_transmit(now, links.slot(), f) {
+                    links.commit(addr, n);
+                }
+                links.flush();
             }
         }
-        if next > Instant::now() {
-            crate::clock::wait_readable_until(&sock, next)?;
+        for (_, f) in self.files.drain() {
+            abandon(f, log);
         }
     }
-    log("stopping: closing sessions");
-    let now = Instant::now();
-    for cid in ep.cids() {
-        let addr = ep.conn_addr(cid).expect("listed");
-        if let Some(c) = ep.conn_mut(cid) {
-            c.close(now, 1, "server shutting down");
-            let f = files.entry(cid).or_default();
-            while let Some(n) = c.poll_transmit(now, batch.slot(), f) {
-                batch.commit(&sock, addr, n);
-            }
-            batch.flush(&sock);
-        }
-    }
-    for (_, f) in files.drain() {
-        abandon(f, log);
-    }
-    Ok(())
 }
 
 fn abandon(f: SessionFiles, log: Log<'_>) {
     for (_, inc) in f.inc {
         log(&format!(
-            "incomplete upload kept as {}",
+            "incomplete upload kept as {} (a rerun resumes it)",
             inc.part.part_name()
         ));
         inc.part.abandon();
     }
 }
 
+/// Opens the temp file for an upload. With `wait`, a temp file another process still holds
+/// (the far side of a killed copy, not yet gone) is waited for briefly.
+fn open_part(root: &Root, path: &str, size: u64, wait: bool) -> Result<PartFile, FsError> {
+    let mut tries = 0;
+    loop {
+        match root.create_part(path, size) {
+            Err(FsError::Busy(_)) if wait && tries < 50 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Handles one session event. Returns an offer it could not take yet because its temp file
+/// is busy (and `retry` was false), for [`Server::supersede`].
 fn on_event(
     root: &Root,
-    c: &mut hayate_proto::Connection,
+    c: &mut Connection,
     f: &mut SessionFiles,
     ev: Event,
     addr: SocketAddr,
     log: Log<'_>,
-) {
+    retry: bool,
+) -> Option<Event> {
     match ev {
         Event::Connected => log(&format!("{addr}: session {:016x} established", c.my_cid())),
         Event::Offered {
             xfer,
-            path,
+            ref path,
             size,
             mode,
-            ..
-        } => match root.create_part(&path, size) {
-            Ok(part) => {
-                f.inc.insert(xfer, Incoming { part, path, mode });
-                c.accept(xfer, &[]);
+            mtime,
+            flags,
+            hash,
+        } => {
+            let part = match open_part(root, path, size, retry) {
+                Ok(p) => p,
+                Err(FsError::Busy(_)) if !retry => return Some(ev),
+                Err(e) => {
+                    log(&format!("{addr}: refused upload: {e}"));
+                    c.reject(xfer, &e.to_string());
+                    return None;
+                }
+            };
+            let path = path.clone();
+            if let Some(reason) = skip_reason(root, &path, &part, size, flags, hash) {
+                c.skip(xfer, &reason);
+                if part.existing_len() == 0 {
+                    part.discard();
+                } else {
+                    part.abandon();
+                }
+                return None;
             }
-            Err(e) => {
-                log(&format!("{addr}: refused upload: {e}"));
-                c.reject(xfer, &e.to_string());
-            }
-        },
-        Event::GetRequested { xfer, path } => match root.open_read(&path) {
+            let have = resumable(&part, size, mtime, c.block_size() as u64);
+            f.inc.insert(
+                xfer,
+                Incoming {
+                    part,
+                    path,
+                    size,
+                    mode,
+                    mtime,
+                    flags,
+                    saved: None,
+                    no_space: false,
+                },
+            );
+            c.accept(xfer, &have);
+        }
+        Event::GetRequested { xfer, path, flags } => match root.open_read(&path) {
             Ok((file, meta)) => {
-                c.offer(xfer, &path, meta.len(), meta.mode(), meta.mtime());
+                let hash = if flags & flags::UPDATE != 0 {
+                    match fs::hash_file(&file) {
+                        Ok(h) => Some(*h.as_bytes()),
+                        Err(e) => {
+                            c.reject(xfer, &format!("{path}: {e}"));
+                            return None;
+                        }
+                    }
+                } else {
+                    None
+                };
+                c.offer_ext(xfer, &path, meta.len(), meta.mode(), meta.mtime(), flags, hash);
                 f.out.insert(xfer, file);
             }
             Err(e) => {
@@ -191,13 +500,29 @@ fn on_event(
                 c.reject(xfer, &e.to_string());
             }
         },
+        Event::MetaRequested { id, op } => {
+            let result = match op {
+                MetaOp::List { path, recursive } => root
+                    .list(&path, recursive, MAX_LIST)
+                    .map(|v| v.into_iter().map(to_wire).collect()),
+                MetaOp::Mkdir { path, mode } => root.mkdirs(&path, mode).map(|()| Vec::new()),
+                MetaOp::Symlink { path, target } => {
+                    root.symlink(&path, &target).map(|()| Vec::new())
+                }
+                MetaOp::SetMeta { path, mode, mtime } => root
+                    .set_meta(&path, mode, mtime.map(|t| (t, 0)))
+                    .map(|()| Vec::new()),
+            };
+            c.meta_reply(id, result.map_err(|e| e.to_string()));
+        }
         Event::IncomingComplete { xfer, blake3 } => {
             let Some(inc) = f.inc.remove(&xfer) else {
-                return;
+                return None;
             };
             let result = match inc.part.hash() {
                 Ok(h) if *h.as_bytes() == blake3 => {
-                    match inc.part.commit(Some(inc.mode & 0o777), None) {
+                    let mtime = (inc.flags & flags::PRESERVE != 0).then(|| systime(inc.mtime));
+                    match inc.part.commit(Some(dest_mode(inc.mode, inc.flags)), mtime) {
                         Ok(()) => {
                             log(&format!("{addr}: received {} (verified)", inc.path));
                             Ok(blake3)
@@ -206,7 +531,7 @@ fn on_event(
                     }
                 }
                 Ok(_) => {
-                    inc.part.abandon();
+                    inc.part.discard();
                     Err("BLAKE3 mismatch: the data written differs from the source".into())
                 }
                 Err(e) => Err(format!("cannot read back for verification: {e}")),
@@ -217,9 +542,16 @@ fn on_event(
             c.finish_incoming(xfer, result);
         }
         Event::IncomingFailed { xfer, reason } => {
-            if let Some(inc) = f.inc.remove(&xfer) {
+            if let Some(mut inc) = f.inc.remove(&xfer) {
                 log(&format!("{addr}: upload {} failed: {reason}", inc.path));
-                inc.part.abandon();
+                if inc.no_space {
+                    // Keeping it would leave the disk full for everything else.
+                    inc.part.discard();
+                } else {
+                    inc.saved = None;
+                    save_state(c, xfer, &mut inc);
+                    inc.part.abandon();
+                }
             }
         }
         Event::OutgoingDone { xfer, result } => {
@@ -230,12 +562,16 @@ fn on_event(
         }
         Event::Rejected { xfer, reason } => {
             f.out.remove(&xfer);
-            if let Some(inc) = f.inc.remove(&xfer) {
+            if let Some(mut inc) = f.inc.remove(&xfer) {
+                save_state(c, xfer, &mut inc);
                 inc.part.abandon();
             }
             log(&format!("{addr}: client aborted a transfer: {reason}"));
         }
-        Event::Bye => {}
+        Event::Skipped { xfer, .. } => {
+            f.out.remove(&xfer);
+        }
+        Event::Bye | Event::MetaReplied { .. } => {}
         Event::Closed { error } => {
             let s = c.stats();
             match error {
@@ -245,10 +581,41 @@ fn on_event(
                 )),
                 Some(e) => log(&format!("{addr}: session ended: {e}")),
             }
-            for (_, inc) in f.inc.drain() {
+            for (x, mut inc) in f.inc.drain() {
+                inc.saved = None;
+                save_state(c, x, &mut inc);
                 inc.part.abandon();
             }
             f.out.clear();
         }
     }
+    None
+}
+
+/// Why an offered file need not be received at all (`--no-clobber`, `--update`).
+pub(crate) fn skip_reason(
+    root: &Root,
+    path: &str,
+    part: &PartFile,
+    size: u64,
+    flags: u32,
+    hash: Option<[u8; 32]>,
+) -> Option<String> {
+    if flags & (flags::NO_CLOBBER | flags::UPDATE) == 0 {
+        return None;
+    }
+    let existing = part.final_exists()?;
+    if flags & flags::NO_CLOBBER != 0 {
+        return Some("destination exists (--no-clobber)".into());
+    }
+    let want = hash?;
+    if existing.kind != EntryKind::File || existing.size != size {
+        return None;
+    }
+    let same = root
+        .open_read(path)
+        .ok()
+        .and_then(|(f, _)| fs::hash_file(&f).ok())
+        .is_some_and(|h| *h.as_bytes() == want);
+    same.then(|| "identical at the destination (--update)".into())
 }

@@ -1,27 +1,70 @@
-//! `hayate cp`: scp-like copies to and from a `hayate serve`.
+//! `hayate cp`: scp's command line. `[user@]host:path` starts the far side through the user's
+//! own ssh (`hayate serve --stdio`, a fresh session key over the channel, no key files);
+//! `hayate://host:port/path` talks to a running `hayate serve`.
 
-use std::net::{SocketAddr, ToSocketAddrs};
-use std::path::{Path, PathBuf};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use hayate_io::driver::client::{self, ClientOptions, Transfer};
+use hayate_io::driver::client::{self, ClientOptions, Job, Transport};
+use hayate_io::driver::link::StreamLink;
 use hayate_io::driver::StopFlag;
+use hayate_io::ssh::{shell_quote, split_command, SshChild, SshSpec};
 use hayate_proto::cc::RateConfig;
+use hayate_proto::control::flags;
+use hayate_proto::crypto::Psk;
 use hayate_proto::Config;
 
+use super::location::{parse_location, Location};
+use super::serve::{parse_port_range, DEFAULT_PORT_RANGE};
 use crate::output::Output;
 use crate::units::parse_rate;
 use crate::KeyArgs;
 
 pub const DEFAULT_PORT: u16 = 5300;
+/// Version of the ssh banner and protocol this build speaks.
+const BANNER_VERSION: u32 = 1;
 
 #[derive(Args, Debug)]
 pub struct CpArgs {
-    /// SRC... DST, where either the sources or DST are hayate://HOST[:PORT]/PATH
+    /// SRC... DST as with scp: [USER@]HOST:PATH (over ssh), hayate://HOST[:PORT]/PATH (a
+    /// running `hayate serve`), or a local path; one side local, the other remote
     #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
     pub paths: Vec<String>,
+    /// Copy directories with everything beneath them (links are copied as links)
+    #[arg(short, long)]
+    pub recursive: bool,
+    /// Preserve modification times and modes
+    #[arg(short, long)]
+    pub preserve: bool,
+    /// Never overwrite an existing destination file
+    #[arg(short = 'n', long)]
+    pub no_clobber: bool,
+    /// Skip files whose destination is already identical (compared by BLAKE3)
+    #[arg(short, long, conflicts_with = "no_clobber")]
+    pub update: bool,
+    /// The ssh command and its options, as with rsync -e (e.g. 'ssh -i key -o Foo=bar')
+    #[arg(short = 'e', long = "ssh", value_name = "CMD", default_value = "ssh")]
+    pub ssh: String,
+    /// ssh port (scp's -P)
+    #[arg(short = 'P', long = "ssh-port", value_name = "PORT")]
+    pub ssh_port: Option<u16>,
+    /// ssh jump host (scp's -J)
+    #[arg(short = 'J', long, value_name = "[USER@]HOST")]
+    pub jump: Option<String>,
+    /// hayate's path on the far side, if it is not on the PATH there
+    #[arg(long, value_name = "PATH", default_value = "hayate")]
+    pub remote_path: String,
+    /// UDP ports the far side may listen on (open these in its firewall)
+    #[arg(long, value_name = "LOW-HIGH", default_value = DEFAULT_PORT_RANGE, value_parser = parse_port_range)]
+    pub port_range: (u16, u16),
+    /// Carry the data over the ssh channel instead of UDP (for paths that block UDP)
+    #[arg(long)]
+    pub via_ssh: bool,
+    /// Seconds without a UDP answer before falling back to the ssh channel
+    #[arg(long, default_value_t = 3.0, value_name = "SECS")]
+    pub udp_timeout: f64,
     #[command(flatten)]
     pub key: KeyArgs,
     /// Rate cap in bits/s (k/M/G suffixes); `max` = no cap. The rate itself is found
@@ -46,186 +89,267 @@ pub struct CpArgs {
     /// No progress bar, no summary: only errors
     #[arg(short, long)]
     pub quiet: bool,
-    /// Seconds to wait for the server to answer
+    /// Seconds to wait for the far side to answer (ssh login not included)
     #[arg(long, default_value_t = 5.0, value_name = "SECS")]
     pub connect_timeout: f64,
 }
 
-/// A parsed `hayate://host:port/path`.
+/// Where the far side is.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Remote {
-    pub host: String,
-    pub port: u16,
-    pub path: String,
+pub enum Far {
+    Ssh { user: Option<String>, host: String },
+    Daemon { host: String, port: u16 },
 }
 
-pub fn parse_remote(s: &str) -> Option<Result<Remote, String>> {
-    let rest = s.strip_prefix("hayate://")?;
-    Some((|| {
-        let (hostport, path) = rest.split_once('/').unwrap_or((rest, ""));
-        let (host, port) = if let Some(h) = hostport.strip_prefix('[') {
-            let (h, p) = h
-                .split_once(']')
-                .ok_or_else(|| format!("{s}: unclosed [ in IPv6 address"))?;
-            (h.to_string(), p.strip_prefix(':'))
-        } else {
-            match hostport.rsplit_once(':') {
-                Some((h, p)) => (h.to_string(), Some(p)),
-                None => (hostport.to_string(), None),
-            }
-        };
-        if host.is_empty() {
-            return Err(format!("{s}: no host"));
-        }
-        let port = match port {
-            None | Some("") => DEFAULT_PORT,
-            Some(p) => p.parse().map_err(|_| format!("{s}: bad port {p:?}"))?,
-        };
-        Ok(Remote {
-            host,
-            port,
-            path: path.to_string(),
-        })
-    })())
-}
-
-fn resolve(r: &Remote) -> anyhow::Result<SocketAddr> {
-    (r.host.as_str(), r.port)
-        .to_socket_addrs()
-        .with_context(|| format!("cannot resolve {}", r.host))?
-        .next()
-        .with_context(|| format!("no address for {}", r.host))
-}
-
-fn basename(p: &str) -> String {
-    p.trim_end_matches('/')
-        .rsplit('/')
-        .next()
-        .unwrap_or_default()
-        .to_string()
-}
-
-/// Work out which files go where.
-pub fn plan(paths: &[String]) -> anyhow::Result<(Remote, Vec<Transfer>)> {
-    let (srcs, dst) = paths.split_at(paths.len() - 1);
-    let dst = &dst[0];
-    let remote_srcs: Vec<_> = srcs.iter().filter_map(|s| parse_remote(s)).collect();
-    match parse_remote(dst) {
-        Some(r) => {
-            let r = r.map_err(anyhow::Error::msg)?;
-            if !remote_srcs.is_empty() {
-                bail!("copying between two remote places is not supported: one side must be local");
-            }
-            let into_dir = srcs.len() > 1 || r.path.is_empty() || r.path.ends_with('/');
-            let transfers: Vec<Transfer> = srcs
-                .iter()
-                .map(|s| {
-                    let name = basename(s);
-                    let remote = if into_dir {
-                        if r.path.is_empty() || r.path.ends_with('/') {
-                            format!("{}{}", r.path, name)
-                        } else {
-                            format!("{}/{}", r.path, name)
-                        }
-                    } else {
-                        r.path.clone()
-                    };
-                    Transfer::Upload {
-                        local: PathBuf::from(s),
-                        remote,
-                    }
-                })
-                .collect();
-            refuse_duplicates(&transfers)?;
-            Ok((r, transfers))
-        }
-        None => {
-            if remote_srcs.len() != srcs.len() {
-                bail!("one side must be remote (hayate://HOST:PORT/PATH) and the other local");
-            }
-            let remotes: Vec<Remote> = remote_srcs
-                .into_iter()
-                .collect::<Result<_, _>>()
-                .map_err(anyhow::Error::msg)?;
-            let first = remotes[0].clone();
-            if remotes
-                .iter()
-                .any(|r| r.host != first.host || r.port != first.port)
-            {
-                bail!("all remote sources must be on the same server");
-            }
-            let dst_path = Path::new(dst);
-            let into_dir = remotes.len() > 1 || dst.ends_with('/') || dst_path.is_dir();
-            if remotes.len() > 1 && !dst_path.is_dir() {
-                bail!("{dst}: not a directory (several sources need a directory destination)");
-            }
-            let mut transfers = Vec::new();
-            for r in &remotes {
-                if r.path.is_empty() || r.path.ends_with('/') {
-                    bail!(
-                        "hayate://{}:{}/{}: names a directory; give a file path",
-                        r.host,
-                        r.port,
-                        r.path
-                    );
+/// Which side is remote, and the job for the driver.
+pub fn plan(paths: &[String]) -> anyhow::Result<(Far, Job)> {
+    let locs: Vec<Location> = paths
+        .iter()
+        .map(|p| parse_location(p, DEFAULT_PORT).map_err(anyhow::Error::msg))
+        .collect::<Result<_, _>>()?;
+    let (srcs, dst) = locs.split_at(locs.len() - 1);
+    let far_of = |l: &Location| match l {
+        Location::Local(_) => None,
+        Location::Ssh { user, host, path } => Some((
+            Far::Ssh {
+                user: user.clone(),
+                host: host.clone(),
+            },
+            path.clone(),
+        )),
+        Location::Daemon { host, port, path } => Some((
+            Far::Daemon {
+                host: host.clone(),
+                port: *port,
+            },
+            path.clone(),
+        )),
+    };
+    match (&dst[0], far_of(&dst[0])) {
+        (_, Some((far, path))) => {
+            let mut sources = Vec::new();
+            for s in srcs {
+                match s {
+                    Location::Local(p) => sources.push(p.clone()),
+                    _ => bail!(
+                        "copying between two remote places is not supported: one side must be local"
+                    ),
                 }
-                let local = if into_dir {
-                    dst_path.join(basename(&r.path))
-                } else {
-                    dst_path.to_path_buf()
+            }
+            if sources.len() > 1 {
+                let dir = path.trim_end_matches('/');
+                refuse_duplicates(
+                    sources.iter().map(|p| {
+                        let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
+                        (p.display().to_string(), name.unwrap_or_default())
+                    }),
+                    |n| {
+                        if dir.is_empty() {
+                            n.to_string()
+                        } else {
+                            format!("{dir}/{n}")
+                        }
+                    },
+                )?;
+            }
+            Ok((
+                far,
+                Job::Upload {
+                    sources,
+                    dest: path,
+                },
+            ))
+        }
+        (Location::Local(dest), None) => {
+            let mut far: Option<Far> = None;
+            let mut sources = Vec::new();
+            for s in srcs {
+                let Some((f, path)) = far_of(s) else {
+                    bail!("one side must be remote ([USER@]HOST:PATH or hayate://HOST/PATH) and the other local");
                 };
-                transfers.push(Transfer::Download {
-                    remote: r.path.clone(),
-                    local,
+                if far.as_ref().is_some_and(|x| *x != f) {
+                    bail!("all remote sources must be on the same host");
+                }
+                far = Some(f);
+                // The far side's home (or the served root), as scp treats `host:`.
+                sources.push(if path.is_empty() {
+                    ".".to_string()
+                } else {
+                    path
                 });
             }
-            refuse_duplicates(&transfers)?;
-            Ok((first, transfers))
+            let far = far.expect("at least one source");
+            if sources.len() > 1 {
+                refuse_duplicates(
+                    sources.iter().map(|p| {
+                        (
+                            p.clone(),
+                            p.trim_end_matches('/')
+                                .rsplit('/')
+                                .next()
+                                .unwrap_or_default()
+                                .to_string(),
+                        )
+                    }),
+                    |n| dest.join(n).display().to_string(),
+                )?;
+            }
+            Ok((
+                far,
+                Job::Download {
+                    sources,
+                    dest: dest.clone(),
+                },
+            ))
         }
+        _ => unreachable!("a location is local or remote"),
     }
 }
 
-/// Two sources with the same destination would race on one temp file: refuse up front.
-fn refuse_duplicates(transfers: &[Transfer]) -> anyhow::Result<()> {
+/// Several sources land in one directory under their own names: two with the same name
+/// would race on one temp file, so refuse before anything is written.
+fn refuse_duplicates(
+    named: impl Iterator<Item = (String, String)>,
+    dest: impl Fn(&str) -> String,
+) -> anyhow::Result<()> {
     let mut seen = std::collections::HashMap::new();
-    for t in transfers {
-        let (src, dst) = match t {
-            Transfer::Upload { local, remote } => (local.display().to_string(), remote.clone()),
-            Transfer::Download { remote, local } => (remote.clone(), local.display().to_string()),
-        };
-        if let Some(prev) = seen.insert(dst.clone(), src.clone()) {
-            bail!("{prev} and {src} would both be copied to {dst}");
+    for (src, name) in named {
+        if let Some(prev) = seen.insert(name.clone(), src.clone()) {
+            bail!("{prev} and {src} would both be copied to {}", dest(&name));
         }
     }
     Ok(())
 }
 
+fn resolve(host: &str, port: u16) -> anyhow::Result<SocketAddr> {
+    (host, port)
+        .to_socket_addrs()
+        .with_context(|| format!("cannot resolve {host}"))?
+        .next()
+        .with_context(|| format!("no address for {host}"))
+}
+
 pub fn run(a: CpArgs) -> anyhow::Result<i32> {
-    let (remote, transfers) = plan(&a.paths)?;
-    let psk = super::load_key(a.key.key_file.as_deref())?;
-    let server = resolve(&remote)?;
+    let (far, job) = plan(&a.paths)?;
     if !(a.connect_timeout > 0.0 && a.connect_timeout < 3600.0) {
         bail!("--connect-timeout must be between 0 and 3600 seconds");
+    }
+    if !(a.udp_timeout > 0.0 && a.udp_timeout < 3600.0) {
+        bail!("--udp-timeout must be between 0 and 3600 seconds");
     }
     let rate = rate_config(a.rate, a.rate_min, a.fixed)?;
     let stop = StopFlag::new();
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.inner())?;
     }
-    let opts = ClientOptions {
-        server,
-        psk,
-        proto: Config {
-            mtu: a.mtu,
-            rate,
-            idle_timeout: Duration::from_secs(15),
-            connect_timeout: Duration::from_secs_f64(a.connect_timeout),
-        },
+    let proto = Config {
+        mtu: a.mtu,
+        rate,
+        idle_timeout: Duration::from_secs(15),
+        connect_timeout: Duration::from_secs_f64(a.connect_timeout),
     };
+    let mut fl = 0;
+    if a.preserve {
+        fl |= flags::PRESERVE;
+    }
+    if a.no_clobber {
+        fl |= flags::NO_CLOBBER;
+    }
+    if a.update {
+        fl |= flags::UPDATE;
+    }
     let mut out = Output::new(a.quiet, a.json, a.interval);
-    let report = client::run(opts, transfers, stop, &mut |p| out.progress(p));
+
+    let (transport, psk, ssh) = match &far {
+        Far::Daemon { host, port } => {
+            if a.via_ssh {
+                bail!("--via-ssh needs an ssh destination (HOST:PATH), not hayate://");
+            }
+            let psk = super::load_key(a.key.key_file.as_deref())?;
+            (Transport::Udp(resolve(host, *port)?), psk, None)
+        }
+        Far::Ssh { user, host } => {
+            if a.key.key_file.is_some() {
+                bail!("--key-file is for hayate:// servers; over ssh a fresh key is made for each copy");
+            }
+            let (t, psk, child) = start_far_side(&a, user.clone(), host, &mut out)?;
+            (t, psk, Some(child))
+        }
+    };
+    let opts = ClientOptions {
+        path: transport,
+        psk,
+        proto,
+        flags: fl,
+        recursive: a.recursive,
+    };
+    let report = client::run(opts, job, stop, &mut out);
     out.finish(&report);
+    if let Some(child) = ssh {
+        child.finish(Duration::from_secs(5));
+    }
     Ok(if report.all_verified() { 0 } else { 1 })
+}
+
+/// Runs `ssh HOST hayate serve --stdio`, reads its banner, and picks the data path.
+fn start_far_side(
+    a: &CpArgs,
+    user: Option<String>,
+    host: &str,
+    out: &mut Output,
+) -> anyhow::Result<(Transport, Psk, SshChild)> {
+    let command = split_command(&a.ssh).map_err(|e| anyhow::anyhow!("--ssh: {e}"))?;
+    if command.is_empty() {
+        bail!("--ssh: empty command");
+    }
+    let remote_cmd = format!(
+        "{} serve --stdio --port-range {}-{}",
+        shell_quote(&a.remote_path),
+        a.port_range.0,
+        a.port_range.1
+    );
+    let spec = SshSpec {
+        command,
+        port: a.ssh_port,
+        jump: a.jump.clone(),
+        user,
+        host: host.to_string(),
+        remote_cmd,
+    };
+    let mut child = SshChild::spawn(&spec, a.quiet)?;
+    // Long enough for a password prompt or a slow jump host.
+    let banner = child.read_banner(Duration::from_secs(120))?;
+    if banner.version != BANNER_VERSION {
+        bail!(
+            "the far side's hayate speaks version {} and this one {BANNER_VERSION}: install the same hayate on both sides",
+            banner.version
+        );
+    }
+    let psk = Psk::from_bytes(banner.key);
+    let (wr, rd, pending) = child.channel();
+    let stream = StreamLink::new(rd, wr, pending)?;
+    if a.via_ssh {
+        return Ok((Transport::Stream(stream), psk, child));
+    }
+    // The far side's own view of its address (from SSH_CONNECTION) works for ssh aliases;
+    // otherwise resolve the name as given.
+    let ip: Option<IpAddr> = banner
+        .addr
+        .or_else(|| resolve(host, banner.port).ok().map(|s| s.ip()));
+    let t = match ip {
+        Some(ip) => Transport::UdpThenStream {
+            addr: SocketAddr::new(ip, banner.port),
+            stream,
+            after: Duration::from_secs_f64(a.udp_timeout),
+        },
+        None => {
+            out.note_line(&format!(
+                "no address for {host} to send UDP to: carrying the data over the ssh channel (slower)"
+            ));
+            Transport::Stream(stream)
+        }
+    };
+    Ok((t, psk, child))
 }
 
 /// Combine --rate, --rate-min and --fixed into what the engine runs.
@@ -258,34 +382,37 @@ pub fn rate_config(
 mod tests {
     use super::*;
 
-    #[test]
-    fn remotes() {
-        let r = parse_remote("hayate://h:99/a/b").unwrap().unwrap();
-        assert_eq!((r.host.as_str(), r.port, r.path.as_str()), ("h", 99, "a/b"));
-        let r = parse_remote("hayate://[::1]:7/x").unwrap().unwrap();
-        assert_eq!((r.host.as_str(), r.port, r.path.as_str()), ("::1", 7, "x"));
-        let r = parse_remote("hayate://host").unwrap().unwrap();
-        assert_eq!((r.port, r.path.as_str()), (DEFAULT_PORT, ""));
-        assert!(parse_remote("hayate://:5/x").unwrap().is_err());
-        assert!(parse_remote("hayate://h:port/x").unwrap().is_err());
-        assert!(parse_remote("/local").is_none());
+    fn p(v: &[&str]) -> anyhow::Result<(Far, Job)> {
+        plan(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>())
     }
 
     #[test]
     fn planning() {
-        let p = |v: &[&str]| plan(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>());
-        let (_, t) = p(&["a/x.bin", "hayate://h/dir/"]).unwrap();
-        assert!(matches!(&t[0], Transfer::Upload { remote, .. } if remote == "dir/x.bin"));
-        let (_, t) = p(&["a/x.bin", "hayate://h/y.bin"]).unwrap();
-        assert!(matches!(&t[0], Transfer::Upload { remote, .. } if remote == "y.bin"));
-        let (_, t) = p(&["a", "b", "hayate://h/d"]).unwrap();
-        assert!(matches!(&t[1], Transfer::Upload { remote, .. } if remote == "d/b"));
-        let (_, t) = p(&["a", "b", "hayate://h/"]).unwrap();
-        assert!(matches!(&t[1], Transfer::Upload { remote, .. } if remote == "b"));
-        assert!(p(&["x/a", "y/a", "hayate://h/d/"]).is_err());
-        assert!(p(&["hayate://h/x/a", "hayate://h/y/a", "/tmp"]).is_err());
-        assert!(p(&["a", "b"]).is_err());
-        assert!(p(&["hayate://h/a", "hayate://h/b"]).is_err());
-        assert!(p(&["hayate://h/", "out"]).is_err());
+        let (far, job) = p(&["a/x.bin", "b", "me@host:dir/"]).unwrap();
+        assert_eq!(
+            far,
+            Far::Ssh {
+                user: Some("me".into()),
+                host: "host".into()
+            }
+        );
+        assert!(
+            matches!(job, Job::Upload { ref sources, ref dest } if sources.len() == 2 && dest == "dir/")
+        );
+        let (far, job) = p(&["hayate://h:99/x", "hayate://h:99/y", "out"]).unwrap();
+        assert_eq!(
+            far,
+            Far::Daemon {
+                host: "h".into(),
+                port: 99
+            }
+        );
+        assert!(matches!(job, Job::Download { ref sources, .. } if sources == &["x", "y"]));
+        let (_, job) = p(&["host:", "."]).unwrap();
+        assert!(matches!(job, Job::Download { ref sources, .. } if sources == &["."]));
+        assert!(p(&["a", "b"]).is_err(), "both local");
+        assert!(p(&["h1:a", "h2:b", "out"]).is_err(), "two hosts");
+        assert!(p(&["h1:a", "h1:b"]).is_err(), "both remote");
+        assert!(p(&["a", "hayate://h:port/x"]).is_err(), "bad port");
     }
 }

@@ -1,5 +1,6 @@
 pub mod cp;
 pub mod keygen;
+pub mod location;
 pub mod serve;
 
 use std::path::Path;

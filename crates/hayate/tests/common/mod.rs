@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod sshd;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,360 @@
+//! Where a session's datagrams travel: the UDP socket, or — when a firewall blocks UDP — the
+//! ssh channel, each sealed datagram framed with a length prefix. The protocol above cannot
+//! tell the difference: the stream is just a lossless (if full: lossy) datagram path, so the
+//! same encryption, loss maps and verification apply.
+
+use std::collections::VecDeque;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use super::SendBatch;
+use crate::clock::SPIN_MARGIN;
+use crate::udp::{RecvBufs, UdpSocket};
+
+/// The peer address datagrams from the stream appear to come from. No UDP datagram can carry
+/// it (source port 0), and those that claim it are dropped.
+pub const STREAM_PEER: SocketAddr = SocketAddr::V4(SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0));
+
+/// Largest framed datagram accepted from the stream.
+const MAX_FRAME: usize = 65536;
+
+/// Bytes queued towards the stream before further datagrams are dropped. Dropping (instead
+/// of blocking) keeps both ends reading, so two full pipes can never deadlock, and the rate
+/// controller sees the drops as what they are: a path that is full.
+const MAX_QUEUED: usize = 4 << 20;
+
+/// A byte stream (pipe, ssh channel) carrying length-prefixed datagrams.
+pub struct StreamLink {
+    rd: OwnedFd,
+    wr: OwnedFd,
+    inbuf: Vec<u8>,
+    /// Consumed prefix of `inbuf`.
+    inpos: usize,
+    out: VecDeque<u8>,
+    eof: bool,
+    pub dropped: u64,
+}
+
+impl StreamLink {
+    /// `rd`/`wr` are made non-blocking; `pending` is data already read past a banner.
+    pub fn new(rd: OwnedFd, wr: OwnedFd, pending: Vec<u8>) -> io::Result<Self> {
+        set_nonblocking(&rd)?;
+        set_nonblocking(&wr)?;
+        Ok(Self {
+            rd,
+            wr,
+            inbuf: pending,
+            inpos: 0,
+            out: VecDeque::new(),
+            eof: false,
+            dropped: 0,
+        })
+    }
+
+    /// The other end closed (or the framing broke): nothing more will come.
+    pub fn is_eof(&self) -> bool {
+        self.eof
+    }
+
+    /// Queues one datagram; drops it when the queue is full.
+    pub fn send(&mut self, d: &[u8]) {
+        if self.eof {
+            return;
+        }
+        if self.out.len() + d.len() + 4 > MAX_QUEUED {
+            self.dropped += 1;
+            return;
+        }
+        self.out.extend((d.len() as u32).to_be_bytes());
+        self.out.extend(d);
+    }
+
+    /// Writes as much of the queue as the stream takes now.
+    pub fn flush(&mut self) {
+        while !self.out.is_empty() {
+            let (a, _) = self.out.as_slices();
+            // SAFETY: writes from a valid slice to an fd we own.
+            let n = unsafe { libc::write(self.wr.as_raw_fd(), a.as_ptr().cast(), a.len()) };
+            if n > 0 {
+                self.out.drain(..n as usize);
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => {}
+                io::ErrorKind::WouldBlock => return,
+                _ => {
+                    // EPIPE: the far side is gone.
+                    self.eof = true;
+                    self.out.clear();
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Reads what is available and hands out each complete datagram.
+    pub fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &mut [u8])) {
+        let mut chunk = [0u8; 64 * 1024];
+        for _ in 0..64 {
+            // SAFETY: reads into a valid stack buffer from an fd we own.
+            let n = unsafe { libc::read(self.rd.as_raw_fd(), chunk.as_mut_ptr().cast(), chunk.len()) };
+            if n > 0 {
+                self.inbuf.extend_from_slice(&chunk[..n as usize]);
+                continue;
+            }
+            if n == 0 {
+                self.eof = true;
+                break;
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => {}
+                io::ErrorKind::WouldBlock => break,
+                _ => {
+                    self.eof = true;
+                    break;
+                }
+            }
+        }
+        loop {
+            let avail = &mut self.inbuf[self.inpos..];
+            if avail.len() < 4 {
+                break;
+            }
+            let len = u32::from_be_bytes(avail[..4].try_into().expect("4 bytes")) as usize;
+            if len > MAX_FRAME {
+                // Not our framing: stop trusting the stream.
+                self.eof = true;
+                break;
+            }
+            if avail.len() < 4 + len {
+                break;
+            }
+            f(STREAM_PEER, &mut avail[4..4 + len]);
+            self.inpos += 4 + len;
+        }
+        if self.inpos > 0 && (self.inpos == self.inbuf.len() || self.inpos > 1 << 20) {
+            self.inbuf.drain(..self.inpos);
+            self.inpos = 0;
+        }
+    }
+
+    fn wants_write(&self) -> bool {
+        !self.out.is_empty()
+    }
+}
+
+fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
+    // SAFETY: F_GETFL/F_SETFL on an fd we own.
+    unsafe {
+        let fl = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+        if fl < 0 || libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// The paths a driver sends and receives on: a UDP socket, a stream, or both (a far side
+/// started over ssh listens on both until the client picks one).
+pub struct Links {
+    pub udp: Option<UdpSocket>,
+    pub stream: Option<StreamLink>,
+    batch: SendBatch,
+    rbufs: RecvBufs,
+}
+
+impl Links {
+    pub fn new(udp: Option<UdpSocket>, stream: Option<StreamLink>) -> Self {
+        Self {
+            udp,
+            stream,
+            batch: SendBatch::new(65536, 64),
+            rbufs: RecvBufs::new(32),
+        }
+    }
+
+    /// Every datagram that arrived on either path, handed to `f` with its sender.
+    pub fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &mut [u8])) -> io::Result<()> {
+        if let Some(sock) = &self.udp {
+            sock.recv_batch(&mut self.rbufs)?;
+            for (from, d) in self.rbufs.datagrams() {
+                if from != STREAM_PEER {
+                    f(from, d);
+                }
+            }
+        }
+        if let Some(s) = &mut self.stream {
+            s.recv(f);
+        }
+        Ok(())
+    }
+
+    /// Space for the next datagram: write into it, then `commit`.
+    pub fn slot(&mut self) -> &mut [u8] {
+        self.batch.slot()
+    }
+
+    /// Sends the `n` bytes just written into `slot()` to `dest`.
+    pub fn commit(&mut self, dest: SocketAddr, n: usize) {
+        if dest == STREAM_PEER {
+            if let Some(s) = &mut self.stream {
+                s.send(&self.batch.slot()[..n]);
+            }
+        } else if let Some(sock) = &self.udp {
+            self.batch.commit(sock, dest, n);
+        }
+    }
+
+    /// A single datagram outside the batch (handshake replies).
+    pub fn send_one(&mut self, dest: SocketAddr, d: &[u8]) {
+        if dest == STREAM_PEER {
+            if let Some(s) = &mut self.stream {
+                s.send(d);
+                s.flush();
+            }
+        } else if let Some(sock) = &self.udp {
+            let _ = sock.send_to(dest, d);
+        }
+    }
+
+    pub fn flush(&mut self) {
+        if let Some(sock) = &self.udp {
+            self.batch.flush(sock);
+        }
+        if let Some(s) = &mut self.stream {
+            s.flush();
+        }
+    }
+
+    /// Datagrams lost before we could read them: the kernel's receive-queue drops.
+    pub fn kernel_drops(&self) -> u64 {
+        self.udp.as_ref().map_or(0, |s| s.kernel_drops())
+    }
+
+    pub fn stream_eof(&self) -> bool {
+        self.stream.as_ref().is_some_and(|s| s.is_eof())
+    }
+
+    /// Sleeps until a datagram may be waiting on either path or `deadline` passes (µs
+    /// precision: kernel sleep, then a short spin as in `clock::wait_readable_until`).
+    pub fn wait_until(&self, deadline: Instant) -> io::Result<()> {
+        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(3);
+        if let Some(s) = &self.udp {
+            fds.push(pollfd(s.as_fd().as_raw_fd(), libc::POLLIN));
+        }
+        if let Some(s) = &self.stream {
+            if !s.eof {
+                fds.push(pollfd(s.rd.as_raw_fd(), libc::POLLIN));
+                if s.wants_write() {
+                    fds.push(pollfd(s.wr.as_raw_fd(), libc::POLLOUT));
+                }
+            }
+        }
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let timeout = if left > SPIN_MARGIN {
+                left - SPIN_MARGIN
+            } else {
+                Duration::ZERO
+            };
+            let ts = libc::timespec {
+                tv_sec: timeout.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
+                tv_nsec: timeout.subsec_nanos() as _,
+            };
+            // SAFETY: `fds` is a valid array of pollfd of the given length; ts is live.
+            let r = unsafe {
+                libc::ppoll(
+                    fds.as_mut_ptr(),
+                    fds.len() as libc::nfds_t,
+                    &ts,
+                    std::ptr::null(),
+                )
+            };
+            if r > 0 {
+                return Ok(());
+            }
+            if r < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+                continue;
+            }
+            if left.is_zero() {
+                return Ok(());
+            }
+            if timeout.is_zero() {
+                std::thread::yield_now();
+            }
+        }
+    }
+}
+
+fn pollfd(fd: i32, events: libc::c_short) -> libc::pollfd {
+    libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pipe() -> (OwnedFd, OwnedFd) {
+        use std::os::fd::FromRawFd;
+        let mut fds = [0i32; 2];
+        // SAFETY: pipe2 fills two fds we then own.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: fresh fds from pipe2, owned by nobody else.
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+    }
+
+    #[test]
+    fn frames_cross_a_pipe_in_order_and_garbage_ends_the_stream() {
+        let (r1, w1) = pipe();
+        let (r2, w2) = pipe();
+        let mut a = StreamLink::new(r1, w2, Vec::new()).unwrap();
+        let mut b = StreamLink::new(r2, w1, b"\0\0\0\x03xyz".to_vec()).unwrap();
+        for i in 0..100u8 {
+            a.send(&vec![i; i as usize * 7]);
+        }
+        a.flush();
+        let mut got = Vec::new();
+        for _ in 0..10 {
+            b.recv(&mut |from, d| {
+                assert_eq!(from, STREAM_PEER);
+                got.push(d.to_vec());
+            });
+        }
+        assert_eq!(got.len(), 101);
+        assert_eq!(got[0], b"xyz");
+        for i in 0..100u8 {
+            assert_eq!(got[i as usize + 1], vec![i; i as usize * 7]);
+        }
+        // A length beyond any datagram: not hayate framing, stop.
+        a.out.extend([0xff, 0xff, 0xff, 0xff]);
+        a.flush();
+        b.recv(&mut |_, _| panic!("no datagram expected"));
+        assert!(b.is_eof());
+    }
+
+    #[test]
+    fn full_queue_drops_instead_of_blocking() {
+        let (r1, w1) = pipe();
+        let (_r2, w2) = pipe();
+        let mut a = StreamLink::new(r1, w2, Vec::new()).unwrap();
+        drop(w1);
+        let d = vec![0u8; 60000];
+        for _ in 0..200 {
+            a.send(&d);
+            a.flush();
+        }
+        assert!(a.dropped > 0, "12 MB into a 64 KiB pipe nobody reads");
+    }
+}

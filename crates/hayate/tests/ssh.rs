@@ -1,0 +1,558 @@
+//! `hayate cp HOST:PATH` through a real OpenSSH server on loopback (started per test with
+//! throwaway keys): the far side is `hayate serve --stdio`, started by ssh.
+//! Skipped, saying so, where sshd cannot run (no openssh-server, not root).
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::sshd::Sshd;
+use common::{hayate, Run, BIN};
+
+struct Fx {
+    sshd: Sshd,
+    dir: tempfile::TempDir,
+}
+
+impl Fx {
+    fn new() -> Option<Fx> {
+        let sshd = Sshd::start()?;
+        let dir = tempfile::tempdir().expect("tempdir");
+        Some(Fx { sshd, dir })
+    }
+    fn p(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+    /// `user@127.0.0.1:<absolute path>` for a path in our temp dir (the far side is us).
+    fn remote(&self, rel: &str) -> String {
+        format!("{}:{}", self.sshd.target(), self.p(rel).display())
+    }
+    fn cmd(&self) -> Command {
+        let mut c = hayate();
+        c.arg("cp")
+            .arg("-e")
+            .arg(self.sshd.ssh_command())
+            .arg("--remote-path")
+            .arg(BIN);
+        c
+    }
+    fn cp(&self, args: &[&str]) -> Run {
+        run(self.cmd().args(args), Duration::from_secs(120))
+    }
+}
+
+fn run(cmd: &mut Command, limit: Duration) -> Run {
+    let start = Instant::now();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn hayate");
+    let out = loop {
+        if child.try_wait().expect("try_wait").is_some() {
+            break child.wait_with_output().expect("output");
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let o = child.wait_with_output().expect("output");
+            panic!(
+                "hayate cp did not finish within {limit:?}\nstderr:\n{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Run {
+        status: out.status,
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        elapsed: start.elapsed(),
+    }
+}
+
+fn write(path: &Path, len: usize, seed: u8) {
+    if let Some(p) = path.parent() {
+        fs::create_dir_all(p).unwrap();
+    }
+    let data: Vec<u8> = (0..len)
+        .map(|i| (i as u32).wrapping_mul(2654435761).to_le_bytes()[(i % 4)] ^ seed)
+        .collect();
+    fs::write(path, data).unwrap();
+}
+
+fn json(r: &Run) -> serde_json::Value {
+    serde_json::from_str(r.stdout.trim())
+        .unwrap_or_else(|e| panic!("bad JSON ({e}):\n{}\nstderr:\n{}", r.stdout, r.stderr))
+}
+
+macro_rules! fx {
+    () => {
+        match Fx::new() {
+            Some(f) => f,
+            None => return,
+        }
+    };
+}
+
+#[test]
+fn upload_and_download_one_file() {
+    let fx = fx!();
+    write(&fx.p("a.bin"), 3_000_001, 1);
+    fs::create_dir(fx.p("far")).unwrap();
+    let r = fx.cp(&[
+        "--json",
+        fx.p("a.bin").to_str().unwrap(),
+        &fx.remote("far/"),
+    ]);
+    r.assert_ok();
+    let j = json(&r);
+    assert_eq!(j["verified"], true, "{j}");
+    assert_eq!(j["transport"], "udp", "{j}");
+    assert_eq!(
+        fs::read(fx.p("a.bin")).unwrap(),
+        fs::read(fx.p("far/a.bin")).unwrap()
+    );
+
+    let r = fx.cp(&[&fx.remote("far/a.bin"), fx.p("back.bin").to_str().unwrap()]);
+    r.assert_ok();
+    assert_eq!(
+        fs::read(fx.p("a.bin")).unwrap(),
+        fs::read(fx.p("back.bin")).unwrap()
+    );
+}
+
+#[test]
+fn several_files_to_a_directory_and_back() {
+    let fx = fx!();
+    for (i, n) in ["x", "y", "z"].iter().enumerate() {
+        write(&fx.p(&format!("src/{n}")), 10_000 * (i + 1), i as u8);
+    }
+    fs::create_dir(fx.p("far")).unwrap();
+    let srcs: Vec<String> = ["x", "y", "z"]
+        .iter()
+        .map(|n| fx.p(&format!("src/{n}")).display().to_string())
+        .collect();
+    let mut args: Vec<&str> = srcs.iter().map(String::as_str).collect();
+    let dst = fx.remote("far");
+    args.push(&dst);
+    fx.cp(&args).assert_ok();
+    fs::create_dir(fx.p("back")).unwrap();
+    let r1 = fx.remote("far/x");
+    let r2 = fx.remote("far/z");
+    let back = fx.p("back").display().to_string();
+    fx.cp(&[&r1, &r2, &back]).assert_ok();
+    for n in ["x", "z"] {
+        assert_eq!(
+            fs::read(fx.p(&format!("src/{n}"))).unwrap(),
+            fs::read(fx.p(&format!("back/{n}"))).unwrap()
+        );
+    }
+    assert!(!fx.p("back/y").exists());
+}
+
+/// A tree with nested and empty directories, links (inside, dangling, pointing out), odd
+/// modes and old mtimes.
+fn make_tree(root: &Path) {
+    write(&root.join("top.txt"), 1234, 1);
+    write(&root.join("a/b/c/deep.bin"), 200_000, 2);
+    write(&root.join("a/small"), 1, 3);
+    write(&root.join("a/empty-file"), 0, 0);
+    fs::create_dir_all(root.join("empty/dir")).unwrap();
+    std::os::unix::fs::symlink("b/c/deep.bin", root.join("a/link-in")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", root.join("link-out")).unwrap();
+    std::os::unix::fs::symlink("nowhere", root.join("dangling")).unwrap();
+    fs::set_permissions(root.join("a/small"), fs::Permissions::from_mode(0o600)).unwrap();
+    fs::set_permissions(root.join("top.txt"), fs::Permissions::from_mode(0o755)).unwrap();
+    fs::set_permissions(root.join("a/b"), fs::Permissions::from_mode(0o700)).unwrap();
+    for (i, p) in [
+        "top.txt",
+        "a/b/c/deep.bin",
+        "a/small",
+        "a/empty-file",
+        "empty/dir",
+        "empty",
+        "a/b/c",
+        "a/b",
+        "a",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let t = std::time::UNIX_EPOCH + Duration::from_secs(1_500_000_000 + i as u64 * 1000);
+        let f = fs::File::open(root.join(p)).unwrap();
+        f.set_times(fs::FileTimes::new().set_modified(t)).unwrap();
+    }
+}
+
+/// Every entry beneath `root`: (relative path, kind, content or link target, mode, mtime).
+fn snapshot(root: &Path) -> Vec<(String, char, Vec<u8>, u32, i64)> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).unwrap() {
+            let p = e.unwrap().path();
+            let m = fs::symlink_metadata(&p).unwrap();
+            let rel = p.strip_prefix(root).unwrap().display().to_string();
+            if m.file_type().is_symlink() {
+                let t = fs::read_link(&p).unwrap();
+                out.push((rel, 'l', t.as_os_str().as_encoded_bytes().to_vec(), 0, 0));
+            } else if m.is_dir() {
+                out.push((rel, 'd', Vec::new(), m.mode() & 0o777, m.mtime()));
+                stack.push(p);
+            } else {
+                out.push((rel, 'f', fs::read(&p).unwrap(), m.mode() & 0o777, m.mtime()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn tree_upload_and_download_keep_content_links_modes_and_mtimes() {
+    let fx = fx!();
+    make_tree(&fx.p("tree"));
+    let want = snapshot(&fx.p("tree"));
+    assert!(want.len() >= 12);
+
+    // Upload into a directory that does not exist yet: it becomes the copy (scp -r).
+    let r = fx.cp(&[
+        "-r",
+        "-p",
+        "--json",
+        fx.p("tree").to_str().unwrap(),
+        &fx.remote("far"),
+    ]);
+    r.assert_ok();
+    assert_eq!(snapshot(&fx.p("far")), want, "uploaded tree differs");
+    // Links were copied as links, never followed.
+    assert!(fs::symlink_metadata(fx.p("far/link-out"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+
+    // Download into an existing directory: lands under the source's name.
+    fs::create_dir(fx.p("back")).unwrap();
+    let r = fx.cp(&[
+        "-r",
+        "-p",
+        &fx.remote("far"),
+        fx.p("back").to_str().unwrap(),
+    ]);
+    r.assert_ok();
+    assert_eq!(snapshot(&fx.p("back/far")), want, "downloaded tree differs");
+}
+
+#[test]
+fn directory_without_r_is_refused() {
+    let fx = fx!();
+    write(&fx.p("d/f"), 10, 0);
+    let r = fx.cp(&[fx.p("d").to_str().unwrap(), &fx.remote("x")]);
+    assert!(!r.ok());
+    assert!(r.stderr.contains("use -r"), "{}", r.stderr);
+    let r = fx.cp(&[&fx.remote("d"), fx.p("y").to_str().unwrap()]);
+    assert!(!r.ok());
+    assert!(r.stderr.contains("use -r"), "{}", r.stderr);
+}
+
+#[test]
+fn no_clobber_and_update_skip_and_say_so() {
+    let fx = fx!();
+    write(&fx.p("f"), 5_000_000, 7);
+    fs::create_dir(fx.p("far")).unwrap();
+    fx.cp(&[fx.p("f").to_str().unwrap(), &fx.remote("far/f")])
+        .assert_ok();
+    // Same content: --update sends nothing.
+    let r = fx.cp(&[
+        "--update",
+        "--json",
+        fx.p("f").to_str().unwrap(),
+        &fx.remote("far/f"),
+    ]);
+    r.assert_ok();
+    let j = json(&r);
+    assert_eq!(j["skipped"], 1, "{j}");
+    assert!(j["data_bytes_sent"].as_u64().unwrap() < 100_000, "{j}");
+    // Different content, --no-clobber: left alone.
+    write(&fx.p("f"), 5_000_000, 8);
+    let r = fx.cp(&[
+        "-n",
+        "--json",
+        fx.p("f").to_str().unwrap(),
+        &fx.remote("far/f"),
+    ]);
+    r.assert_ok();
+    assert_eq!(json(&r)["skipped"], 1);
+    assert_ne!(
+        fs::read(fx.p("f")).unwrap(),
+        fs::read(fx.p("far/f")).unwrap()
+    );
+    // Different content, --update: copied.
+    let r = fx.cp(&[
+        "-u",
+        "--json",
+        fx.p("f").to_str().unwrap(),
+        &fx.remote("far/f"),
+    ]);
+    r.assert_ok();
+    assert_eq!(json(&r)["skipped"], 0);
+    assert_eq!(
+        fs::read(fx.p("f")).unwrap(),
+        fs::read(fx.p("far/f")).unwrap()
+    );
+    // Default: overwrite.
+    write(&fx.p("f"), 1000, 9);
+    fx.cp(&[fx.p("f").to_str().unwrap(), &fx.remote("far/f")])
+        .assert_ok();
+    assert_eq!(
+        fs::read(fx.p("f")).unwrap(),
+        fs::read(fx.p("far/f")).unwrap()
+    );
+}
+
+#[test]
+fn killed_upload_resumes_and_sends_only_the_rest() {
+    let fx = fx!();
+    let size = 256usize << 20;
+    write(&fx.p("big"), size, 5);
+    fs::create_dir(fx.p("far")).unwrap();
+    // Capped so the kill lands midway on any machine.
+    let mut child = fx
+        .cmd()
+        .args([
+            "--rate",
+            "400M",
+            "-q",
+            fx.p("big").to_str().unwrap(),
+            &fx.remote("far/big"),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let part = fx.p("far/.big.hayate-part");
+    let state = fx.p("far/.big.hayate-state");
+    let t0 = Instant::now();
+    while !state.exists() && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(2000));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The far side notices the closed channel, writes its state and exits.
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(part.exists(), "the partial upload is kept");
+    assert!(
+        !fx.p("far/big").exists(),
+        "nothing is presented as complete"
+    );
+
+    let r = fx.cp(&[
+        "--json",
+        fx.p("big").to_str().unwrap(),
+        &fx.remote("far/big"),
+    ]);
+    r.assert_ok();
+    let j = json(&r);
+    let resumed = j["resumed_bytes"].as_u64().unwrap();
+    let sent = j["data_bytes_sent"].as_u64().unwrap();
+    let size = size as u64;
+    assert!(resumed > size / 10, "the first run got somewhere: {j}");
+    assert!(resumed < size, "{j}");
+    // Only what was missing went again (plus a little: retransmissions, block edges).
+    assert!(
+        sent <= size - resumed + size / 50,
+        "sent {sent} bytes with {resumed} of {size} already there: {j}"
+    );
+    assert_eq!(
+        fs::read(fx.p("big")).unwrap(),
+        fs::read(fx.p("far/big")).unwrap()
+    );
+    assert!(
+        !part.exists() && !state.exists(),
+        "temp and state files removed"
+    );
+}
+
+#[test]
+fn via_ssh_carries_the_data_over_the_channel() {
+    let fx = fx!();
+    write(&fx.p("m"), 20 << 20, 4);
+    let r = fx.cp(&[
+        "--via-ssh",
+        "--json",
+        fx.p("m").to_str().unwrap(),
+        &fx.remote("m2"),
+    ]);
+    r.assert_ok();
+    assert_eq!(json(&r)["transport"], "ssh");
+    assert_eq!(fs::read(fx.p("m")).unwrap(), fs::read(fx.p("m2")).unwrap());
+    let r = fx.cp(&["--via-ssh", &fx.remote("m2"), fx.p("m3").to_str().unwrap()]);
+    r.assert_ok();
+    assert_eq!(fs::read(fx.p("m")).unwrap(), fs::read(fx.p("m3")).unwrap());
+}
+
+/// The far side runs in a network namespace of its own: its UDP port is unreachable from
+/// here (datagrams to it vanish, as behind a firewall), but ssh's channel still works.
+#[test]
+fn udp_blocked_falls_back_to_the_ssh_channel() {
+    let fx = fx!();
+    let ns = format!("hy-udpblk-{}", std::process::id());
+    let ok = Command::new("ip")
+        .args(["netns", "add", &ns])
+        .status()
+        .is_ok_and(|s| s.success());
+    if !ok {
+        eprintln!("skipping: cannot create a network namespace (needs root and iproute2)");
+        return;
+    }
+    struct Ns(String);
+    impl Drop for Ns {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).status();
+        }
+    }
+    let _ns = Ns(ns.clone());
+    let wrapper = fx.p("hayate-in-netns");
+    fs::write(
+        &wrapper,
+        format!("#!/bin/sh\nexec ip netns exec {ns} {BIN} \"$@\"\n"),
+    )
+    .unwrap();
+    fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755)).unwrap();
+    write(&fx.p("f"), 3 << 20, 6);
+    let r = run(
+        hayate()
+            .args(["cp", "-e", &fx.sshd.ssh_command(), "--remote-path"])
+            .arg(&wrapper)
+            .args([
+                "--udp-timeout",
+                "1",
+                "--json",
+                fx.p("f").to_str().unwrap(),
+                &fx.remote("g"),
+            ]),
+        Duration::from_secs(60),
+    );
+    r.assert_ok();
+    assert!(
+        r.stderr.contains("ssh channel"),
+        "says so in one line: {}",
+        r.stderr
+    );
+    assert_eq!(json(&r)["transport"], "ssh");
+    assert_eq!(fs::read(fx.p("f")).unwrap(), fs::read(fx.p("g")).unwrap());
+}
+
+#[test]
+fn missing_remote_hayate_says_how_to_fix_it() {
+    let fx = fx!();
+    write(&fx.p("f"), 10, 0);
+    let r = run(
+        hayate().args([
+            "cp",
+            "-e",
+            &fx.sshd.ssh_command(),
+            "--remote-path",
+            "/nonexistent/hayate",
+            fx.p("f").to_str().unwrap(),
+            &fx.remote("g"),
+        ]),
+        Duration::from_secs(30),
+    );
+    assert!(!r.ok());
+    assert!(r.stderr.contains("not installed"), "{}", r.stderr);
+    assert!(r.stderr.contains("--remote-path"), "{}", r.stderr);
+    assert!(!fx.p("g").exists());
+}
+
+#[test]
+fn bad_host_and_denied_login_fail_clearly() {
+    let fx = fx!();
+    write(&fx.p("f"), 10, 0);
+    let r = fx.cp(&[fx.p("f").to_str().unwrap(), "no-such-host.invalid:g"]);
+    assert!(!r.ok());
+    assert!(r.stderr.contains("no-such-host.invalid"), "{}", r.stderr);
+
+    // A key the server does not know: ssh's "Permission denied" comes through.
+    let other = fx.p("otherkey");
+    let st = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&other)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let ssh = format!(
+        "ssh -p {} -i {} -o IdentitiesOnly=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o BatchMode=yes",
+        fx.sshd.port(),
+        other.display()
+    );
+    let r = run(
+        hayate().args([
+            "cp",
+            "-e",
+            &ssh,
+            "--remote-path",
+            BIN,
+            fx.p("f").to_str().unwrap(),
+            &fx.remote("g"),
+        ]),
+        Duration::from_secs(30),
+    );
+    assert!(!r.ok());
+    assert!(
+        r.stderr.to_lowercase().contains("permission denied"),
+        "{}",
+        r.stderr
+    );
+    assert!(!fx.p("g").exists());
+}
+
+#[test]
+fn no_space_left_fails_without_presenting_anything_as_complete() {
+    let fx = fx!();
+    let mnt = fx.p("small");
+    fs::create_dir(&mnt).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
+        .arg(&mnt)
+        .status()
+        .is_ok_and(|s| s.success());
+    if !mounted {
+        eprintln!("skipping: cannot mount a small tmpfs (needs root)");
+        return;
+    }
+    struct Mnt(PathBuf);
+    impl Drop for Mnt {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _m = Mnt(mnt.clone());
+    write(&fx.p("big"), 16 << 20, 3);
+    let r = fx.cp(&[fx.p("big").to_str().unwrap(), &fx.remote("small/")]);
+    assert!(!r.ok());
+    assert!(r.stderr.to_lowercase().contains("space"), "{}", r.stderr);
+    assert!(
+        !mnt.join("big").exists(),
+        "no truncated file under the final name"
+    );
+    assert!(
+        !mnt.join(".big.hayate-part").exists(),
+        "a full disk is not left full"
+    );
+    // The space is free again for the next copy.
+    write(&fx.p("tiny"), 100_000, 4);
+    fx.cp(&[fx.p("tiny").to_str().unwrap(), &fx.remote("small/")])
+        .assert_ok();
+    assert_eq!(
+        fs::read(fx.p("tiny")).unwrap(),
+        fs::read(mnt.join("tiny")).unwrap()
+    );
+}
