@@ -869,7 +869,10 @@ impl Connection {
                 _ => true,
             }
         };
-        let Some(o) = self.outgoing.get_mut(&lm.xfer) else {
+        // Before its Ready (which may travel behind the first loss map in the same packet)
+        // a map can only show resumed blocks: those are credited by Ready, not counted as
+        // deliveries (they would inflate the delivery rate).
+        let Some(o) = self.outgoing.get_mut(&lm.xfer).filter(|o| o.ready) else {
             return;
         };
         let out = o.on_loss_map(lm, is_lost);

@@ -363,7 +363,11 @@ fn killed_upload_resumes_and_sends_only_the_rest() {
     let resumed = j["resumed_bytes"].as_u64().unwrap();
     let sent = j["data_bytes_sent"].as_u64().unwrap();
     let size = size as u64;
-    assert!(resumed > size / 10, "the first run got somewhere: {j}");
+    assert!(
+        resumed > size / 10,
+        "the first run got somewhere: {}",
+        r.stderr
+    );
     assert!(resumed < size, "{j}");
     // Only what was missing went again (plus a little: retransmissions, block edges).
     assert!(

@@ -309,7 +309,13 @@ impl Session<'_> {
         }
     }
 
-    fn on_meta(&mut self, conn: &mut Connection, id: u32, result: Result<Vec<MetaEntry>, String>, more: bool) {
+    fn on_meta(
+        &mut self,
+        conn: &mut Connection,
+        id: u32,
+        result: Result<Vec<MetaEntry>, String>,
+        more: bool,
+    ) {
         let Some(p) = self.pending.remove(&id) else {
             return;
         };
@@ -356,12 +362,21 @@ impl Session<'_> {
         let into_dir = several || dest.is_empty() || dest.ends_with('/') || dest_is_dir;
         if into_dir && !dest_is_dir && !dest.is_empty() {
             if dest_kind.is_some() {
-                self.fail(Kind::Dir, true, PathBuf::new(), dest.clone(), "not a directory".into());
+                self.fail(
+                    Kind::Dir,
+                    true,
+                    PathBuf::new(),
+                    dest.clone(),
+                    "not a directory".into(),
+                );
                 return;
             }
             self.meta_op(
                 conn,
-                MetaOp::Mkdir { path: dest.clone(), mode: None },
+                MetaOp::Mkdir {
+                    path: dest.clone(),
+                    mode: None,
+                },
                 FileResult::new(Kind::Dir, true, PathBuf::new(), dest.clone(), 0),
             );
         }
@@ -381,19 +396,43 @@ impl Session<'_> {
                 }
             };
             let Some(name) = local_basename(src) else {
-                self.fail(Kind::File, true, src.clone(), dest.clone(), "no usable name".into());
+                self.fail(
+                    Kind::File,
+                    true,
+                    src.clone(),
+                    dest.clone(),
+                    "no usable name".into(),
+                );
                 continue;
             };
             if meta.is_file() {
-                let i = self.push(FileResult::new(Kind::File, true, src.clone(), target(&name), meta.len()));
+                let i = self.push(FileResult::new(
+                    Kind::File,
+                    true,
+                    src.clone(),
+                    target(&name),
+                    meta.len(),
+                ));
                 self.bytes_total += meta.len();
                 self.queue.push_back(i);
             } else if meta.is_dir() && !self.recursive {
-                self.fail(Kind::Dir, true, src.clone(), target(&name), "is a directory (use -r)".into());
+                self.fail(
+                    Kind::Dir,
+                    true,
+                    src.clone(),
+                    target(&name),
+                    "is a directory (use -r)".into(),
+                );
             } else if meta.is_dir() {
                 self.plan_upload_tree(conn, src, &target(&name));
             } else {
-                self.fail(Kind::File, true, src.clone(), target(&name), "not a regular file".into());
+                self.fail(
+                    Kind::File,
+                    true,
+                    src.clone(),
+                    target(&name),
+                    "not a regular file".into(),
+                );
             }
         }
     }
@@ -415,21 +454,48 @@ impl Session<'_> {
         };
         let preserve = self.preserve();
         for e in entries {
-            let local = if e.path.is_empty() { src.to_path_buf() } else { src.join(&e.path) };
+            let local = if e.path.is_empty() {
+                src.to_path_buf()
+            } else {
+                src.join(&e.path)
+            };
             let remote = join_remote(base, &e.path);
             match e.kind {
                 EntryKind::Dir => {
-                    let mode = Some(if preserve { e.mode & 0o777 } else { e.mode & 0o777 & !fs::umask() });
+                    let mode = Some(if preserve {
+                        e.mode & 0o777
+                    } else {
+                        e.mode & 0o777 & !fs::umask()
+                    });
                     let r = FileResult::new(Kind::Dir, true, local, remote.clone(), 0);
-                    self.meta_op(conn, MetaOp::Mkdir { path: remote.clone(), mode }, r);
+                    self.meta_op(
+                        conn,
+                        MetaOp::Mkdir {
+                            path: remote.clone(),
+                            mode,
+                        },
+                        r,
+                    );
                     if preserve {
                         let idx = self.results.len() - 1;
-                        self.dirs.push(DirMeta { path: remote, mode: e.mode, mtime: e.mtime, idx });
+                        self.dirs.push(DirMeta {
+                            path: remote,
+                            mode: e.mode,
+                            mtime: e.mtime,
+                            idx,
+                        });
                     }
                 }
                 EntryKind::Symlink => {
                     let r = FileResult::new(Kind::Symlink, true, local, remote.clone(), 0);
-                    self.meta_op(conn, MetaOp::Symlink { path: remote, target: e.target }, r);
+                    self.meta_op(
+                        conn,
+                        MetaOp::Symlink {
+                            path: remote,
+                            target: e.target,
+                        },
+                        r,
+                    );
                 }
                 EntryKind::File => {
                     let i = self.push(FileResult::new(Kind::File, true, local, remote, e.size));
@@ -451,24 +517,46 @@ impl Session<'_> {
         let src = &sources[i];
         let into_dir = sources.len() > 1 || dest.is_dir();
         let name = remote_basename(src);
-        let base = if into_dir && !name.is_empty() { dest.join(&name) } else { dest.clone() };
+        let base = if into_dir && !name.is_empty() {
+            dest.join(&name)
+        } else {
+            dest.clone()
+        };
         let Some(root) = entries.first() else {
             self.fail(Kind::File, false, base, src.clone(), "empty listing".into());
             return;
         };
         match root.kind {
             WireKind::File | WireKind::Symlink => {
-                let i = self.push(FileResult::new(Kind::File, false, base, src.clone(), root.size));
+                let i = self.push(FileResult::new(
+                    Kind::File,
+                    false,
+                    base,
+                    src.clone(),
+                    root.size,
+                ));
                 self.bytes_total += root.size;
                 self.queue.push_back(i);
                 return;
             }
             WireKind::Dir if !self.recursive => {
-                self.fail(Kind::Dir, false, base, src.clone(), "is a directory (use -r)".into());
+                self.fail(
+                    Kind::Dir,
+                    false,
+                    base,
+                    src.clone(),
+                    "is a directory (use -r)".into(),
+                );
                 return;
             }
             WireKind::Other => {
-                self.fail(Kind::File, false, base, src.clone(), "not a regular file".into());
+                self.fail(
+                    Kind::File,
+                    false,
+                    base,
+                    src.clone(),
+                    "not a regular file".into(),
+                );
                 return;
             }
             WireKind::Dir => {}
@@ -478,13 +566,23 @@ impl Session<'_> {
             return;
         };
         for e in entries {
-            let lpath = if e.path.is_empty() { base.clone() } else { base.join(&e.path) };
+            let lpath = if e.path.is_empty() {
+                base.clone()
+            } else {
+                base.join(&e.path)
+            };
             let remote = join_remote(src, &e.path);
             match e.kind {
                 WireKind::Dir => {
                     let mut r = FileResult::new(Kind::Dir, false, lpath.clone(), remote, 0);
-                    let mode = if preserve { e.mode & 0o777 } else { e.mode & 0o777 & !fs::umask() };
-                    match path_str(&lpath).and_then(|p| local.mkdirs(p, Some(mode)).map_err(|e| e.to_string())) {
+                    let mode = if preserve {
+                        e.mode & 0o777
+                    } else {
+                        e.mode & 0o777 & !fs::umask()
+                    };
+                    match path_str(&lpath)
+                        .and_then(|p| local.mkdirs(p, Some(mode)).map_err(|e| e.to_string()))
+                    {
                         Ok(()) => r.verified = true,
                         Err(e) => r.error = Some(e),
                     }
@@ -500,12 +598,15 @@ impl Session<'_> {
                 }
                 WireKind::Symlink => {
                     let mut r = FileResult::new(Kind::Symlink, false, lpath.clone(), remote, 0);
-                    match path_str(&lpath).and_then(|p| local.symlink(p, &e.target).map_err(|e| e.to_string())) {
+                    match path_str(&lpath)
+                        .and_then(|p| local.symlink(p, &e.target).map_err(|e| e.to_string()))
+                    {
                         Ok(()) => r.verified = true,
                         Err(e) => r.error = Some(e),
                     }
                     if r.verified && preserve {
-                        let _ = path_str(&lpath).map(|p| local.set_meta(p, None, Some((e.mtime, 0))));
+                        let _ =
+                            path_str(&lpath).map(|p| local.set_meta(p, None, Some((e.mtime, 0))));
                     }
                     self.push(r);
                 }
@@ -636,7 +737,11 @@ fn have_bytes(have: &[(u64, u64)], block: u64, size: u64) -> u64 {
 }
 
 fn new_conn(cfg: &Config, psk: &Psk, peer: SocketAddr, now: Instant) -> Connection {
-    let fam = if peer.is_ipv4() { AddrFamily::V4 } else { AddrFamily::V6 };
+    let fam = if peer.is_ipv4() {
+        AddrFamily::V4
+    } else {
+        AddrFamily::V6
+    };
     Connection::client(cfg.clone(), psk, fam, now)
 }
 
@@ -668,11 +773,21 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
         .and_then(|d| Root::whole_fs(&d).map_err(|e| e.to_string()))
     {
         Ok(r) => s.local = Some(r),
-        Err(e) => return report(s, Stats::default(), Some(format!("current directory: {e}")), false),
+        Err(e) => {
+            return report(
+                s,
+                Stats::default(),
+                Some(format!("current directory: {e}")),
+                false,
+            )
+        }
     }
     if let Job::Download { sources, dest } = &job {
         if sources.len() > 1 && !dest.is_dir() {
-            let e = format!("{}: not a directory (several sources need one)", dest.display());
+            let e = format!(
+                "{}: not a directory (several sources need one)",
+                dest.display()
+            );
             return report(s, Stats::default(), Some(e), false);
         }
     }
@@ -680,19 +795,35 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
     let (mut peer, mut spare_stream, fallback_after, udp_target) = match opts.path {
         Transport::Udp(a) => (a, None, None, Some(a)),
         Transport::Stream(st) => (STREAM_PEER, Some(st), None, None),
-        Transport::UdpThenStream { addr, stream, after } => (addr, Some(stream), Some(after), Some(addr)),
+        Transport::UdpThenStream {
+            addr,
+            stream,
+            after,
+        } => (addr, Some(stream), Some(after), Some(addr)),
     };
     let mut links = match udp_target {
         Some(a) => {
-            let bind: SocketAddr = if a.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().expect("addr");
+            let bind: SocketAddr = if a.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }
+                .parse()
+                .expect("addr");
             match UdpSocket::bind(bind) {
                 Ok(sock) => Links::new(Some(sock), None),
-                Err(e) => return report(s, Stats::default(), Some(format!("cannot open a UDP socket: {e}")), false),
+                Err(e) => {
+                    return report(
+                        s,
+                        Stats::default(),
+                        Some(format!("cannot open a UDP socket: {e}")),
+                        false,
+                    )
+                }
             }
         }
         None => Links::new(None, spare_stream.take()),
     };
-    let stream_cfg = Config { mtu: STREAM_MTU, ..opts.proto.clone() };
+    let stream_cfg = Config {
+        mtu: STREAM_MTU,
+        ..opts.proto.clone()
+    };
     let mut via_stream = udp_target.is_none();
     let _ = crate::clock::set_timer_slack_ns(1);
     let mut conn = if via_stream {
@@ -713,7 +844,8 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
         // No UDP answer: the far side listens on the ssh channel too.
         let udp_silent = !connected
             && spare_stream.is_some()
-            && (fallback_after.is_some_and(|t| now.duration_since(start) >= t) || conn.is_closed());
+            && (fallback_after.is_some_and(|t| now.duration_since(start) >= t)
+                || conn.is_draining());
         if udp_silent {
             if let Some(st) = spare_stream.take() {
                 ui.note(&format!(
@@ -959,7 +1091,8 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
             });
         }
 
-        if conn.is_draining() || (conn.is_closed() && spare_stream.is_none()) {
+        // A UDP attempt that failed (refused, timed out) still has the channel to try.
+        if conn.is_draining() && (connected || spare_stream.is_none()) {
             break;
         }
         // All done and said goodbye: don't wait long for the server's CLOSE.
@@ -982,7 +1115,9 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
     }
 
     // Whatever is still open did not finish: say what is missing, keep partial files.
-    let why = session_error.clone().unwrap_or_else(|| "session ended".into());
+    let why = session_error
+        .clone()
+        .unwrap_or_else(|| "session ended".into());
     for (xfer, mut a) in files.act.drain() {
         if !a.upload {
             save_download_state(&conn, xfer, &mut a);
@@ -990,10 +1125,17 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
         let r = &mut s.results[a.idx];
         let detail = if a.upload {
             let acked = conn.outgoing_acked_bytes(xfer).unwrap_or(0);
-            format!("{why}; the far side acknowledged {acked} of {} bytes (a rerun resumes)", a.size)
+            format!(
+                "{why}; the far side acknowledged {acked} of {} bytes (a rerun resumes)",
+                a.size
+            )
         } else if let Some((got, n)) = conn.incoming_progress(xfer) {
             let missing = conn.incoming_missing(xfer).unwrap_or_default();
-            let first: Vec<String> = missing.iter().take(5).map(|(a, b)| format!("{a}..{b}")).collect();
+            let first: Vec<String> = missing
+                .iter()
+                .take(5)
+                .map(|(a, b)| format!("{a}..{b}"))
+                .collect();
             format!(
                 "{why}; received {got} of {n} blocks, missing blocks {}{} (a rerun resumes)",
                 first.join(", "),

@@ -100,7 +100,8 @@ impl StreamLink {
         let mut chunk = [0u8; 64 * 1024];
         for _ in 0..64 {
             // SAFETY: reads into a valid stack buffer from an fd we own.
-            let n = unsafe { libc::read(self.rd.as_raw_fd(), chunk.as_mut_ptr().cast(), chunk.len()) };
+            let n =
+                unsafe { libc::read(self.rd.as_raw_fd(), chunk.as_mut_ptr().cast(), chunk.len()) };
             if n > 0 {
                 self.inbuf.extend_from_slice(&chunk[..n as usize]);
                 continue;

@@ -40,7 +40,11 @@ impl ResumeState {
         let mut out: Vec<(u64, u64)> = Vec::new();
         for &(a, b) in &self.have {
             let first = a.div_ceil(block_size);
-            let end = if b >= self.size { blocks } else { b / block_size };
+            let end = if b >= self.size {
+                blocks
+            } else {
+                b / block_size
+            };
             if first < end {
                 match out.last_mut() {
                     Some(last) if last.1 == first => last.1 = end,

@@ -342,7 +342,12 @@ impl Server {
         let Event::Offered { path, .. } = &ev else {
             return;
         };
-        let norm = |p: &str| p.split('/').filter(|c| !c.is_empty() && *c != ".").collect::<Vec<_>>().join("/");
+        let norm = |p: &str| {
+            p.split('/')
+                .filter(|c| !c.is_empty() && *c != ".")
+                .collect::<Vec<_>>()
+                .join("/")
+        };
         let want = norm(path);
         for other in self.ep.cids() {
             if other == cid {
@@ -361,14 +366,19 @@ impl Server {
                 if let Some(mut inc) = f.inc.remove(&x) {
                     inc.saved = None;
                     save_state(c, x, &mut inc);
-                    log(&format!("{}: superseded by a newer upload of the same file", inc.path));
+                    log(&format!(
+                        "{}: superseded by a newer upload of the same file",
+                        inc.path
+                    ));
                     inc.part.abandon();
                     c.reject(x, "superseded by a newer upload of the same file");
                 }
             }
         }
         let addr = self.ep.conn_addr(cid);
-        let (Some(addr), Some(f), Some(c)) = (addr, self.files.get_mut(&cid), self.ep.conn_mut(cid)) else {
+        let (Some(addr), Some(f), Some(c)) =
+            (addr, self.files.get_mut(&cid), self.ep.conn_mut(cid))
+        else {
             return;
         };
         on_event(&self.root, c, f, ev, addr, log, true);
@@ -492,7 +502,15 @@ fn on_event(
                 } else {
                     None
                 };
-                c.offer_ext(xfer, &path, meta.len(), meta.mode(), meta.mtime(), flags, hash);
+                c.offer_ext(
+                    xfer,
+                    &path,
+                    meta.len(),
+                    meta.mode(),
+                    meta.mtime(),
+                    flags,
+                    hash,
+                );
                 f.out.insert(xfer, file);
             }
             Err(e) => {
