@@ -204,6 +204,8 @@ pub struct Connection {
     map_rotation: XferId,
     next_xfer: XferId,
     next_meta: u32,
+    /// In-flight bytes of finished outgoing transfers, settled by [`Connection::retire`].
+    retired_in_flight: u64,
     bye_sent: bool,
     /// Some transfer may need its hash finished or `Sent` announced without sending data.
     hash_work: bool,
@@ -270,6 +272,7 @@ impl Connection {
             map_rotation: 0,
             next_xfer: 1,
             next_meta: 1,
+            retired_in_flight: 0,
             bye_sent: false,
             hash_work: false,
             close_frame: None,
@@ -497,7 +500,7 @@ impl Connection {
     /// Refuse an offer or a get (or abort an incoming transfer).
     pub fn reject(&mut self, xfer: XferId, reason: &str) {
         self.incoming.remove(&xfer);
-        self.outgoing.remove(&xfer);
+        self.retire(xfer);
         self.ctrl_tx.push(&Ctrl::Reject {
             xfer,
             reason: reason.to_string(),
@@ -784,9 +787,18 @@ impl Connection {
 
     fn in_flight_bytes(&self) -> u64 {
         // Sent minus delivered minus declared lost: an estimate good enough for pacing caps.
-        self.stats
-            .data_bytes_sent
-            .saturating_sub(self.stats.data_bytes_acked + self.stats.data_bytes_lost)
+        self.stats.data_bytes_sent.saturating_sub(
+            self.stats.data_bytes_acked + self.stats.data_bytes_lost + self.retired_in_flight,
+        )
+    }
+
+    /// Ends an outgoing transfer. Its last blocks are often proven delivered by `Verified`
+    /// rather than by a loss map: without settling them here they would count as in flight
+    /// forever, and after a few hundred small files the in-flight cap would stall the session.
+    fn retire(&mut self, xfer: XferId) -> Option<Outgoing> {
+        let o = self.outgoing.remove(&xfer)?;
+        self.retired_in_flight += o.sent_bytes.saturating_sub(o.settled_bytes);
+        Some(o)
     }
 
     fn on_ack(&mut self, now_us: u64, a: &AckFrame) -> Feedback {
@@ -876,6 +888,7 @@ impl Connection {
             return;
         };
         let out = o.on_loss_map(lm, is_lost);
+        o.settled_bytes += out.newly_acked_bytes + out.lost_bytes;
         fb.delivered += out.newly_acked_bytes;
         fb.lost_blocks += out.lost_blocks;
         fb.lost_bytes += out.lost_bytes;
@@ -1004,7 +1017,7 @@ impl Connection {
                 }
             }
             Ctrl::Skip { xfer, reason } => {
-                if self.outgoing.remove(&xfer).is_some() {
+                if self.retire(xfer).is_some() {
                     self.events.push_back(Event::Skipped { xfer, reason });
                 }
             }
@@ -1033,7 +1046,7 @@ impl Connection {
                 }
             }
             Ctrl::Reject { xfer, reason } => {
-                let known = self.outgoing.remove(&xfer).is_some()
+                let known = self.retire(xfer).is_some()
                     | self.incoming.remove(&xfer).is_some()
                     | self.pending_gets.remove(&xfer).is_some();
                 if known {
@@ -1047,7 +1060,7 @@ impl Connection {
                 }
             }
             Ctrl::Verified { xfer, blake3 } => {
-                if let Some(o) = self.outgoing.remove(&xfer) {
+                if let Some(o) = self.retire(xfer) {
                     let result = if o.hash == Some(blake3) {
                         Ok(blake3)
                     } else {
@@ -1057,7 +1070,7 @@ impl Connection {
                 }
             }
             Ctrl::Failed { xfer, reason } => {
-                if self.outgoing.remove(&xfer).is_some() {
+                if self.retire(xfer).is_some() {
                     self.events.push_back(Event::OutgoingDone {
                         xfer,
                         result: Err(reason),
@@ -1196,13 +1209,12 @@ impl Connection {
             let what = if open.is_empty() {
                 String::new()
             } else {
-                format!(
-                    "; unfinished: {}",
-                    open.iter()
-                        .map(|(_, p)| p.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
+                let names: Vec<&str> = open.iter().take(5).map(|(_, p)| p.as_str()).collect();
+                let more = match open.len().saturating_sub(5) {
+                    0 => String::new(),
+                    n => format!(" and {n} more"),
+                };
+                format!("; unfinished: {}{more}", names.join(", "))
             };
             self.state = State::Closed;
             self.events.push_back(Event::Closed {
@@ -1420,6 +1432,7 @@ impl Connection {
             o.hash_block(block, &buf[body..body + len]);
         }
         o.on_sent(block, pn);
+        o.sent_bytes += len as u64;
         wire::write_sealed_header(buf, self.peer_cid, pn);
         wire::write_data_header(&mut buf[hdr..], xfer, block);
         let keys = self.keys.as_ref().expect("established");
@@ -1457,7 +1470,7 @@ impl Connection {
     }
 
     fn fail_outgoing(&mut self, xfer: XferId, reason: String) {
-        self.outgoing.remove(&xfer);
+        self.retire(xfer);
         self.ctrl_tx.push(&Ctrl::Reject {
             xfer,
             reason: reason.clone(),

@@ -72,6 +72,10 @@ pub struct Outgoing {
     pub bytes_acked: u64,
     /// Bytes the receiver already had before we sent anything (resume).
     pub bytes_had: u64,
+    /// Data bytes sent, and of those settled by loss maps (acknowledged or declared lost):
+    /// what is left when the transfer ends was delivered without a map saying so.
+    pub sent_bytes: u64,
+    pub settled_bytes: u64,
 }
 
 /// Result of applying a loss map.
@@ -102,6 +106,8 @@ impl Outgoing {
             sent_announced: false,
             bytes_acked: 0,
             bytes_had: 0,
+            sent_bytes: 0,
+            settled_bytes: 0,
         }
     }
 
