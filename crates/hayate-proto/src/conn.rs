@@ -23,6 +23,32 @@ pub trait BlockSource {
     fn read(&mut self, xfer: XferId, offset: u64, buf: &mut [u8]) -> Result<(), String>;
 }
 
+/// What an `Offer` says about a file.
+#[derive(Debug, Clone, Copy)]
+pub struct FileOffer<'a> {
+    pub path: &'a str,
+    pub size: u64,
+    pub mode: u32,
+    pub mtime: i64,
+    /// [`crate::control::flags`].
+    pub flags: u32,
+    /// The whole file's BLAKE3, when known up front.
+    pub hash: Option<[u8; 32]>,
+}
+
+impl<'a> FileOffer<'a> {
+    pub fn plain(path: &'a str, size: u64, mode: u32, mtime: i64) -> Self {
+        Self {
+            path,
+            size,
+            mode,
+            mtime,
+            flags: 0,
+            hash: None,
+        }
+    }
+}
+
 /// Where incoming file data goes.
 pub trait BlockSink {
     fn write(&mut self, xfer: XferId, offset: u64, data: &[u8]) -> Result<(), String>;
@@ -386,21 +412,13 @@ impl Connection {
 
     /// Client: upload a file to `path` on the server. Returns its transfer id.
     pub fn send_file(&mut self, path: &str, size: u64, mode: u32, mtime: i64) -> XferId {
-        self.send_file_ext(path, size, mode, mtime, 0, None)
+        self.send_file_ext(&FileOffer::plain(path, size, mode, mtime))
     }
 
-    /// [`send_file`](Self::send_file) with [`flags`] and the source's hash when known.
-    pub fn send_file_ext(
-        &mut self,
-        path: &str,
-        size: u64,
-        mode: u32,
-        mtime: i64,
-        flags: u32,
-        hash: Option<[u8; 32]>,
-    ) -> XferId {
+    /// [`send_file`](Self::send_file) with flags and the source's hash when known.
+    pub fn send_file_ext(&mut self, f: &FileOffer<'_>) -> XferId {
         let xfer = self.alloc_xfer();
-        self.start_outgoing(xfer, path, size, mode, mtime, flags, hash);
+        self.start_outgoing(xfer, f);
         xfer
     }
 
@@ -423,21 +441,12 @@ impl Connection {
 
     /// Server: answer a `GetRequested` by sending the file.
     pub fn offer(&mut self, xfer: XferId, path: &str, size: u64, mode: u32, mtime: i64) {
-        self.start_outgoing(xfer, path, size, mode, mtime, 0, None);
+        self.start_outgoing(xfer, &FileOffer::plain(path, size, mode, mtime));
     }
 
     /// [`offer`](Self::offer) echoing the request's flags, with the hash when asked for.
-    pub fn offer_ext(
-        &mut self,
-        xfer: XferId,
-        path: &str,
-        size: u64,
-        mode: u32,
-        mtime: i64,
-        flags: u32,
-        hash: Option<[u8; 32]>,
-    ) {
-        self.start_outgoing(xfer, path, size, mode, mtime, flags, hash);
+    pub fn offer_ext(&mut self, xfer: XferId, f: &FileOffer<'_>) {
+        self.start_outgoing(xfer, f);
     }
 
     /// Decline an `Offered` file without error (already there, or identical).
@@ -581,28 +590,22 @@ impl Connection {
         x
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn start_outgoing(
-        &mut self,
-        xfer: XferId,
-        path: &str,
-        size: u64,
-        mode: u32,
-        mtime: i64,
-        flags: u32,
-        hash: Option<[u8; 32]>,
-    ) {
-        let mut o = Outgoing::new(xfer, path.to_string(), Layout::new(size, self.block_size));
+    fn start_outgoing(&mut self, xfer: XferId, f: &FileOffer<'_>) {
+        let mut o = Outgoing::new(
+            xfer,
+            f.path.to_string(),
+            Layout::new(f.size, self.block_size),
+        );
         o.finish_empty_hash();
         self.outgoing.insert(xfer, o);
         self.ctrl_tx.push(&Ctrl::Offer {
             xfer,
-            path: path.to_string(),
-            size,
-            mode,
-            mtime,
-            flags,
-            hash,
+            path: f.path.to_string(),
+            size: f.size,
+            mode: f.mode,
+            mtime: f.mtime,
+            flags: f.flags,
+            hash: f.hash,
         });
     }
 

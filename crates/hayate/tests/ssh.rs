@@ -80,7 +80,7 @@ fn write(path: &Path, len: usize, seed: u8) {
         fs::create_dir_all(p).unwrap();
     }
     let data: Vec<u8> = (0..len)
-        .map(|i| (i as u32).wrapping_mul(2654435761).to_le_bytes()[(i % 4)] ^ seed)
+        .map(|i| (i as u32).wrapping_mul(2654435761).to_le_bytes()[i % 4] ^ seed)
         .collect();
     fs::write(path, data).unwrap();
 }

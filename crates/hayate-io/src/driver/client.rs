@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use hayate_proto::control::{flags, EntryKind as WireKind, MetaEntry, MetaOp};
 use hayate_proto::crypto::Psk;
 use hayate_proto::wire::AddrFamily;
-use hayate_proto::{BlockSink, BlockSource, Config, Connection, Event, Stats, XferId};
+use hayate_proto::{BlockSink, BlockSource, Config, Connection, Event, FileOffer, Stats, XferId};
 
 use super::link::{Links, StreamLink, STREAM_PEER};
 use super::resume::{ResumeState, MIN_RESUME_SIZE};
@@ -649,7 +649,14 @@ impl Session<'_> {
             } else {
                 None
             };
-            let x = conn.send_file_ext(&r.remote, m.len(), m.mode(), m.mtime(), fl, hash);
+            let x = conn.send_file_ext(&FileOffer {
+                path: &r.remote,
+                size: m.len(),
+                mode: m.mode(),
+                mtime: m.mtime(),
+                flags: fl,
+                hash,
+            });
             Some((
                 x,
                 Active {

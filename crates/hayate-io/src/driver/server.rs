@@ -13,7 +13,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Context;
 use hayate_proto::control::{flags, EntryKind as WireKind, MetaEntry, MetaOp};
 use hayate_proto::crypto::Psk;
-use hayate_proto::{BlockSink, BlockSource, Config, Connection, Endpoint, Event, Route, XferId};
+use hayate_proto::{
+    BlockSink, BlockSource, Config, Connection, Endpoint, Event, FileOffer, Route, XferId,
+};
 
 use super::link::{Links, StreamLink};
 use super::resume::{ResumeState, MIN_RESUME_SIZE};
@@ -504,12 +506,14 @@ fn on_event(
                 };
                 c.offer_ext(
                     xfer,
-                    &path,
-                    meta.len(),
-                    meta.mode(),
-                    meta.mtime(),
-                    flags,
-                    hash,
+                    &FileOffer {
+                        path: &path,
+                        size: meta.len(),
+                        mode: meta.mode(),
+                        mtime: meta.mtime(),
+                        flags,
+                        hash,
+                    },
                 );
                 f.out.insert(xfer, file);
             }
@@ -534,9 +538,7 @@ fn on_event(
             c.meta_reply(id, result.map_err(|e| e.to_string()));
         }
         Event::IncomingComplete { xfer, blake3 } => {
-            let Some(inc) = f.inc.remove(&xfer) else {
-                return None;
-            };
+            let inc = f.inc.remove(&xfer)?;
             let result = match inc.part.hash() {
                 Ok(h) if *h.as_bytes() == blake3 => {
                     let mtime = (inc.flags & flags::PRESERVE != 0).then(|| systime(inc.mtime));
