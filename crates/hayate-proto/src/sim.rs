@@ -377,7 +377,11 @@ pub fn run(sc: &Scenario) -> SimResult {
                     res.rejected.push((path, reason));
                 }
                 Event::IncomingFailed { reason, .. } => res.error = Some(reason),
-                Event::GetRequested { .. } | Event::Bye => {}
+                Event::GetRequested { .. }
+                | Event::Bye
+                | Event::Skipped { .. }
+                | Event::MetaRequested { .. }
+                | Event::MetaReplied { .. } => {}
                 Event::Closed { error } => {
                     if error.is_some() {
                         res.error = error;
@@ -402,7 +406,7 @@ pub fn run(sc: &Scenario) -> SimResult {
                         incoming_paths.insert((SERVER, xfer), path);
                         c.accept(xfer, &[]);
                     }
-                    Event::GetRequested { xfer, path } => match server_store.get(&path) {
+                    Event::GetRequested { xfer, path, .. } => match server_store.get(&path) {
                         Some(data) => {
                             sfiles.out.insert(xfer, data.clone());
                             c.offer(xfer, &path, data.len() as u64, 0o644, 0);
