@@ -43,6 +43,11 @@ impl Key {
         Ok(Key(*psk.as_bytes()))
     }
 
+    /// The same key as hayate's transport takes it (`--hayate` tests).
+    pub fn psk(&self) -> Psk {
+        Psk::from_bytes(self.0)
+    }
+
     /// HMAC-SHA256(key, "hayate perf v1" || challenge || nonce).
     pub fn proof(&self, challenge: &[u8], nonce: &[u8]) -> Vec<u8> {
         let k = hmac::Key::new(hmac::HMAC_SHA256, &self.0);

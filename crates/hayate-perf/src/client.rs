@@ -4,7 +4,7 @@ use crate::auth::{random_bytes, Key};
 use crate::ctl::{Ctl, Mode, Msg, TestRequest, VERSION};
 use crate::report::{Out, Summary};
 use crate::units::{hex, parse_rate, unhex};
-use crate::{finish_as_sender, seq_limit, server, tcp, udp, ClientArgs};
+use crate::{finish_as_sender, hayate, seq_limit, tcp, udp, ClientArgs};
 use anyhow::{anyhow, bail, Context, Result};
 use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::time::Duration;
@@ -33,6 +33,14 @@ fn resolve(s: &str) -> Result<SocketAddr> {
         .ok_or_else(|| anyhow!("{s} has no address"))
 }
 
+fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Udp => "udp",
+        Mode::Tcp => "tcp",
+        Mode::Hayate => "hayate",
+    }
+}
+
 pub fn run(a: ClientArgs) -> Result<i32> {
     let mode = if a.tcp {
         Mode::Tcp
@@ -41,17 +49,41 @@ pub fn run(a: ClientArgs) -> Result<i32> {
     } else {
         Mode::Udp
     };
-    if mode == Mode::Hayate {
-        bail!("{}", server::HAYATE_UNAVAILABLE);
-    }
     if !(a.time > 0.0 && a.time <= 3600.0) {
         bail!("--time must be in (0, 3600] seconds");
     }
+    if mode == Mode::Hayate {
+        if a.key_file.is_none() {
+            bail!("{}", hayate::NEEDS_KEY);
+        }
+        if a.interval_us.is_some() {
+            bail!("--interval-us does not apply to --hayate: it finds its rate (--rate is a cap)");
+        }
+        if a.drop_every > 0 || a.drop_random > 0.0 {
+            bail!("the loss test hooks apply to --udp only");
+        }
+    }
     let size = a.size.unwrap_or(match mode {
         Mode::Tcp => DEFAULT_TCP_WRITE,
-        _ => DEFAULT_UDP_SIZE,
+        Mode::Udp => DEFAULT_UDP_SIZE,
+        Mode::Hayate => hayate::DEFAULT_MTU,
     });
+    if mode == Mode::Hayate && !(hayate::MIN_MTU..=hayate::MAX_MTU).contains(&size) {
+        bail!(
+            "--size is the MTU with --hayate: {}..={} bytes",
+            hayate::MIN_MTU,
+            hayate::MAX_MTU
+        );
+    }
     let (interval_ns, rate_bps) = match (&a.rate, a.interval_us) {
+        // hayate: no fixed gap; the rate is a cap (none by default, as for `hayate cp`).
+        (r, _) if mode == Mode::Hayate => (
+            0,
+            r.as_deref()
+                .filter(|r| !r.eq_ignore_ascii_case("max"))
+                .map(parse_rate)
+                .transpose()?,
+        ),
         (_, Some(us)) => {
             if us.is_nan() || us <= 0.0 {
                 bail!("--interval-us must be positive");
@@ -93,6 +125,9 @@ pub fn run(a: ClientArgs) -> Result<i32> {
     if keyed && key.is_none() {
         bail!("the server requires a key: pass --key-file with the server's key");
     }
+    if mode == Mode::Hayate && !keyed {
+        bail!("{}", hayate::SERVER_NO_KEY);
+    }
     let nonce = random_bytes::<32>();
     let req = TestRequest {
         mode,
@@ -128,15 +163,20 @@ pub fn run(a: ClientArgs) -> Result<i32> {
     let mut out = Out::new(mode, a.json);
     out.human(&format!(
         "hayate perf {} {} {}: {}{} for {} s",
-        match mode {
-            Mode::Tcp => "tcp",
-            _ => "udp",
-        },
+        mode_name(mode),
         if a.reverse { "from" } else { "to" },
         addr,
         match mode {
             Mode::Tcp => format!("{} stream(s), {} B writes", a.streams, size),
-            _ => format!(
+            Mode::Hayate => format!(
+                "hayate's transport, memory to memory, adaptive rate{}, MTU {}",
+                rate_bps.map_or(String::new(), |r| format!(
+                    " capped at {:.3} Mbit/s",
+                    r as f64 / 1e6
+                )),
+                size
+            ),
+            Mode::Udp => format!(
                 "{} B datagrams every {:.3} µs ({:.3} Mbit/s)",
                 size,
                 interval_ns as f64 / 1e3,
@@ -202,18 +242,27 @@ pub fn run(a: ClientArgs) -> Result<i32> {
                 (snd, rcv)
             }
         }
-        Mode::Hayate => unreachable!(),
+        Mode::Hayate => {
+            let key = key.as_ref().expect("checked above");
+            let proto = hayate::client_config(rate_bps, size);
+            hayate::client(&ctl, &mut out, data, key, &req, proto)?
+        }
     };
     let summary = Summary::new(mode, a.reverse, &req, snd, rcv);
     out.summary(&summary);
     if let Some(path) = &a.plot {
         let title = format!(
             "hayate perf {} {} {} — received per second",
-            if mode == Mode::Tcp { "tcp" } else { "udp" },
+            mode_name(mode),
             if a.reverse { "from" } else { "to" },
             addr
         );
-        let svg = crate::plot::svg(&title, &out.receiver_intervals, mode == Mode::Udp);
+        let second = match mode {
+            Mode::Udp => Some(crate::plot::loss_series(&out.receiver_intervals)),
+            Mode::Hayate => Some(crate::plot::retransmit_series(&out.sender_intervals)),
+            Mode::Tcp => None,
+        };
+        let svg = crate::plot::svg(&title, &out.receiver_intervals, second);
         std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
         out.human(&format!("plot written to {}", path.display()));
     }

@@ -69,6 +69,67 @@ pub struct IntervalReport {
     /// TCP: bytes per stream in this interval.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stream_bytes: Vec<u64>,
+    /// hayate: what the transport saw in this interval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hayate: Option<HayateInterval>,
+}
+
+/// `--hayate`, one interval. A sender's `bytes`/`datagrams` are the data it sent (new and
+/// retransmitted); a receiver's are what it got: `bytes` are new data handed to the sink (the
+/// goodput), `datagrams` all data packets that arrived.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct HayateInterval {
+    /// Sender: data bytes the receiver acknowledged in the interval (goodput, as the sender
+    /// sees it one round trip later).
+    pub acked_bytes: u64,
+    /// Sender: data packets retransmitted in the interval, and their share of data packets.
+    pub retransmitted: u64,
+    pub retransmit_percent: f64,
+    /// Sender: data bytes declared lost in the interval.
+    pub lost_bytes: u64,
+    /// Sender: smoothed RTT and pacing rate at the end of the interval.
+    pub rtt_ms: f64,
+    pub pacing_bps: f64,
+    /// Receiver: duplicate blocks in the interval.
+    pub duplicates: u64,
+    /// Both: files verified by BLAKE3 so far.
+    pub files_verified: u64,
+    /// Receiver: delivered blocks that differed from the pattern so far.
+    pub mismatches: u64,
+}
+
+/// `--hayate`, one side's totals at the end of a test.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct HayateReport {
+    pub data_packets_sent: u64,
+    pub data_packets_retransmitted: u64,
+    pub data_bytes_sent: u64,
+    pub data_bytes_acked: u64,
+    pub data_bytes_lost: u64,
+    pub blocks_declared_lost: u64,
+    pub data_packets_received: u64,
+    pub duplicate_blocks_received: u64,
+    /// New data handed to the sink (receiver).
+    pub delivered_bytes: u64,
+    /// Delivered blocks that differed from the pattern (receiver).
+    pub mismatches: u64,
+    pub srtt_us: u64,
+    pub min_rtt_us: u64,
+    /// Pacing rate at the end, bits/s.
+    pub pacing_bps: u64,
+    pub files_started: u64,
+    pub files_verified: u64,
+    pub bytes_verified: u64,
+    pub files_failed: u64,
+    /// Files cut by the end of the test.
+    pub files_aborted: u64,
+    /// First few per-file failures.
+    #[serde(default)]
+    pub failures: Vec<String>,
+    pub block_size: usize,
+    pub mtu: u16,
+    /// Datagrams this side's kernel dropped (socket receive buffer full).
+    pub kernel_drops: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -98,6 +159,8 @@ pub struct SenderReport {
     /// UDP test hook: datagrams counted as sent but deliberately not sent.
     pub skipped: u64,
     pub streams: Vec<StreamReport>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hayate: Option<HayateReport>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -114,6 +177,8 @@ pub struct ReceiverReport {
     pub jitter_ms: f64,
     pub ranges: Vec<RangeReport>,
     pub streams: Vec<StreamReport>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hayate: Option<HayateReport>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -275,6 +340,38 @@ mod tests {
         assert!(matches!(
             serde_json::from_str::<Msg>(&s).unwrap(),
             Msg::Request(_)
+        ));
+    }
+
+    #[test]
+    fn hayate_fields_are_optional_on_the_wire() {
+        // UDP and TCP messages carry no `hayate` object, and messages without one still parse.
+        let old = r#"{"type":"interval","side":"receiver","start":0.0,"end":1.0,"bytes":5,"datagrams":1,"lost":0,"total_bytes":5,"total_datagrams":1}"#;
+        let Msg::Interval(r) = serde_json::from_str::<Msg>(old).unwrap() else {
+            panic!("not an interval");
+        };
+        assert!(r.hayate.is_none());
+        assert!(!serde_json::to_string(&Msg::Interval(r.clone()))
+            .unwrap()
+            .contains("hayate"));
+        let with = IntervalReport {
+            hayate: Some(HayateInterval {
+                retransmitted: 3,
+                rtt_ms: 0.25,
+                ..Default::default()
+            }),
+            ..r
+        };
+        let back: Msg =
+            serde_json::from_str(&serde_json::to_string(&Msg::Interval(with.clone())).unwrap())
+                .unwrap();
+        let Msg::Interval(b) = back else { panic!() };
+        assert_eq!(b.hayate, with.hayate);
+        let done =
+            r#"{"type":"done","duration_s":1.0,"datagrams":0,"bytes":0,"skipped":0,"streams":[]}"#;
+        assert!(matches!(
+            serde_json::from_str::<Msg>(done).unwrap(),
+            Msg::Done(SenderReport { hayate: None, .. })
         ));
     }
 }

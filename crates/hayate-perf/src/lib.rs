@@ -1,6 +1,7 @@
 //! `hayate perf`: what a path can carry. A paced UDP probe (loss, reordering, jitter, loss per
-//! range of sequence numbers), TCP streams with the kernel's view, per-second reports on both
-//! sides, JSON lines and SVG plots; and `hayate bench mem`, the host's memory bandwidth.
+//! range of sequence numbers), TCP streams with the kernel's view, hayate's own transport
+//! memory to memory (what a `hayate cp` would get), per-second reports on both sides, JSON
+//! lines and SVG plots; and `hayate bench mem`, the host's memory bandwidth.
 //!
 //! A test: the client opens a TCP control connection, the server sends a challenge, the client
 //! asks for a test (proving the key with an HMAC when it has one), the server accepts with a
@@ -10,6 +11,7 @@
 mod auth;
 mod client;
 mod ctl;
+mod hayate;
 mod mem;
 mod plot;
 mod report;
@@ -39,7 +41,8 @@ pub struct ServerArgs {
     /// Address and port for the control connections.
     #[arg(long, default_value = "0.0.0.0:5301")]
     pub listen: SocketAddr,
-    /// Key file (`hayate-key-v1 <64 hex>`): every test must prove it; needed for --reverse.
+    /// Key file (`hayate-key-v1 <64 hex>`): every test must prove it; needed for --reverse
+    /// and --hayate.
     #[arg(long)]
     pub key_file: Option<PathBuf>,
 }
@@ -54,16 +57,19 @@ pub struct ClientArgs {
     /// TCP streams with big socket buffers.
     #[arg(long, group = "mode")]
     pub tcp: bool,
-    /// hayate's own transport, memory to memory.
+    /// hayate's own transport, memory to memory: what a `hayate cp` would get (needs the key
+    /// on both sides).
     #[arg(long, group = "mode")]
     pub hayate: bool,
-    /// UDP payload rate in bits/s, suffixes k, M, G (default 100M).
+    /// UDP payload rate in bits/s, suffixes k, M, G (default 100M); with --hayate a cap on
+    /// the adaptive rate (default none, `max`).
     #[arg(long, conflicts_with = "interval_us")]
     pub rate: Option<String>,
     /// UDP: fixed gap between datagrams in µs, instead of --rate.
     #[arg(long)]
     pub interval_us: Option<f64>,
-    /// UDP payload bytes (default 1472: a 1500-byte IPv4 packet); TCP write size (128 KiB).
+    /// UDP payload bytes (default 1472: a 1500-byte IPv4 packet); TCP write size (128 KiB);
+    /// hayate: the MTU (1500).
     #[arg(long)]
     pub size: Option<usize>,
     /// Seconds of sending.

@@ -1,4 +1,5 @@
-//! `--plot FILE.svg`: throughput per interval (and loss % for UDP) as a self-contained SVG.
+//! `--plot FILE.svg`: throughput per interval (and loss % for UDP, retransmitted % for hayate)
+//! as a self-contained SVG.
 
 use crate::ctl::IntervalReport;
 use crate::units::per_sec;
@@ -42,27 +43,73 @@ fn fmt_tick(v: f64) -> String {
     }
 }
 
-/// Receiver intervals → SVG. `with_loss` adds the loss series and its right-hand axis.
-pub fn svg(title: &str, iv: &[IntervalReport], with_loss: bool) -> String {
-    let tmax = nice_ceil(iv.iter().map(|r| r.end).fold(0.0, f64::max).max(1.0));
+/// A second series in percent, drawn dashed against a right-hand axis.
+pub struct Percent {
+    /// Element id of the polyline.
+    pub id: &'static str,
+    /// Axis and legend label.
+    pub label: &'static str,
+    /// (end of interval in s, percent)
+    pub points: Vec<(f64, f64)>,
+}
+
+/// UDP: the share of datagrams lost per receiver interval.
+pub fn loss_series(iv: &[IntervalReport]) -> Percent {
+    Percent {
+        id: "loss",
+        label: "loss (%)",
+        points: iv
+            .iter()
+            .map(|r| {
+                let lost = r.lost.unwrap_or(0);
+                let exp = r.datagrams + lost;
+                (
+                    r.end,
+                    if exp > 0 {
+                        100.0 * lost as f64 / exp as f64
+                    } else {
+                        0.0
+                    },
+                )
+            })
+            .collect(),
+    }
+}
+
+/// hayate: the share of data packets retransmitted per sender interval.
+pub fn retransmit_series(sender: &[IntervalReport]) -> Percent {
+    Percent {
+        id: "retransmitted",
+        label: "retransmitted (%)",
+        points: sender
+            .iter()
+            .map(|r| {
+                (
+                    r.end,
+                    r.hayate.as_ref().map_or(0.0, |h| h.retransmit_percent),
+                )
+            })
+            .collect(),
+    }
+}
+
+/// Receiver intervals → SVG; `second` adds a percent series and its right-hand axis.
+pub fn svg(title: &str, iv: &[IntervalReport], second: Option<Percent>) -> String {
+    let with_loss = second.is_some();
+    let (second_id, second_label, loss) = match second {
+        Some(p) => (p.id, p.label, p.points),
+        None => ("loss", "loss (%)", Vec::new()),
+    };
+    let tmax = nice_ceil(
+        iv.iter()
+            .map(|r| r.end)
+            .chain(loss.iter().map(|p| p.0))
+            .fold(0.0, f64::max)
+            .max(1.0),
+    );
     let mbps: Vec<(f64, f64)> = iv
         .iter()
         .map(|r| (r.end, 8.0 * per_sec(r.bytes, r.end - r.start) / 1e6))
-        .collect();
-    let loss: Vec<(f64, f64)> = iv
-        .iter()
-        .map(|r| {
-            let lost = r.lost.unwrap_or(0);
-            let exp = r.datagrams + lost;
-            (
-                r.end,
-                if exp > 0 {
-                    100.0 * lost as f64 / exp as f64
-                } else {
-                    0.0
-                },
-            )
-        })
         .collect();
     let ymax = nice_ceil(mbps.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-3) * 1.1);
     let lmax = nice_ceil(loss.iter().map(|p| p.1).fold(0.0, f64::max).max(1.0) * 1.1).min(100.0);
@@ -165,9 +212,10 @@ pub fn svg(title: &str, iv: &[IntervalReport], with_loss: bool) -> String {
     if with_loss {
         let _ = writeln!(
             s,
-            r##"<text id="y2label" transform="translate({} {}) rotate(90)" text-anchor="middle" fill="#c0392b">loss (%)</text>"##,
+            r##"<text id="y2label" transform="translate({} {}) rotate(90)" text-anchor="middle" fill="#c0392b">{}</text>"##,
             W - 20.0,
-            T + ph / 2.0
+            T + ph / 2.0,
+            esc(second_label)
         );
     }
     let pts = |v: &[(f64, f64)], f: &dyn Fn(f64) -> f64| {
@@ -184,7 +232,8 @@ pub fn svg(title: &str, iv: &[IntervalReport], with_loss: bool) -> String {
     if with_loss {
         let _ = writeln!(
             s,
-            r##"<polyline id="loss" fill="none" stroke="#c0392b" stroke-width="2" stroke-dasharray="6 3" points="{}"/>"##,
+            r##"<polyline id="{}" fill="none" stroke="#c0392b" stroke-width="2" stroke-dasharray="6 3" points="{}"/>"##,
+            second_id,
             pts(&loss, &yl)
         );
     }
@@ -203,13 +252,14 @@ pub fn svg(title: &str, iv: &[IntervalReport], with_loss: bool) -> String {
     if with_loss {
         let _ = writeln!(
             s,
-            r##"<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#c0392b" stroke-width="2" stroke-dasharray="6 3"/><text x="{}" y="{}">loss (%)</text>"##,
+            r##"<line x1="{}" y1="{}" x2="{}" y2="{}" stroke="#c0392b" stroke-width="2" stroke-dasharray="6 3"/><text x="{}" y="{}">{}</text>"##,
             L + 10.0,
             T + 30.0,
             L + 35.0,
             T + 30.0,
             L + 40.0,
-            T + 34.0
+            T + 34.0,
+            esc(second_label)
         );
     }
     let _ = writeln!(s, "</g>\n</svg>");
@@ -231,7 +281,7 @@ mod tests {
 
     #[test]
     fn escapes_title() {
-        let s = svg("a<b & \"c\"", &[], true);
+        let s = svg("a<b & \"c\"", &[], Some(loss_series(&[])));
         assert!(s.contains("a&lt;b &amp; &quot;c&quot;"));
     }
 }

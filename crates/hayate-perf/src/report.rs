@@ -1,6 +1,6 @@
 //! The human report (the seeds' gen/get format) and the JSON lines of `--json`.
 
-use crate::ctl::{IntervalReport, Mode, ReceiverReport, SenderReport, Side, TcpInfo};
+use crate::ctl::{HayateReport, IntervalReport, Mode, ReceiverReport, SenderReport, Side, TcpInfo};
 use crate::stats::RangeReport;
 use crate::units::{mb, per_sec};
 use serde::Serialize;
@@ -16,11 +16,12 @@ pub enum Origin {
 }
 
 /// Where report lines go: human lines to stdout, or with `json` JSON to stdout and the human
-/// lines to stderr. Receiver intervals are kept for the plot.
+/// lines to stderr. Intervals are kept for the plot.
 pub struct Out {
     pub json: bool,
     pub mode: Mode,
     pub receiver_intervals: Vec<IntervalReport>,
+    pub sender_intervals: Vec<IntervalReport>,
 }
 
 #[derive(Serialize)]
@@ -39,6 +40,7 @@ impl Out {
             json,
             mode,
             receiver_intervals: Vec::new(),
+            sender_intervals: Vec::new(),
         }
     }
 
@@ -68,8 +70,9 @@ impl Out {
                 rate_bps: 8.0 * per_sec(r.bytes, dur),
             });
         }
-        if r.side == Side::Receiver {
-            self.receiver_intervals.push(r.clone());
+        match r.side {
+            Side::Receiver => self.receiver_intervals.push(r.clone()),
+            Side::Sender => self.sender_intervals.push(r.clone()),
         }
     }
 
@@ -85,6 +88,9 @@ impl Out {
 
 /// `+1.000 108.139460MB / 75622 rcv ||| 108.139MB / 1.000s (108.128MB/s)`
 pub fn interval_line(mode: Mode, r: &IntervalReport) -> String {
+    if mode == Mode::Hayate {
+        return hayate_interval_line(r);
+    }
     let tag = match r.side {
         Side::Sender => "snd",
         Side::Receiver => "rcv",
@@ -113,6 +119,126 @@ pub fn interval_line(mode: Mode, r: &IntervalReport) -> String {
         l += &format!(" lost {lost} ({pct:.3}%)");
     }
     l
+}
+
+/// `+1.000 95.123456MB / 67890 snd ||| 190.247MB / 1.000s | acked 760.123Mbps retx 0.012%
+/// rtt 0.210ms pace 800.000Mbps` (sender) or `... rcv ||| ... | goodput 760.987Mbps, 2 files
+/// verified` (receiver).
+fn hayate_interval_line(r: &IntervalReport) -> String {
+    let h = r.hayate.clone().unwrap_or_default();
+    let dur = r.end - r.start;
+    let head = |tag: &str| {
+        format!(
+            "+{:.3} {:.6}MB / {} {} ||| {:.3}MB / {:.3}s",
+            r.end,
+            mb(r.bytes),
+            r.datagrams,
+            tag,
+            mb(r.total_bytes),
+            r.end
+        )
+    };
+    match r.side {
+        Side::Sender => format!(
+            "{} | acked {:.3}Mbps retx {:.3}% rtt {:.3}ms pace {:.3}Mbps",
+            head("snd"),
+            8.0 * per_sec(h.acked_bytes, dur) / 1e6,
+            h.retransmit_percent,
+            h.rtt_ms,
+            h.pacing_bps / 1e6
+        ),
+        Side::Receiver => {
+            let mut l = format!(
+                "{} | goodput {:.3}Mbps, {} file{} verified",
+                head("rcv"),
+                8.0 * per_sec(r.bytes, dur) / 1e6,
+                h.files_verified,
+                if h.files_verified == 1 { "" } else { "s" }
+            );
+            if h.duplicates > 0 {
+                l += &format!(", {} duplicates", h.duplicates);
+            }
+            if h.mismatches > 0 {
+                l += &format!(", {} BLOCKS DIFFER FROM THE PATTERN", h.mismatches);
+            }
+            l
+        }
+    }
+}
+
+/// `--hayate`: the headline numbers of a test.
+#[derive(Debug, Clone, Serialize)]
+pub struct HayateSummary {
+    /// New data the receiver got, over the receiver's time (session start to last delivery).
+    pub bytes_delivered: u64,
+    pub goodput_bps: f64,
+    /// What the sender put on the wire (data only, new and retransmitted).
+    pub data_bytes_sent: u64,
+    pub data_packets_sent: u64,
+    pub packets_retransmitted: u64,
+    pub retransmit_percent: f64,
+    /// Data bytes the sender declared lost, over the data bytes it sent.
+    pub data_bytes_lost: u64,
+    pub loss_percent: f64,
+    pub rtt_ms: f64,
+    pub min_rtt_ms: f64,
+    /// The sender's pacing rate at the end, bits/s.
+    pub pacing_bps: f64,
+    pub files_verified: u64,
+    pub bytes_verified: u64,
+    pub files_failed: u64,
+    pub files_aborted: u64,
+    pub pattern_mismatches: u64,
+    /// Every file that completed was verified by BLAKE3 end to end (at least one did), and
+    /// every delivered block matched the pattern.
+    pub verified: bool,
+    pub failures: Vec<String>,
+    pub block_size: usize,
+    pub mtu: u16,
+}
+
+impl HayateSummary {
+    fn new(snd: &HayateReport, rcv: &HayateReport, rcv_duration_s: f64) -> Self {
+        let pct = |a: u64, b: u64| {
+            if b > 0 {
+                100.0 * a as f64 / b as f64
+            } else {
+                0.0
+            }
+        };
+        let failures: Vec<String> = rcv
+            .failures
+            .iter()
+            .chain(snd.failures.iter())
+            .cloned()
+            .collect();
+        let files_failed = rcv.files_failed.max(snd.files_failed);
+        HayateSummary {
+            bytes_delivered: rcv.delivered_bytes,
+            goodput_bps: 8.0 * per_sec(rcv.delivered_bytes, rcv_duration_s),
+            data_bytes_sent: snd.data_bytes_sent,
+            data_packets_sent: snd.data_packets_sent,
+            packets_retransmitted: snd.data_packets_retransmitted,
+            retransmit_percent: pct(snd.data_packets_retransmitted, snd.data_packets_sent),
+            data_bytes_lost: snd.data_bytes_lost,
+            loss_percent: pct(snd.data_bytes_lost, snd.data_bytes_sent),
+            rtt_ms: snd.srtt_us as f64 / 1e3,
+            min_rtt_ms: snd.min_rtt_us as f64 / 1e3,
+            pacing_bps: snd.pacing_bps as f64,
+            files_verified: rcv.files_verified,
+            bytes_verified: rcv.bytes_verified,
+            files_failed,
+            // A file whose verdict crossed the sender's abort was cut only on the sender's books.
+            files_aborted: snd
+                .files_aborted
+                .saturating_sub(rcv.files_verified.saturating_sub(snd.files_verified)),
+            pattern_mismatches: rcv.mismatches,
+            verified: rcv.files_verified > 0 && files_failed == 0 && rcv.mismatches == 0,
+            failures,
+            block_size: snd.block_size,
+            mtu: snd.mtu,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -153,6 +279,8 @@ pub struct Summary {
     pub ranges: Vec<RangeReport>,
     // TCP
     pub streams: Vec<StreamSummary>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hayate: Option<HayateSummary>,
     pub sender: SenderReport,
     pub receiver: ReceiverReport,
 }
@@ -181,7 +309,29 @@ impl Summary {
                 receiver_buffer: r.buffer,
             })
             .collect();
-        let sent = rcv.sent;
+        let hayate = match (&snd.hayate, &rcv.hayate) {
+            (Some(s), Some(r)) => Some(HayateSummary::new(s, r, rcv.duration_s)),
+            _ => None,
+        };
+        // hayate: data packets the sender sent and the receiver got, blocks declared lost.
+        let (sent, received, lost, loss_percent) = match &hayate {
+            Some(h) => (
+                snd.datagrams,
+                rcv.datagrams,
+                snd.hayate.as_ref().map_or(0, |s| s.blocks_declared_lost),
+                h.loss_percent,
+            ),
+            None => (
+                rcv.sent,
+                rcv.datagrams,
+                rcv.lost,
+                if rcv.sent > 0 {
+                    100.0 * rcv.lost as f64 / rcv.sent as f64
+                } else {
+                    0.0
+                },
+            ),
+        };
         Summary {
             kind: "summary",
             mode,
@@ -194,18 +344,15 @@ impl Summary {
             duration_s: rcv.duration_s,
             throughput_bps: 8.0 * per_sec(rcv.bytes, rcv.duration_s),
             sent,
-            received: rcv.datagrams,
-            lost: rcv.lost,
-            loss_percent: if sent > 0 {
-                100.0 * rcv.lost as f64 / sent as f64
-            } else {
-                0.0
-            },
+            received,
+            lost,
+            loss_percent,
             reordered: rcv.reordered,
             duplicated: rcv.duplicated,
             jitter_ms: rcv.jitter_ms,
             ranges: rcv.ranges.clone(),
             streams,
+            hayate,
             sender: snd,
             receiver: rcv,
         }
@@ -226,6 +373,10 @@ fn total_line(bytes: u64, secs: f64) -> String {
 
 pub fn summary_lines(s: &Summary) -> Vec<String> {
     let mut v = Vec::new();
+    if let Some(h) = &s.hayate {
+        hayate_summary_lines(s, h, &mut v);
+        return v;
+    }
     match s.mode {
         Mode::Tcp => {
             v.push(format!(
@@ -296,4 +447,60 @@ pub fn summary_lines(s: &Summary) -> Vec<String> {
         }
     }
     v
+}
+
+fn hayate_summary_lines(s: &Summary, h: &HayateSummary, v: &mut Vec<String>) {
+    v.push(format!(
+        "--END-- hayate, {:.6}MB delivered, goodput {:.3}Mbps",
+        mb(h.bytes_delivered),
+        h.goodput_bps / 1e6
+    ));
+    v.push(total_line(s.bytes, s.duration_s));
+    v.push(format!(
+        "sent {:.6}MB in {} data packets, retransmitted {} ({:.3}%), lost {:.3}% ({} B declared lost)",
+        mb(h.data_bytes_sent),
+        h.data_packets_sent,
+        h.packets_retransmitted,
+        h.retransmit_percent,
+        h.loss_percent,
+        h.data_bytes_lost
+    ));
+    v.push(format!(
+        "rtt {:.3}ms (min {:.3}ms), final pace {:.3}Mbps, {} B blocks (MTU {})",
+        h.rtt_ms,
+        h.min_rtt_ms,
+        h.pacing_bps / 1e6,
+        h.block_size,
+        h.mtu
+    ));
+    let files = format!(
+        "{} file{} ({:.6}MB) checked by BLAKE3 end to end, {} cut at the time limit",
+        h.files_verified,
+        if h.files_verified == 1 { "" } else { "s" },
+        mb(h.bytes_verified),
+        h.files_aborted
+    );
+    let blocks = if h.pattern_mismatches == 0 {
+        "every delivered block matched the pattern".to_string()
+    } else {
+        format!(
+            "{} delivered blocks differed from the pattern",
+            h.pattern_mismatches
+        )
+    };
+    if h.verified {
+        v.push(format!("verified: yes, {files}; {blocks}"));
+    } else if h.files_verified == 0 && h.files_failed == 0 && h.pattern_mismatches == 0 {
+        v.push(format!(
+            "verified: NO, no file completed in the time (try a longer --time); {blocks}"
+        ));
+    } else {
+        v.push(format!(
+            "verified: NO, {files}, {} failed; {blocks}",
+            h.files_failed
+        ));
+    }
+    for f in &h.failures {
+        v.push(format!("  {f}"));
+    }
 }

@@ -4,7 +4,7 @@ use crate::auth::{random_bytes, Key};
 use crate::ctl::{Ctl, Mode, Msg, TestRequest, VERSION};
 use crate::report::{Out, Summary};
 use crate::units::{hex, unhex};
-use crate::{finish_as_sender, seq_limit, tcp, udp, ServerArgs};
+use crate::{finish_as_sender, hayate, seq_limit, tcp, udp, ServerArgs};
 use anyhow::{Context, Result};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
@@ -12,7 +12,6 @@ use std::time::Duration;
 pub const NO_KEY_REVERSE: &str = "server has no key; reverse tests need `--key-file` on both sides";
 pub const AUTH_FAILED: &str =
     "authentication failed: the client did not prove it holds the server's key";
-pub const HAYATE_UNAVAILABLE: &str = "--hayate is not available in this build yet (hayate's transport engine has no memory-to-memory driver in hayate-io)";
 
 pub fn run(args: ServerArgs) -> Result<i32> {
     let key = args.key_file.as_deref().map(Key::load).transpose()?;
@@ -25,7 +24,7 @@ pub fn run(args: ServerArgs) -> Result<i32> {
         if key.is_some() {
             "key required for every test"
         } else {
-            "no key: forward tests only"
+            "no key: forward UDP and TCP tests only"
         }
     );
     for conn in listener.incoming() {
@@ -70,7 +69,15 @@ fn validate(r: &TestRequest) -> Option<String> {
                 return bad("write size must be 1 byte .. 64 MiB");
             }
         }
-        Mode::Hayate => return bad(HAYATE_UNAVAILABLE),
+        Mode::Hayate => {
+            if !(hayate::MIN_MTU..=hayate::MAX_MTU).contains(&r.size) {
+                return Some(format!(
+                    "MTU must be {}..={} bytes",
+                    hayate::MIN_MTU,
+                    hayate::MAX_MTU
+                ));
+            }
+        }
     }
     None
 }
@@ -96,6 +103,8 @@ fn handle(stream: TcpStream, key: Option<&Key>) -> Result<()> {
     };
     let refusal = if key.is_some() && !proved {
         Some(AUTH_FAILED.to_string())
+    } else if key.is_none() && req.mode == Mode::Hayate {
+        Some(hayate::SERVER_NO_KEY.to_string())
     } else if key.is_none() && req.reverse {
         Some(NO_KEY_REVERSE.to_string())
     } else {
@@ -180,7 +189,12 @@ fn handle(stream: TcpStream, key: Option<&Key>) -> Result<()> {
                 (snd, rcv)
             }
         }
-        Mode::Hayate => unreachable!("refused in validate"),
+        // Keyed server and proved key (refused above otherwise): the hayate session itself
+        // is keyed with the same key.
+        Mode::Hayate => {
+            let key = key.expect("hayate tests need a keyed server");
+            hayate::server(&ctl, &mut out, key, &req, test_id, &hex(&token))?
+        }
     };
     out.summary(&Summary::new(req.mode, req.reverse, &req, snd, rcv));
     Ok(())

@@ -183,6 +183,7 @@ fn report_loop(
             total_bytes: now.iter().sum(),
             total_datagrams: 0,
             stream_bytes: per,
+            hayate: None,
         };
         out.interval(Origin::Local, &r);
         ctl.send(&crate::ctl::Msg::Interval(r))?;
@@ -296,6 +297,7 @@ pub fn send(
         bytes: reports.iter().map(|r| r.bytes).sum(),
         skipped: 0,
         streams: reports,
+        hayate: None,
     })
 }
 
@@ -385,6 +387,7 @@ pub fn recv(
             jitter_ms: 0.0,
             ranges: Vec::new(),
             streams,
+            hayate: None,
         },
         snd,
     ))

@@ -188,6 +188,7 @@ pub fn send(sock: &UdpSocket, mut p: SendParams, ctl: &Ctl, out: &mut Out) -> Re
         bytes: sent_bytes,
         skipped,
         streams: Vec::new(),
+        hayate: None,
     })
 }
 
@@ -290,8 +291,11 @@ impl Ticker {
         ctl: &Ctl,
     ) -> Result<()> {
         self.poll(now, bytes, dgrams, expected, out, ctl)?;
-        if now > self.last + 1_000_000 && (bytes > self.last_bytes || now < 1_000_000_000) {
-            self.emit(now, bytes, dgrams, expected, out, ctl)?;
+        // Whatever came after the last line goes in a last one, however short, so the lines
+        // add up to the totals (a sender's last batch can follow a tick by microseconds).
+        let changed = bytes > self.last_bytes || dgrams > self.last_dgrams;
+        if changed || (now > self.last + 1_000_000 && now < 1_000_000_000) {
+            self.emit(now.max(self.last), bytes, dgrams, expected, out, ctl)?;
         }
         Ok(())
     }
@@ -316,6 +320,7 @@ impl Ticker {
             total_bytes: bytes,
             total_datagrams: dgrams,
             stream_bytes: Vec::new(),
+            hayate: None,
         };
         out.interval(Origin::Local, &r);
         ctl.send(&Msg::Interval(r))?;
@@ -463,6 +468,7 @@ pub fn recv(
         jitter_ms: stats.jitter_ms(),
         ranges: stats.ranges(sent),
         streams: Vec::new(),
+        hayate: None,
     };
     Ok((rep, snd))
 }

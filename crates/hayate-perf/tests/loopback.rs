@@ -471,15 +471,241 @@ fn lossy_path_reported_loss_matches_configured() {
     );
 }
 
+fn f(v: &Value, k: &str) -> f64 {
+    v[k].as_f64()
+        .unwrap_or_else(|| panic!("{k} missing in {v}"))
+}
+
+/// Checks one `--hayate` JSON run: both sides' lines, totals that add up, no loss at a modest
+/// cap on loopback, the cap respected, files verified. Returns the summary.
+fn check_hayate_json(lines: &[Value], reverse: bool, cap_bps: f64, time_s: f64) -> Value {
+    let sum = lines.last().unwrap().clone();
+    assert_eq!(sum["type"], "summary");
+    assert_eq!(lines.iter().filter(|v| v["type"] == "summary").count(), 1);
+    assert_eq!(sum["mode"], "hayate");
+    assert_eq!(sum["reverse"], reverse);
+    let h = &sum["hayate"];
+    let snd = intervals(lines, "sender");
+    let rcv = intervals(lines, "receiver");
+    assert!(snd.len() >= 2 && rcv.len() >= 2, "{lines:?}");
+    let (snd_origin, rcv_origin) = if reverse {
+        ("remote", "local")
+    } else {
+        ("local", "remote")
+    };
+    assert!(snd.iter().all(|v| v["origin"] == snd_origin));
+    assert!(rcv.iter().all(|v| v["origin"] == rcv_origin));
+    assert_eq!((f(snd[0], "end") * 1e3).round(), 1000.0);
+    assert_eq!((f(rcv[0], "end") * 1e3).round(), 1000.0);
+    // Receiver lines: bytes delivered to the sink per second; they add up to the total.
+    let delivered = u(&sum, "bytes");
+    assert!(delivered > 0);
+    assert_eq!(u(h, "bytes_delivered"), delivered);
+    assert_eq!(u(&sum["receiver"], "bytes"), delivered);
+    assert_eq!(rcv.iter().map(|v| u(v, "bytes")).sum::<u64>(), delivered);
+    assert_eq!(u(rcv.last().unwrap(), "total_bytes"), delivered);
+    // Sender lines: data put on the wire; they add up to what the sender reports.
+    let sent = u(h, "data_bytes_sent");
+    assert!(sent >= delivered);
+    assert_eq!(u(&sum["sender"], "bytes"), sent);
+    assert_eq!(snd.iter().map(|v| u(v, "bytes")).sum::<u64>(), sent);
+    assert_eq!(
+        snd.iter().map(|v| u(v, "datagrams")).sum::<u64>(),
+        u(h, "data_packets_sent")
+    );
+    assert_eq!(
+        snd.iter()
+            .map(|v| u(&v["hayate"], "retransmitted"))
+            .sum::<u64>(),
+        u(h, "packets_retransmitted")
+    );
+    // The sender's view each second: RTT and pacing rate.
+    for v in &snd {
+        let hv = &v["hayate"];
+        assert!(f(hv, "rtt_ms") > 0.0 && f(hv, "pacing_bps") > 0.0, "{v}");
+        assert!(
+            f(hv, "pacing_bps") <= cap_bps * 1.001,
+            "pacing above the cap: {v}"
+        );
+    }
+    // Data flowed for about `time_s` (a stall would end the receiver's time early), goodput
+    // under the cap, no loss to speak of on loopback. No floor on the goodput: a busy host
+    // (a parallel build) can starve an unoptimized core, and that is not what this tests.
+    let secs = f(&sum, "duration_s");
+    assert!(
+        secs > time_s * 0.8 && secs < time_s + 0.5,
+        "duration {secs}"
+    );
+    let goodput = f(h, "goodput_bps");
+    assert!((goodput - f(&sum, "throughput_bps")).abs() < 1.0);
+    assert!(goodput > 0.0);
+    assert!(goodput < cap_bps * 1.02, "goodput {goodput} above the cap");
+    assert!(f(h, "loss_percent") < 1.0, "{h}");
+    assert!(f(h, "retransmit_percent") < 1.0, "{h}");
+    let lp = 100.0 * u(h, "data_bytes_lost") as f64 / sent as f64;
+    assert!((f(h, "loss_percent") - lp).abs() < 1e-9);
+    // Every completed file verified by BLAKE3, every block matched the pattern. The first
+    // file holds ~2 MB (half a second at the initial rate) and goes out before the others:
+    // with several times that delivered it has completed.
+    assert_eq!(u(h, "files_failed"), 0, "{h}");
+    assert_eq!(h["verified"], u(h, "files_verified") > 0, "{h}");
+    if delivered > 8_000_000 {
+        assert!(u(h, "files_verified") >= 1, "{h}");
+    }
+    assert_eq!(u(h, "pattern_mismatches"), 0);
+    assert_eq!(u(h, "mtu"), 1500);
+    // The sender saw the verdicts too, except one crossing its abort at the deadline.
+    let sv = u(&sum["sender"]["hayate"], "files_verified");
+    let sa = u(&sum["sender"]["hayate"], "files_aborted");
+    assert!(
+        sv <= u(h, "files_verified") && u(h, "files_verified") <= sv + sa,
+        "{sum}"
+    );
+    sum
+}
+
 #[test]
-fn hayate_mode_says_not_available() {
+fn hayate_loopback_json_totals_and_plot() {
+    let k = key_file("hayate", 5);
+    let ks = k.to_str().unwrap();
+    let s = Server::start(Some(&k));
+    let svg = std::env::temp_dir().join(format!("hayate-perf-h-{}.svg", std::process::id()));
+    let r = client(&[
+        &s.addr(),
+        "--hayate",
+        "--key-file",
+        ks,
+        "--rate",
+        "200M",
+        "--time",
+        "2",
+        "--json",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(r.ok, "{}\n{}", r.stderr, s.log());
+    let lines = json_lines(&r.stdout);
+    check_hayate_json(&lines, false, 200e6, 2.0);
+    // Human lines on stderr: both sides each second, then the summary.
+    for want in [
+        "+1.000 ",
+        " snd ||| ",
+        " rcv ||| ",
+        "| acked ",
+        " retx ",
+        " rtt ",
+        " pace ",
+        "| goodput ",
+        "--END-- hayate, ",
+        "Total: ",
+        "retransmitted ",
+        "verified: ",
+        "checked by BLAKE3 end to end",
+        "every delivered block matched the pattern",
+    ] {
+        assert!(r.stderr.contains(want), "no {want:?} in\n{}", r.stderr);
+    }
+    // The plot: goodput per second and the sender's retransmitted share.
+    let text = std::fs::read_to_string(&svg).unwrap();
+    let doc = roxmltree::Document::parse(&text).expect("well-formed SVG");
+    for id in ["throughput", "retransmitted"] {
+        let pl = doc
+            .descendants()
+            .find(|n| n.attribute("id") == Some(id))
+            .unwrap_or_else(|| panic!("no series {id}"));
+        let n = pl.attribute("points").unwrap().split_whitespace().count();
+        assert!(n >= 2, "{id}: {n} points");
+    }
+    let texts: String = doc.descendants().filter_map(|n| n.text()).collect();
+    assert!(texts.contains("retransmitted (%)"));
+    std::fs::remove_file(&svg).ok();
+}
+
+#[test]
+fn hayate_reverse_loopback() {
+    let k = key_file("hayate-rev", 6);
+    let ks = k.to_str().unwrap();
+    let s = Server::start(Some(&k));
+    let r = client(&[
+        &s.addr(),
+        "--hayate",
+        "--reverse",
+        "--key-file",
+        ks,
+        "--rate",
+        "200M",
+        "--time",
+        "2",
+        "--json",
+    ]);
+    assert!(r.ok, "{}\n{}", r.stderr, s.log());
+    check_hayate_json(&json_lines(&r.stdout), true, 200e6, 2.0);
+    // Human output on stdout without --json.
+    let r = client(&[
+        &s.addr(),
+        "--hayate",
+        "--reverse",
+        "--key-file",
+        ks,
+        "--rate",
+        "100M",
+        "--time",
+        "1",
+    ]);
+    assert!(r.ok, "{}\n{}", r.stderr, s.log());
+    assert!(r.stdout.contains(" rcv ||| "), "{}", r.stdout);
+    assert!(r.stdout.contains(" snd ||| "));
+    assert!(r.stdout.contains("--END-- hayate, "));
+    assert!(r.stdout.contains("verified: "), "{}", r.stdout);
+    assert!(
+        s.log()
+            .contains("Hayate reverse (we send), 2 s, key proved"),
+        "{}",
+        s.log()
+    );
+}
+
+#[test]
+fn hayate_needs_the_key() {
+    // No key on the client: refused before anything is sent.
     let r = client(&["127.0.0.1:1", "--hayate", "--time", "1"]);
     assert!(!r.ok);
     assert!(
-        r.stderr.contains("not available in this build yet"),
+        r.stderr.contains("--hayate needs --key-file on both sides"),
         "{}",
         r.stderr
     );
+    // No key on the server.
+    let k = key_file("hayate-client-only", 7);
+    let s = Server::start(None);
+    let r = client(&[
+        &s.addr(),
+        "--hayate",
+        "--key-file",
+        k.to_str().unwrap(),
+        "--time",
+        "1",
+    ]);
+    assert!(!r.ok);
+    assert!(
+        r.stderr
+            .contains("server has no key; --hayate tests need `--key-file` on both sides"),
+        "{}",
+        r.stderr
+    );
+    // A different key: the control handshake refuses it (no UDP port is even opened).
+    let good = key_file("hayate-server", 8);
+    let s = Server::start(Some(&good));
+    let r = client(&[
+        &s.addr(),
+        "--hayate",
+        "--key-file",
+        k.to_str().unwrap(),
+        "--time",
+        "1",
+    ]);
+    assert!(!r.ok);
+    assert!(r.stderr.contains("authentication failed"), "{}", r.stderr);
 }
 
 #[test]

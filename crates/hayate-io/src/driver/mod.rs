@@ -5,6 +5,7 @@
 mod batch;
 pub mod client;
 pub mod link;
+pub mod mem;
 mod resume;
 pub mod server;
 
