@@ -56,6 +56,30 @@ pub struct RateStep {
     pub rate: Option<u64>,
 }
 
+/// The server host's receive path when it is slower than the link (disk, CPU): datagrams
+/// wait in the socket's receive buffer until the application takes them at `rate`; when the
+/// buffer is full the kernel drops them and counts the drop, which the server reports to its
+/// peers through [`Connection::set_receiver_state`], as the real I/O shell does.
+#[derive(Debug, Clone)]
+pub struct ReceiverParams {
+    /// Bytes per second (whole datagrams plus IP/UDP headers) the application takes in.
+    pub rate: u64,
+    /// Socket receive buffer, bytes.
+    pub buffer_bytes: u64,
+}
+
+/// One more client of the same server, sharing the bottleneck with the scenario's own client.
+#[derive(Debug, Clone)]
+pub struct ClientSpec {
+    /// When it connects, µs of virtual time.
+    pub start_us: u64,
+    pub config: Config,
+    pub psk: Psk,
+    pub uploads: Vec<(String, Vec<u8>)>,
+    pub downloads: Vec<(String, Vec<u8>)>,
+    pub missing_downloads: Vec<String>,
+}
+
 #[derive(Debug, Clone)]
 pub struct Scenario {
     pub seed: u64,
@@ -75,6 +99,11 @@ pub struct Scenario {
     pub downloads: Vec<(String, Vec<u8>)>,
     /// Paths the client asks for that the server does not have.
     pub missing_downloads: Vec<String>,
+    /// More clients on the same links (same queues, rates, delays, losses), each from its
+    /// own address; results in [`SimResult::clients`] after the scenario's own client.
+    pub extra_clients: Vec<ClientSpec>,
+    /// The server's receive path, if slower than the link (`None`: it keeps up).
+    pub server_receiver: Option<ReceiverParams>,
     /// Give up after this much virtual time.
     pub limit_us: u64,
 }
@@ -100,20 +129,69 @@ impl Scenario {
             uploads: Vec::new(),
             downloads: Vec::new(),
             missing_downloads: Vec::new(),
+            extra_clients: Vec::new(),
+            server_receiver: None,
             limit_us: 120_000_000,
+        }
+    }
+
+    /// Another client like the scenario's own (same config and key), starting at `start_us`
+    /// with nothing to do yet: fill in its files and push it to `extra_clients`.
+    pub fn another_client(&self, start_us: u64) -> ClientSpec {
+        ClientSpec {
+            start_us,
+            config: self.client.clone(),
+            psk: self.client_psk.clone(),
+            uploads: Vec::new(),
+            downloads: Vec::new(),
+            missing_downloads: Vec::new(),
+        }
+    }
+
+    fn own_client(&self) -> ClientSpec {
+        ClientSpec {
+            uploads: self.uploads.clone(),
+            downloads: self.downloads.clone(),
+            missing_downloads: self.missing_downloads.clone(),
+            ..self.another_client(0)
         }
     }
 }
 
+/// What one client saw.
+#[derive(Debug, Default)]
+pub struct ClientResult {
+    /// Its transfers all finished verified, and its session closed normally.
+    pub ok: bool,
+    pub error: Option<String>,
+    pub start_us: u64,
+    /// When its session ended (or the simulation stopped).
+    pub end_us: u64,
+    /// Its own connection, and the server's connection for it.
+    pub stats: crate::conn::Stats,
+    pub server: crate::conn::Stats,
+    pub rejected: Vec<(String, String)>,
+    /// Files it downloaded.
+    pub files: HashMap<String, Vec<u8>>,
+    /// Data bytes the server took in from this client per 100 ms of virtual time (uploads).
+    pub server_rx_trace: Vec<u64>,
+    /// Data bytes this client took in per 100 ms (downloads).
+    pub rx_trace: Vec<u64>,
+    /// Its pacing rate (bytes/s) and smoothed RTT (µs) at the start of each 100 ms.
+    pub pace_trace: Vec<u64>,
+    pub srtt_trace: Vec<u64>,
+}
+
 #[derive(Debug, Default)]
 pub struct SimResult {
-    /// Every transfer finished verified, and the session closed normally.
+    /// Every transfer (of every client) finished verified, and every session closed normally.
     pub ok: bool,
     pub error: Option<String>,
     pub elapsed_us: u64,
     /// Files as the server holds them after the run (uploads) and the client (downloads).
     pub server_files: HashMap<String, Vec<u8>>,
     pub client_files: HashMap<String, Vec<u8>>,
+    /// The scenario's own client, and the server's connection for it.
     pub client: crate::conn::Stats,
     pub server: crate::conn::Stats,
     pub rejected: Vec<(String, String)>,
@@ -124,8 +202,12 @@ pub struct SimResult {
     pub fwd_delivered: u64,
     pub fwd_queue_drops: u64,
     pub fwd_random_losses: u64,
-    /// Bytes the server received per 100 ms of virtual time (goodput trace).
+    /// Datagrams the server's receive buffer dropped (with [`Scenario::server_receiver`]).
+    pub server_os_drops: u64,
+    /// Bytes the server received per 100 ms of virtual time (goodput trace, all clients).
     pub server_rx_trace: Vec<u64>,
+    /// Every client: the scenario's own first, then `extra_clients` in order.
+    pub clients: Vec<ClientResult>,
 }
 
 /// splitmix64: deterministic, dependency-free randomness for the network model.
@@ -186,33 +268,66 @@ impl Link {
     }
 }
 
+/// Where a datagram on the simulated wire is going.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dest {
+    /// To the server host, from client `n`.
+    Server(usize),
+    /// Through the server's receive buffer to its application, from client `n`.
+    ServerApp(usize),
+    /// To client `n`.
+    Client(usize),
+}
+
 /// Both directions of the simulated wire and the datagrams on it.
 struct Net {
     rng: Rng,
-    /// [client → server, server → client]
+    /// [client → server, server → client], shared by all clients
     links: [Link; 2],
+    /// The server's receive buffer (see [`ReceiverParams`]).
+    socket: Option<Link>,
     /// (arrival µs, seq), earliest first
     wire: BinaryHeap<Reverse<(u64, u64)>>,
     /// seq → (destination, bytes, corrupted)
-    inflight: HashMap<u64, (usize, Vec<u8>, bool)>,
+    inflight: HashMap<u64, (Dest, Vec<u8>, bool)>,
     seq: u64,
 }
 
 impl Net {
-    /// Put a datagram on the wire towards `to` (SERVER or CLIENT): the link may drop,
-    /// delay, duplicate or corrupt it.
-    fn put(&mut self, to: usize, now: u64, d: &[u8]) {
-        let link = &mut self.links[if to == SERVER { 0 } else { 1 }];
-        for at in link.send(now, d.len() + 28, &mut self.rng) {
+    /// Put a datagram on the wire towards `to`: the link may drop, delay, duplicate or
+    /// corrupt it.
+    fn put(&mut self, to: Dest, now: u64, d: &[u8]) {
+        let link = if matches!(to, Dest::Client(_)) { 1 } else { 0 };
+        let corrupt = self.links[link].p.corrupt;
+        for at in self.links[link].send(now, d.len() + 28, &mut self.rng) {
             let mut d = d.to_vec();
-            let bad = self.rng.chance(link.p.corrupt);
+            let bad = self.rng.chance(corrupt);
             if bad {
                 let bit = self.rng.next_u64() as usize % (d.len() * 8);
                 d[bit / 8] ^= 1 << (bit % 8);
             }
-            self.seq += 1;
-            self.inflight.insert(self.seq, (to, d, bad));
-            self.wire.push(Reverse((at, self.seq)));
+            self.push(at, to, d, bad);
+        }
+    }
+
+    fn push(&mut self, at: u64, to: Dest, d: Vec<u8>, bad: bool) {
+        self.seq += 1;
+        self.inflight.insert(self.seq, (to, d, bad));
+        self.wire.push(Reverse((at, self.seq)));
+    }
+
+    /// A datagram reached the server host: into its receive buffer, to be taken by the
+    /// application later (false: the buffer was full, the kernel dropped it).
+    fn enqueue_at_server(&mut self, now: u64, from: usize, d: Vec<u8>, bad: bool) -> bool {
+        let Some(sock) = &mut self.socket else {
+            unreachable!("only with a receiver model");
+        };
+        match sock.send(now, d.len() + 28, &mut self.rng).first() {
+            Some(&at) => {
+                self.push(at, Dest::ServerApp(from), d, bad);
+                true
+            }
+            None => false,
         }
     }
 }
@@ -245,15 +360,168 @@ impl BlockSink for MemFiles {
     }
 }
 
-const CLIENT: usize = 0;
-const SERVER: usize = 1;
+/// One client of the simulation and the application around it.
+struct Client {
+    spec: ClientSpec,
+    addr: SocketAddr,
+    /// `None` until its start time.
+    conn: Option<Connection>,
+    files: MemFiles,
+    /// Transfers not finished yet: xfer → path.
+    pending: BTreeMap<XferId, String>,
+    incoming_paths: HashMap<XferId, String>,
+    bye: bool,
+    /// Its session ended; it is no longer driven.
+    done: bool,
+    res: ClientResult,
+}
+
+impl Client {
+    fn start(&mut self, now: Instant) {
+        let mut conn = Connection::client(
+            self.spec.config.clone(),
+            &self.spec.psk,
+            AddrFamily::V4,
+            now,
+        );
+        for (path, data) in &self.spec.uploads {
+            let x = conn.send_file(path, data.len() as u64, 0o644, 0);
+            self.files.out.insert(x, data.clone());
+            self.pending.insert(x, path.clone());
+        }
+        for path in self
+            .spec
+            .downloads
+            .iter()
+            .map(|(p, _)| p)
+            .chain(&self.spec.missing_downloads)
+        {
+            let x = conn.request(path);
+            self.pending.insert(x, path.clone());
+        }
+        self.conn = Some(conn);
+    }
+
+    /// The connection, while it is being driven.
+    fn active(&mut self) -> Option<&mut Connection> {
+        if self.done {
+            None
+        } else {
+            self.conn.as_mut()
+        }
+    }
+
+    /// Application logic: accept downloads, check them, note results.
+    fn on_events(&mut self) {
+        let Some(conn) = self.conn.as_mut().filter(|_| !self.done) else {
+            return;
+        };
+        while let Some(ev) = conn.poll_event() {
+            match ev {
+                Event::Connected => {}
+                Event::Offered {
+                    xfer, path, size, ..
+                } => {
+                    self.files.inc.insert(xfer, vec![0; size as usize]);
+                    self.incoming_paths.insert(xfer, path);
+                    conn.accept(xfer, &[]);
+                }
+                Event::IncomingComplete { xfer, blake3 } => {
+                    let data = self.files.inc.remove(&xfer).unwrap_or_default();
+                    let ok = *blake3::hash(&data).as_bytes() == blake3;
+                    let path = self.incoming_paths.remove(&xfer).unwrap_or_default();
+                    if ok {
+                        self.res.files.insert(path, data);
+                        conn.finish_incoming(xfer, Ok(blake3));
+                        self.pending.remove(&xfer);
+                    } else {
+                        conn.finish_incoming(xfer, Err("hash mismatch".into()));
+                        self.res.error = Some(format!("download {path}: hash mismatch"));
+                    }
+                }
+                Event::OutgoingDone { xfer, result } => {
+                    let path = self.pending.remove(&xfer).unwrap_or_default();
+                    if let Err(e) = result {
+                        self.res.rejected.push((path, e));
+                    }
+                }
+                Event::Rejected { xfer, reason } => {
+                    let path = self.pending.remove(&xfer).unwrap_or_default();
+                    self.res.rejected.push((path, reason));
+                }
+                Event::IncomingFailed { reason, .. } => self.res.error = Some(reason),
+                Event::Skipped { xfer, .. } => {
+                    self.pending.remove(&xfer);
+                }
+                Event::GetRequested { .. }
+                | Event::MetaRequested { .. }
+                | Event::MetaReplied { .. }
+                | Event::Bye => {}
+                Event::Closed { error } => {
+                    if error.is_some() {
+                        self.res.error = error;
+                    }
+                }
+            }
+        }
+        if self.pending.is_empty() && !self.bye && conn.is_established() {
+            conn.bye();
+            self.bye = true;
+        }
+    }
+
+    /// Fill the pacing and RTT traces up to `now`.
+    fn sample(&mut self, now: u64) {
+        let Some(conn) = self.conn.as_ref().filter(|_| !self.done) else {
+            return;
+        };
+        let bucket = (now / 100_000) as usize;
+        if self.res.pace_trace.len() <= bucket {
+            let s = conn.stats();
+            self.res.pace_trace.resize(bucket + 1, s.pacing_rate);
+            self.res.srtt_trace.resize(bucket + 1, s.srtt_us);
+        }
+    }
+
+    /// Stop driving it once its session is over.
+    fn check_done(&mut self, now: u64) {
+        let bye = self.bye;
+        if self
+            .active()
+            .is_some_and(|c| c.is_closed() || (c.is_draining() && bye))
+        {
+            self.finish(now);
+        }
+    }
+
+    fn finish(&mut self, now: u64) {
+        self.done = true;
+        self.res.end_us = now;
+        if let Some(conn) = self.conn.as_mut() {
+            while let Some(ev) = conn.poll_event() {
+                if let Event::Closed { error: Some(e) } = ev {
+                    self.res.error.get_or_insert(e);
+                }
+            }
+            self.res.stats = conn.stats();
+        }
+    }
+}
+
+/// Add `bytes` to the 100 ms bucket of `now`, growing the trace up to it.
+fn trace_add(trace: &mut Vec<u64>, now: u64, bytes: u64) {
+    let bucket = (now / 100_000) as usize;
+    if trace.len() <= bucket {
+        trace.resize(bucket + 1, 0);
+    }
+    trace[bucket] += bytes;
+}
 
 /// Run a scenario to completion (or its time limit).
 pub fn run(sc: &Scenario) -> SimResult {
     let base = Instant::now();
     let at = |us: u64| base + Duration::from_micros(us);
     let us_of = |i: Instant| i.saturating_duration_since(base).as_micros() as u64;
-    let caddr: SocketAddr = "10.0.0.1:40000".parse().expect("addr");
     let link = |p: &LinkParams| Link {
         p: p.clone(),
         busy_until: 0,
@@ -264,6 +532,14 @@ pub fn run(sc: &Scenario) -> SimResult {
     let mut net = Net {
         rng: Rng::new(sc.seed),
         links: [link(&sc.forward), link(&sc.reverse)],
+        socket: sc.server_receiver.as_ref().map(|r| {
+            link(&LinkParams {
+                delay_us: 0,
+                rate: Some(r.rate),
+                queue_bytes: r.buffer_bytes,
+                ..LinkParams::default()
+            })
+        }),
         wire: BinaryHeap::new(),
         inflight: HashMap::new(),
         seq: 0,
@@ -271,37 +547,50 @@ pub fn run(sc: &Scenario) -> SimResult {
     let mut steps = sc.forward_steps.clone();
     steps.sort_by_key(|s| Reverse(s.at_us));
 
-    let mut client = Connection::client(sc.client.clone(), &sc.client_psk, AddrFamily::V4, base);
-    let mut server = Endpoint::new(sc.psk.clone(), sc.server.clone(), base);
-    let mut cfiles = MemFiles::default();
-    let mut sfiles = MemFiles::default();
-    let mut server_store: HashMap<String, Vec<u8>> =
-        sc.downloads.iter().cloned().collect::<HashMap<_, _>>();
-    let mut incoming_paths: HashMap<(usize, XferId), String> = HashMap::new();
-    let mut client_files = HashMap::new();
-    let mut res = SimResult::default();
-
-    let mut pending: BTreeMap<XferId, String> = BTreeMap::new();
-    for (path, data) in &sc.uploads {
-        let x = client.send_file(path, data.len() as u64, 0o644, 0);
-        cfiles.out.insert(x, data.clone());
-        pending.insert(x, path.clone());
-    }
-    for path in sc
-        .downloads
+    let mut clients: Vec<Client> = std::iter::once(sc.own_client())
+        .chain(sc.extra_clients.iter().cloned())
+        .enumerate()
+        .map(|(n, spec)| Client {
+            addr: SocketAddr::from(([10, 0, (n >> 8) as u8, n as u8 + 1], 40000)),
+            res: ClientResult {
+                start_us: spec.start_us,
+                ..ClientResult::default()
+            },
+            spec,
+            conn: None,
+            files: MemFiles::default(),
+            pending: BTreeMap::new(),
+            incoming_paths: HashMap::new(),
+            bye: false,
+            done: false,
+        })
+        .collect();
+    let by_addr: HashMap<SocketAddr, usize> = clients
         .iter()
-        .map(|(p, _)| p)
-        .chain(&sc.missing_downloads)
-    {
-        let x = client.request(path);
-        pending.insert(x, path.clone());
-    }
-    let mut bye = false;
+        .enumerate()
+        .map(|(n, c)| (c.addr, n))
+        .collect();
+    let mut server = Endpoint::new(sc.psk.clone(), sc.server.clone(), base);
+    // Per server connection: its files, and the paths of what it receives.
+    let mut sfiles: HashMap<u64, MemFiles> = HashMap::new();
+    let mut server_paths: HashMap<(u64, XferId), String> = HashMap::new();
+    let mut server_store: HashMap<String, Vec<u8>> = clients
+        .iter()
+        .flat_map(|c| c.spec.downloads.iter().cloned())
+        .collect();
+    let mut res = SimResult::default();
+    let mut sim_error = None;
+    let mut os_drops = 0u64;
     let mut now = 0u64;
     let mut buf = vec![0u8; 65536];
-    let mut trace_bucket = 0u64;
 
     loop {
+        for c in clients.iter_mut() {
+            if c.conn.is_none() && c.spec.start_us <= now {
+                c.start(at(now));
+            }
+            c.sample(now);
+        }
         // Deliver everything due.
         while let Some(Reverse((t, s))) = net.wire.peek().copied() {
             if t > now {
@@ -309,29 +598,43 @@ pub fn run(sc: &Scenario) -> SimResult {
             }
             net.wire.pop();
             let (to, mut d, bad) = net.inflight.remove(&s).expect("queued");
-            res.corrupted += bad as u64;
-            if to == SERVER {
-                let before = server_rx(&mut server);
-                match server.route(at(now), caddr, &d) {
-                    Route::Conn(cid) => {
-                        if let Some(c) = server.conn_mut(cid) {
-                            c.handle_datagram(at(now), &mut d, &mut sfiles);
+            match to {
+                Dest::Server(from) if net.socket.is_some() => {
+                    if !net.enqueue_at_server(now, from, d, bad) {
+                        os_drops += 1;
+                    }
+                }
+                Dest::Server(from) | Dest::ServerApp(from) => {
+                    res.corrupted += bad as u64;
+                    let cl = &mut clients[from];
+                    let got = match server.route(at(now), cl.addr, &d) {
+                        Route::Conn(cid) => match server.conn_mut(cid) {
+                            Some(c) => {
+                                let before = c.stats().data_bytes_received;
+                                c.handle_datagram(at(now), &mut d, sfiles.entry(cid).or_default());
+                                c.stats().data_bytes_received.saturating_sub(before)
+                            }
+                            None => 0,
+                        },
+                        Route::NewConn(_, reply) | Route::Reply(reply) => {
+                            net.put(Dest::Client(from), now, &reply);
+                            0
                         }
-                    }
-                    Route::NewConn(_, reply) | Route::Reply(reply) => {
-                        net.put(CLIENT, now, &reply);
-                    }
-                    Route::Drop => {}
+                        Route::Drop => 0,
+                    };
+                    trace_add(&mut res.server_rx_trace, now, got);
+                    trace_add(&mut cl.res.server_rx_trace, now, got);
                 }
-                let after = server_rx(&mut server);
-                let bucket = now / 100_000;
-                while res.server_rx_trace.len() <= bucket as usize {
-                    res.server_rx_trace.push(0);
+                Dest::Client(n) => {
+                    res.corrupted += bad as u64;
+                    let cl = &mut clients[n];
+                    if let Some(conn) = cl.conn.as_mut().filter(|_| !cl.done) {
+                        let before = conn.stats().data_bytes_received;
+                        conn.handle_datagram(at(now), &mut d, &mut cl.files);
+                        let got = conn.stats().data_bytes_received.saturating_sub(before);
+                        trace_add(&mut cl.res.rx_trace, now, got);
+                    }
                 }
-                res.server_rx_trace[bucket as usize] += after.saturating_sub(before);
-                trace_bucket = trace_bucket.max(bucket);
-            } else {
-                client.handle_datagram(at(now), &mut d, &mut cfiles);
             }
         }
         while let Some(s) = steps.last() {
@@ -343,79 +646,33 @@ pub fn run(sc: &Scenario) -> SimResult {
         }
 
         // Application logic of both ends.
-        while let Some(ev) = client.poll_event() {
-            match ev {
-                Event::Connected => {}
-                Event::Offered {
-                    xfer, path, size, ..
-                } => {
-                    cfiles.inc.insert(xfer, vec![0; size as usize]);
-                    incoming_paths.insert((CLIENT, xfer), path);
-                    client.accept(xfer, &[]);
-                }
-                Event::IncomingComplete { xfer, blake3 } => {
-                    let data = cfiles.inc.remove(&xfer).unwrap_or_default();
-                    let ok = *blake3::hash(&data).as_bytes() == blake3;
-                    let path = incoming_paths.remove(&(CLIENT, xfer)).unwrap_or_default();
-                    if ok {
-                        client_files.insert(path, data);
-                        client.finish_incoming(xfer, Ok(blake3));
-                        pending.remove(&xfer);
-                    } else {
-                        client.finish_incoming(xfer, Err("hash mismatch".into()));
-                        res.error = Some(format!("download {path}: hash mismatch"));
-                    }
-                }
-                Event::OutgoingDone { xfer, result } => {
-                    let path = pending.remove(&xfer).unwrap_or_default();
-                    if let Err(e) = result {
-                        res.rejected.push((path, e));
-                    }
-                }
-                Event::Rejected { xfer, reason } => {
-                    let path = pending.remove(&xfer).unwrap_or_default();
-                    res.rejected.push((path, reason));
-                }
-                Event::IncomingFailed { reason, .. } => res.error = Some(reason),
-                Event::GetRequested { .. }
-                | Event::Bye
-                | Event::Skipped { .. }
-                | Event::MetaRequested { .. }
-                | Event::MetaReplied { .. } => {}
-                Event::Closed { error } => {
-                    if error.is_some() {
-                        res.error = error;
-                    }
-                }
-            }
-        }
-        if pending.is_empty() && !bye && client.is_established() {
-            client.bye();
-            bye = true;
+        for c in clients.iter_mut() {
+            c.on_events();
         }
         for cid in server.cids() {
             let Some(c) = server.conn_mut(cid) else {
                 continue;
             };
+            let files = sfiles.entry(cid).or_default();
             while let Some(ev) = c.poll_event() {
                 match ev {
                     Event::Offered {
                         xfer, path, size, ..
                     } => {
-                        sfiles.inc.insert(xfer, vec![0; size as usize]);
-                        incoming_paths.insert((SERVER, xfer), path);
+                        files.inc.insert(xfer, vec![0; size as usize]);
+                        server_paths.insert((cid, xfer), path);
                         c.accept(xfer, &[]);
                     }
                     Event::GetRequested { xfer, path, .. } => match server_store.get(&path) {
                         Some(data) => {
-                            sfiles.out.insert(xfer, data.clone());
+                            files.out.insert(xfer, data.clone());
                             c.offer(xfer, &path, data.len() as u64, 0o644, 0);
                         }
                         None => c.reject(xfer, &format!("not found: {path}")),
                     },
                     Event::IncomingComplete { xfer, blake3 } => {
-                        let data = sfiles.inc.remove(&xfer).unwrap_or_default();
-                        let path = incoming_paths.remove(&(SERVER, xfer)).unwrap_or_default();
+                        let data = files.inc.remove(&xfer).unwrap_or_default();
+                        let path = server_paths.remove(&(cid, xfer)).unwrap_or_default();
                         if *blake3::hash(&data).as_bytes() == blake3 {
                             server_store.insert(path.clone(), data.clone());
                             res.server_files.insert(path, data);
@@ -430,34 +687,44 @@ pub fn run(sc: &Scenario) -> SimResult {
         }
 
         // Timers, then everything each side wants to send.
-        if client
-            .poll_timeout(at(now))
-            .is_some_and(|t| us_of(t) <= now)
-        {
-            client.handle_timeout(at(now));
-        }
-        while let Some(n) = client.poll_transmit(at(now), &mut buf, &mut cfiles) {
-            net.put(SERVER, now, &buf[..n]);
+        for (n, cl) in clients.iter_mut().enumerate() {
+            let Some(conn) = cl.conn.as_mut().filter(|_| !cl.done) else {
+                continue;
+            };
+            if conn.poll_timeout(at(now)).is_some_and(|t| us_of(t) <= now) {
+                conn.handle_timeout(at(now));
+            }
+            while let Some(len) = conn.poll_transmit(at(now), &mut buf, &mut cl.files) {
+                net.put(Dest::Server(n), now, &buf[..len]);
+            }
         }
         for cid in server.cids() {
+            let to = server.conn_addr(cid).and_then(|a| by_addr.get(&a).copied());
             let Some(c) = server.conn_mut(cid) else {
                 continue;
             };
+            if net.socket.is_some() {
+                c.set_receiver_state(0, os_drops);
+            }
             if c.poll_timeout(at(now)).is_some_and(|t| us_of(t) <= now) {
                 c.handle_timeout(at(now));
             }
-            while let Some(n) = c.poll_transmit(at(now), &mut buf, &mut sfiles) {
-                net.put(CLIENT, now, &buf[..n]);
+            let files = sfiles.entry(cid).or_default();
+            while let Some(n) = c.poll_transmit(at(now), &mut buf, files) {
+                if let Some(to) = to {
+                    net.put(Dest::Client(to), now, &buf[..n]);
+                }
             }
-        }
-        for cid in server.cids() {
-            if let Some(c) = server.conn_mut(cid) {
-                res.server = c.stats();
+            if let Some(to) = to {
+                clients[to].res.server = c.stats();
             }
         }
         server.reap(at(now));
 
-        if client.is_closed() || (client.is_draining() && bye) {
+        for cl in clients.iter_mut() {
+            cl.check_done(now);
+        }
+        if clients.iter().all(|c| c.done) {
             break;
         }
         // Advance virtual time to the next thing that happens.
@@ -465,8 +732,12 @@ pub fn run(sc: &Scenario) -> SimResult {
         if let Some(Reverse((t, _))) = net.wire.peek() {
             next = next.min(*t);
         }
-        if let Some(t) = client.poll_timeout(at(now)) {
-            next = next.min(us_of(t).max(now + 1));
+        for cl in clients.iter_mut() {
+            if cl.conn.is_none() {
+                next = next.min(cl.spec.start_us);
+            } else if let Some(t) = cl.active().and_then(|c| c.poll_timeout(at(now))) {
+                next = next.min(us_of(t).max(now + 1));
+            }
         }
         for cid in server.cids() {
             if let Some(t) = server.conn_mut(cid).and_then(|c| c.poll_timeout(at(now))) {
@@ -477,36 +748,41 @@ pub fn run(sc: &Scenario) -> SimResult {
             next = next.min(s.at_us);
         }
         if next == u64::MAX {
-            res.error
-                .get_or_insert_with(|| "simulation stalled: nothing left to do".into());
+            sim_error = Some("simulation stalled: nothing left to do".to_string());
             break;
         }
         if next > sc.limit_us {
-            res.error
-                .get_or_insert_with(|| "simulation time limit reached".into());
+            sim_error = Some("simulation time limit reached".to_string());
             break;
         }
         now = next.max(now);
     }
-    while let Some(ev) = client.poll_event() {
-        if let Event::Closed { error: Some(e) } = ev {
-            res.error.get_or_insert(e);
-        }
-    }
     res.endpoint = server.stats().clone();
     res.elapsed_us = now;
-    res.client = client.stats();
-    res.client_files = client_files;
     res.fwd_delivered = net.links[0].delivered;
     res.fwd_queue_drops = net.links[0].queue_drops;
     res.fwd_random_losses = net.links[0].random_losses;
-    res.ok = res.error.is_none() && res.rejected.is_empty() && pending.is_empty();
+    res.server_os_drops = os_drops;
+    let mut all_ok = true;
+    for mut cl in clients {
+        if !cl.done {
+            cl.finish(now);
+        }
+        cl.res.ok = cl.res.error.is_none() && cl.res.rejected.is_empty() && cl.pending.is_empty();
+        all_ok &= cl.res.ok;
+        if res.error.is_none() {
+            res.error.clone_from(&cl.res.error);
+        }
+        res.rejected.extend(cl.res.rejected.iter().cloned());
+        res.clients.push(cl.res);
+    }
+    if res.error.is_none() {
+        res.error = sim_error;
+    }
+    let own = &mut res.clients[0];
+    res.client = own.stats.clone();
+    res.server = own.server.clone();
+    res.client_files = std::mem::take(&mut own.files);
+    res.ok = res.error.is_none() && all_ok;
     res
-}
-
-fn server_rx(ep: &mut Endpoint) -> u64 {
-    ep.cids()
-        .iter()
-        .filter_map(|c| ep.conn_mut(*c).map(|c| c.stats().data_bytes_received))
-        .sum()
 }

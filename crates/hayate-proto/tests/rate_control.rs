@@ -1,8 +1,9 @@
 //! The adaptive rate controller on simulated paths: it must find the bottleneck, hold it with
-//! a short queue, ignore random loss, and follow a rate step-down.
+//! a short queue, ignore random loss, follow a rate step-down, share a bottleneck fairly with
+//! another transfer, and follow a receiver slower than the link.
 
 use hayate_proto::cc::RateConfig;
-use hayate_proto::sim::{self, LinkParams, RateStep, Scenario};
+use hayate_proto::sim::{self, LinkParams, RateStep, ReceiverParams, Scenario};
 
 const MBIT: u64 = 1_000_000 / 8;
 
@@ -172,4 +173,150 @@ fn cap_and_floor_are_respected() {
         "{:.1}",
         steady / 1.25e5
     );
+}
+
+/// Jain's fairness index of some rates: 1 when equal, 1/n when one takes everything.
+fn jain(x: &[f64]) -> f64 {
+    let sum: f64 = x.iter().sum();
+    let sq: f64 = x.iter().map(|v| v * v).sum();
+    sum * sum / (x.len() as f64 * sq)
+}
+
+/// Mean of a 100 ms trace over buckets [a, b), bytes/s.
+fn mean_of(trace: &[u64], a: usize, b: usize) -> f64 {
+    let b = b.min(trace.len());
+    let a = a.min(b);
+    trace[a..b].iter().sum::<u64>() as f64 / ((b - a).max(1) as f64 / 10.0)
+}
+
+fn mbit(bytes_per_s: f64) -> f64 {
+    bytes_per_s / 1.25e5
+}
+
+/// Two uploads through one 100 Mbit/s, 50 ms, 1-BDP bottleneck, the second 2 s after the
+/// first. From 3 s after the second starts until the first winds down they share the link:
+/// fairly (Jain ≥ 0.95), and together they still fill it (≥ 90 %).
+fn two_flows(loss: f64, seed: u64) {
+    let mut sc = Scenario::new(seed);
+    (sc.forward, sc.reverse) = path(100 * MBIT, 50, loss, 1.0);
+    adaptive(&mut sc);
+    let size = 80_000_000;
+    sc.uploads = vec![("a".into(), data(size))];
+    let mut second = sc.another_client(2_000_000);
+    second.uploads = vec![("b".into(), data(size))];
+    sc.extra_clients.push(second);
+    let r = sim::run(&sc);
+    assert!(r.ok, "{:?}", r.error);
+    assert_eq!(r.server_files["a"].len(), size);
+    assert_eq!(r.server_files["b"].len(), size);
+
+    let (a, b) = (&r.clients[0].server_rx_trace, &r.clients[1].server_rx_trace);
+    let from = 50; // 3 s after the second started
+    let until = a
+        .iter()
+        .rposition(|&x| x > 0)
+        .unwrap_or(0)
+        .saturating_sub(5);
+    let rates = [
+        mean_of(a, from, until.max(from + 1)),
+        mean_of(b, from, until.max(from + 1)),
+    ];
+    let fairness = jain(&rates);
+    let capacity = 100.0 * MBIT as f64 * 1426.0 / 1500.0 * (1.0 - loss);
+    let util = (rates[0] + rates[1]) / capacity;
+    let retx: Vec<f64> = r
+        .clients
+        .iter()
+        .map(|c| c.stats.data_packets_retransmitted as f64 / c.stats.data_packets_sent as f64)
+        .collect();
+    let show = |t: &[u64]| {
+        t.chunks(5)
+            .map(|x| format!("{:.0}", mbit(x.iter().sum::<u64>() as f64 * 2.0)))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let report = format!(
+        "loss {loss}: {:.1} + {:.1} Mbit/s over {:.1}..{:.1} s: Jain {fairness:.3}, \
+         utilisation {:.1} %, retransmitted {:.2} % / {:.2} %, srtt {} / {} µs\n a: {}\n b: {}",
+        mbit(rates[0]),
+        mbit(rates[1]),
+        from as f64 / 10.0,
+        until as f64 / 10.0,
+        util * 100.0,
+        retx[0] * 100.0,
+        retx[1] * 100.0,
+        r.clients[0].stats.srtt_us,
+        r.clients[1].stats.srtt_us,
+        show(a),
+        show(b),
+    );
+    eprintln!("{report}");
+    assert!(until >= from + 30, "first flow ended at {until}: {report}");
+    assert!(fairness >= 0.95, "{report}");
+    assert!(util >= 0.90, "{report}");
+    for x in retx {
+        assert!(x <= loss + 0.02, "{report}");
+    }
+}
+
+#[test]
+fn two_flows_share_the_link_fairly() {
+    two_flows(0.0, 11);
+}
+
+#[test]
+fn two_flows_share_a_lossy_link_fairly() {
+    two_flows(0.01, 12);
+}
+
+/// The server takes datagrams in at `rx_rate` bytes/s (a slow disk), behind a socket buffer
+/// of `buffer` bytes whose overflows the kernel counts: the sender must follow the receiver,
+/// not the link, and not pour datagrams into the full buffer.
+fn slow_receiver(rx_rate: u64, buffer: u64, seed: u64) -> (f64, f64) {
+    let mut sc = Scenario::new(seed);
+    (sc.forward, sc.reverse) = path(100 * MBIT, 50, 0.0, 1.0);
+    adaptive(&mut sc);
+    sc.server_receiver = Some(ReceiverParams {
+        rate: rx_rate,
+        buffer_bytes: buffer,
+    });
+    sc.uploads = vec![("f".into(), data(30_000_000))];
+    let r = sim::run(&sc);
+    assert!(r.ok, "{:?}", r.error);
+    let secs = r.server_rx_trace.len() as f64 / 10.0;
+    let steady = mean_rate(&r, 2.0, secs - 0.5);
+    let retx = r.client.data_packets_retransmitted as f64 / r.client.data_packets_sent as f64;
+    let trace: Vec<String> = r
+        .server_rx_trace
+        .chunks(5)
+        .map(|x| format!("{:.0}", mbit(x.iter().sum::<u64>() as f64 * 2.0)))
+        .collect();
+    eprintln!(
+        "receiver {:.0} Mbit/s, buffer {} KB: {:.1} Mbit/s steady, retransmitted {:.2} %, \
+         {} receiver drops, srtt {} µs\n {}",
+        mbit(rx_rate as f64),
+        buffer / 1000,
+        mbit(steady),
+        retx * 100.0,
+        r.server_os_drops,
+        r.client.srtt_us,
+        trace.join(" ")
+    );
+    (steady, retx)
+}
+
+#[test]
+fn follows_a_receiver_slower_than_the_link() {
+    // 40 Mbit/s of datagrams on a 100 Mbit/s path; what arrives of it is payload.
+    let rx = 40 * MBIT;
+    let payload = mbit(rx as f64) * 1426.0 / 1500.0;
+    for (buffer, seed) in [(256_000, 21), (4_000_000, 22)] {
+        let (steady, retx) = slow_receiver(rx, buffer, seed);
+        assert!(
+            mbit(steady) >= 0.9 * payload && mbit(steady) <= 1.02 * payload,
+            "buffer {buffer}: {:.1} of {payload:.1} Mbit/s",
+            mbit(steady)
+        );
+        assert!(retx < 0.05, "buffer {buffer}: retransmitted {retx:.3}");
+    }
 }

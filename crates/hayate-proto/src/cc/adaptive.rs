@@ -1,16 +1,32 @@
 //! Adaptive rate: find the bottleneck from what the receiver actually takes in, hold it with
-//! a short queue, shrug off random loss, back off when the queue or the receiver says so.
+//! a short queue, shrug off random loss, back off when the queue or the receiver says so,
+//! and share a bottleneck fairly with other flows.
 //!
-//! The model is BBR's (a windowed max of the delivery rate is the bottleneck bandwidth; pace
-//! at gain × that), with hayate's own signals:
-//! - the delivery rate is measured by the receiver's clock (ACK `rx_bytes`/`rx_time_us`), so
-//!   it is exact even when ACKs are delayed or bunched;
-//! - random loss must not shrink the estimate: while the queue is empty, loss cannot be
-//!   congestion, so the sample is scaled back up by the recent loss ratio;
-//! - queueing delay (RTT over the path's minimum) above a target means we overshoot: pace
-//!   below the estimate until it drains;
-//! - the receiver's OS dropping datagrams means the receiver (disk, CPU) is the bottleneck:
-//!   the estimate is cut to what it took in.
+//! Searching (startup) is BBR's: the pacing rate doubles per round trip until the queue
+//! builds, then the queue of that overshoot is drained. The delivery rate is measured by the
+//! receiver's clock (ACK `rx_bytes`/`rx_time_us`), so it is exact even when ACKs are delayed or
+//! bunched; its recent maximum is the estimate.
+//!
+//! Then the controller cycles between two phases:
+//! - **grow**: pace at the estimate plus an increment that starts at one datagram per round trip
+//!   and doubles every round, until the queue builds (a few RTT samples in a row above a small
+//!   target over the path's minimum RTT), or until sending more visibly gets nothing more
+//!   through without any queue (a policer): then it starts over from the estimate;
+//! - **drain**: the estimate becomes (a little under) what this flow was delivered while the
+//!   queue built, which under a FIFO queue is its share of the bottleneck, and about a round
+//!   under that, by as much as the queue holds, empties the queue again.
+//!
+//! A lone flow thus holds its bottleneck with a queue of a few milliseconds. Flows sharing one
+//! get the same increments, whatever their rates: the smaller flow gains relatively more each
+//! cycle and the drain takes back in proportion, so shares converge (additive increase,
+//! multiplicative decrease, with the queue as the signal instead of loss). A flow whose share
+//! keeps falling yields a little more; a queue far above the target (a newcomer's startup, or a
+//! path that got slower) makes every flow yield more, so the newcomer is not stuck small.
+//!
+//! Random loss does not count as congestion: it is taken out of the delivery rate (scaled back
+//! up by the recent loss ratio) and never shrinks the estimate by itself. The receiver's OS
+//! dropping datagrams means the receiver (disk, CPU) is the bottleneck: the estimate is cut to
+//! what it took in.
 
 use super::{Feedback, RateControl};
 
@@ -18,9 +34,35 @@ use super::{Feedback, RateControl};
 /// round that finds the limit overfills the queue by at most one BDP.
 const STARTUP_GAIN: f64 = 2.0;
 const DRAIN_GAIN: f64 = 0.75;
-/// Gentle probing: +15 % for one round, -15 % the next, then six rounds at the estimate.
-/// A 1-BDP buffer absorbs the probe without loss; a 0.1-BDP buffer loses little.
-const PROBE_CYCLE: [f64; 8] = [1.15, 0.85, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0];
+/// Leaving a queue behind: at most this many rounds.
+const MAX_DRAIN_ROUNDS: u32 = 3;
+/// Pacing gain (of the share just found) while a queue found by growing drains: one minus
+/// the queueing delay over the path's minimum RTT, within these bounds.
+const MIN_QUEUE_DRAIN_GAIN: f64 = 0.7;
+const MAX_QUEUE_DRAIN_GAIN: f64 = 0.95;
+/// The grow phase's first increment: one datagram per round trip, bytes.
+const GROW_STEP: f64 = 1500.0;
+/// The increment is at most this share of the estimate (past it, growth is startup's job).
+const MAX_GROW: f64 = 0.25;
+/// Growing stops when the queue exceeds this many times the queue target, on this many RTT
+/// samples in a row.
+const GROW_QUEUE: f64 = 1.5;
+const GROW_QUEUE_SAMPLES: u32 = 3;
+/// Growing stops, too, when this much more is sent than gets through without any queue
+/// building (a policer, or a receiver that drops silently).
+const GROW_UNDELIVERED: f64 = 1.1;
+/// The estimate after a queue was found: this much of the share found. The few per cent of
+/// room left are what every flow then regains by the same increments: the AIMD that evens
+/// shares out (at 1.0 it works too, but far more slowly).
+const SHARE_GAIN: f64 = 0.97;
+/// A flow whose share fell under this fraction of its recent shares yields `YIELD_GAIN`.
+const SHARE_FALLING: f64 = 0.97;
+const YIELD_GAIN: f64 = 0.95;
+/// Shares remembered for that, one per drain.
+const SHARE_HISTORY: usize = 4;
+/// A queue over this fraction of the path's minimum RTT: every flow yields `BIG_QUEUE_GAIN`.
+const BIG_QUEUE: f64 = 1.0 / 3.0;
+const BIG_QUEUE_GAIN: f64 = 0.7;
 /// Rounds over which the maximum delivery rate is remembered.
 const BW_WINDOW: usize = 10;
 /// Starting guess: 32 Mbit/s, a rate most paths carry for one round trip.
@@ -36,33 +78,59 @@ pub enum Mode {
     ProbeBw,
 }
 
+/// Where a flow in `ProbeBw` is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// At the estimate plus an increment that doubles every round; rounds so far.
+    Grow(u32),
+    /// Under the estimate (just set to our share) until the queue is gone; rounds so far
+    /// (0: the rest of the round in which the queue was found).
+    Drain(u32),
+}
+
 #[derive(Debug, Clone)]
 pub struct Adaptive {
     max_rate: Option<u64>,
     min_rate: u64,
     mode: Mode,
-    /// Per-round maxima of delivery-rate samples, newest last.
+    phase: Phase,
+    /// Per-round delivery rates (see `round_sample`), newest last.
     bw_rounds: Vec<u64>,
+    /// This round: the largest delivery-rate sample, and the sum and count of all of them.
     round_max: u64,
+    round_rx_sum: u64,
+    round_rx_n: u32,
+    /// Sum of this round's samples as measured (none scaled up for random loss).
+    round_raw_sum: u64,
+    /// The mean measured delivery rate of the last round.
+    last_round_mean: u64,
     round_start_us: u64,
+    /// The pacing rate as the last round ended (this round's deliveries answer it).
+    prev_rate: u64,
     round_sent: u64,
     round_lost: u64,
     round_queue_hits: u32,
     round_samples: u32,
+    /// Least queueing delay seen this round, µs.
+    round_min_queue_us: u64,
     loss_ewma: f64,
     /// Startup: rounds without 25 % growth.
     plateau_rounds: u32,
     plateau_bw: u64,
-    cycle: usize,
+    drain_rounds: u32,
     /// Consecutive RTT samples above the queue target (startup exits on 3).
     queued_samples: u32,
-    /// Consecutive probing rounds with a standing queue.
-    queued_rounds: u32,
+    /// Consecutive RTT samples above the grow phase's limit.
+    grow_queued_samples: u32,
+    /// Our shares at the last drains, newest last.
+    shares: Vec<u64>,
     /// Queueing delay (latest RTT − min RTT), µs.
     queue_delay_us: u64,
     min_rtt_us: u64,
     srtt_us: u64,
     rate: u64,
+    /// Pacing gain while a queue found by growing drains.
+    drain_gain: f64,
 }
 
 impl Adaptive {
@@ -71,23 +139,32 @@ impl Adaptive {
             max_rate,
             min_rate,
             mode: Mode::Startup,
+            phase: Phase::Grow(0),
             bw_rounds: Vec::new(),
             round_max: 0,
+            round_rx_sum: 0,
+            round_rx_n: 0,
+            round_raw_sum: 0,
+            last_round_mean: 0,
             round_start_us: 0,
+            prev_rate: 0,
             round_sent: 0,
             round_lost: 0,
             round_queue_hits: 0,
             round_samples: 0,
+            round_min_queue_us: u64::MAX,
             loss_ewma: 0.0,
             plateau_rounds: 0,
             plateau_bw: 0,
-            cycle: 0,
+            drain_rounds: 0,
             queued_samples: 0,
-            queued_rounds: 0,
+            grow_queued_samples: 0,
+            shares: Vec::new(),
             queue_delay_us: 0,
             min_rtt_us: 0,
             srtt_us: 0,
             rate: INITIAL_RATE,
+            drain_gain: MAX_QUEUE_DRAIN_GAIN,
         };
         a.rate = a.clamp(INITIAL_RATE as f64);
         a
@@ -99,12 +176,33 @@ impl Adaptive {
 
     /// Current bottleneck estimate, bytes/s.
     pub fn bottleneck(&self) -> u64 {
+        // While a queue drains the estimate holds at the share found: the samples of a drain
+        // only tell how fast the queue empties.
+        let current = if self.draining() {
+            0
+        } else {
+            self.round_sample()
+        };
         self.bw_rounds
             .iter()
             .copied()
-            .chain(std::iter::once(self.round_max))
+            .chain(std::iter::once(current))
             .max()
             .unwrap_or(0)
+    }
+
+    fn draining(&self) -> bool {
+        self.mode == Mode::ProbeBw && matches!(self.phase, Phase::Drain(_))
+    }
+
+    /// This round's delivery rate: the largest sample while searching (the rate grows within
+    /// a round), the mean later (the largest of noisy samples overestimates, and flows that
+    /// all overestimate keep a queue standing).
+    fn round_sample(&self) -> u64 {
+        match self.mode {
+            Mode::ProbeBw if self.round_rx_n > 0 => self.round_rx_sum / self.round_rx_n as u64,
+            _ => self.round_max,
+        }
     }
 
     fn clamp(&self, r: f64) -> u64 {
@@ -124,20 +222,66 @@ impl Adaptive {
         self.srtt_us.max(2_000)
     }
 
+    /// The grow phase's increment after `k` rounds, bytes/s: the same for every flow on the
+    /// path, whatever its rate.
+    fn increment(&self, k: u32) -> f64 {
+        if k == 0 {
+            return 0.0;
+        }
+        let rtt = self.min_rtt_us.max(1_000) as f64 / 1e6;
+        GROW_STEP * 2f64.powi(k.min(40) as i32 - 1) / rtt
+    }
+
+    /// The queue built: what we were delivered meanwhile is our share of the bottleneck (less
+    /// if it keeps falling, or the queue is far too long); drain under that.
+    fn queue_found(&mut self) {
+        let mut share = if self.round_rx_n >= 3 {
+            self.round_raw_sum / self.round_rx_n as u64
+        } else if self.last_round_mean > 0 {
+            self.last_round_mean
+        } else {
+            self.round_max
+        };
+        // Random loss took its part after the bottleneck carried it.
+        let l = self.loss_ewma.min(MAX_LOSS_COMPENSATION);
+        share = (share as f64 / (1.0 - l)) as u64;
+        let recent = self.shares.iter().copied().max().unwrap_or(0);
+        let mut gain = SHARE_GAIN;
+        if (share as f64) < SHARE_FALLING * recent as f64 {
+            gain = YIELD_GAIN;
+        }
+        if self.queue_delay_us as f64 > self.min_rtt_us as f64 * BIG_QUEUE {
+            gain = BIG_QUEUE_GAIN;
+        }
+        self.shares.push(share);
+        if self.shares.len() > SHARE_HISTORY {
+            self.shares.remove(0);
+        }
+        self.bw_rounds.clear();
+        self.bw_rounds.push((share as f64 * gain) as u64);
+        self.phase = Phase::Drain(0);
+        // Under it by as much as the queue holds, so that it empties in about a round trip
+        // (not more: a queue drained too far leaves the link idle).
+        self.drain_gain = (1.0 - self.queue_delay_us as f64 / self.min_rtt_us.max(1) as f64)
+            .clamp(MIN_QUEUE_DRAIN_GAIN, MAX_QUEUE_DRAIN_GAIN);
+    }
+
     fn end_round(&mut self, now_us: u64) {
         let sent = self.round_sent.max(1) as f64;
         let loss = (self.round_lost as f64 / sent).min(1.0);
         if self.round_sent > 0 {
             self.loss_ewma = 0.75 * self.loss_ewma + 0.25 * loss;
         }
-        if self.round_samples > 0 || self.bw_rounds.is_empty() {
-            self.bw_rounds.push(self.round_max);
+        if (self.round_samples > 0 && !self.draining()) || self.bw_rounds.is_empty() {
+            self.bw_rounds.push(self.round_sample());
             if self.bw_rounds.len() > BW_WINDOW {
                 self.bw_rounds.remove(0);
             }
         }
         let queue_building =
             self.round_samples > 0 && self.round_queue_hits * 2 > self.round_samples;
+        let standing = self.round_samples > 0 && self.round_min_queue_us > self.queue_target_us();
+
         let bw = self.bottleneck();
         match self.mode {
             Mode::Startup => {
@@ -153,39 +297,51 @@ impl Adaptive {
                 }
             }
             Mode::Drain => {
-                if !queue_building {
+                self.drain_rounds += 1;
+                if !queue_building || self.drain_rounds >= MAX_DRAIN_ROUNDS {
                     self.mode = Mode::ProbeBw;
-                    self.cycle = 0;
+                    self.phase = Phase::Grow(0);
                 }
             }
             Mode::ProbeBw => {
-                self.cycle = (self.cycle + 1) % PROBE_CYCLE.len();
-                let n = self.bw_rounds.len();
-                let recent = self.bw_rounds[n.saturating_sub(2)..]
-                    .iter()
-                    .copied()
-                    .max()
-                    .unwrap_or(0);
-                // A standing queue while delivering well under the estimate: the path got
-                // slower (or another flow arrived). A probe's queue delivers at the estimate.
-                let slower = (recent as f64) < 0.9 * bw as f64;
-                self.queued_rounds = if queue_building && slower {
-                    self.queued_rounds + 1
-                } else {
-                    0
+                self.phase = match self.phase {
+                    Phase::Grow(_) if standing && self.round_rx_n > 0 => {
+                        // A queue stood all round: the path got slower, or another flow grew.
+                        self.queue_found();
+                        Phase::Drain(1)
+                    }
+                    Phase::Grow(k)
+                        if k >= 2
+                            && self.round_rx_n > 0
+                            && self.prev_rate as f64
+                                > GROW_UNDELIVERED * self.round_rx_sum as f64
+                                    / self.round_rx_n as f64 =>
+                    {
+                        // Sending more got nothing more through, and no queue says why:
+                        // start over from the estimate.
+                        Phase::Grow(0)
+                    }
+                    Phase::Grow(k) => Phase::Grow(k + 1),
+                    // The round the queue was found in is not a whole round of draining.
+                    Phase::Drain(0) => Phase::Drain(1),
+                    Phase::Drain(n) if standing && n < MAX_DRAIN_ROUNDS => Phase::Drain(n + 1),
+                    Phase::Drain(_) => Phase::Grow(0),
                 };
-                if self.queued_rounds >= 2 {
-                    self.bw_rounds.clear();
-                    self.bw_rounds.push(recent);
-                    self.queued_rounds = 0;
-                }
             }
         }
+        if self.round_rx_n > 0 {
+            self.last_round_mean = self.round_raw_sum / self.round_rx_n as u64;
+        }
+        self.prev_rate = self.rate;
         self.round_max = 0;
+        self.round_rx_sum = 0;
+        self.round_rx_n = 0;
+        self.round_raw_sum = 0;
         self.round_sent = 0;
         self.round_lost = 0;
         self.round_queue_hits = 0;
         self.round_samples = 0;
+        self.round_min_queue_us = u64::MAX;
         self.round_start_us = now_us;
     }
 
@@ -194,15 +350,13 @@ impl Adaptive {
         if bw == 0 {
             return;
         }
-        let queued = self.queue_delay_us > self.queue_target_us();
-        let gain = match self.mode {
-            Mode::Startup => STARTUP_GAIN,
-            Mode::Drain => DRAIN_GAIN,
-            // Overshooting: skip the probe and pace under the estimate until it drains.
-            Mode::ProbeBw if queued => 0.9,
-            Mode::ProbeBw => PROBE_CYCLE[self.cycle],
-        };
-        self.rate = self.clamp(bw as f64 * gain);
+        let bw = bw as f64;
+        self.rate = self.clamp(match (self.mode, self.phase) {
+            (Mode::Startup, _) => bw * STARTUP_GAIN,
+            (Mode::Drain, _) => bw * DRAIN_GAIN,
+            (Mode::ProbeBw, Phase::Drain(_)) => bw * self.drain_gain,
+            (Mode::ProbeBw, Phase::Grow(k)) => bw + self.increment(k).min(bw * MAX_GROW),
+        });
     }
 }
 
@@ -220,16 +374,29 @@ impl RateControl for Adaptive {
         self.srtt_us = fb.srtt_us;
         if let Some(rtt) = fb.rtt_us {
             self.queue_delay_us = rtt.saturating_sub(fb.min_rtt_us);
+            self.round_min_queue_us = self.round_min_queue_us.min(self.queue_delay_us);
             self.round_samples += 1;
-            if self.queue_delay_us > self.queue_target_us() {
+            let target = self.queue_target_us();
+            if self.queue_delay_us > target {
                 self.round_queue_hits += 1;
                 self.queued_samples += 1;
             } else {
                 self.queued_samples = 0;
             }
+            if self.queue_delay_us as f64 > GROW_QUEUE * target as f64 {
+                self.grow_queued_samples += 1;
+            } else {
+                self.grow_queued_samples = 0;
+            }
             // The queue is growing: the pipe is full, stop doubling now, not rounds later.
             if self.mode == Mode::Startup && self.queued_samples >= 3 {
                 self.mode = Mode::Drain;
+            }
+            if self.mode == Mode::ProbeBw
+                && matches!(self.phase, Phase::Grow(k) if k > 0)
+                && self.grow_queued_samples >= GROW_QUEUE_SAMPLES
+            {
+                self.queue_found();
             }
         }
         self.round_lost += fb.lost_bytes;
@@ -244,14 +411,22 @@ impl RateControl for Adaptive {
                 rx
             };
             self.round_max = self.round_max.max(sample);
+            self.round_rx_sum += sample;
+            self.round_raw_sum += rx;
+            self.round_rx_n += 1;
         }
         if fb.rx_drops > 0 {
             // The receiver could not keep up: believe only what it took in.
             let took = fb.rx_rate.unwrap_or(self.rate / 2);
             self.bw_rounds.clear();
             self.round_max = took;
-            if self.mode == Mode::Startup {
-                self.mode = Mode::Drain;
+            self.round_rx_sum = took;
+            self.round_raw_sum = took;
+            self.round_rx_n = 1;
+            match self.mode {
+                Mode::Startup => self.mode = Mode::Drain,
+                Mode::Drain => {}
+                Mode::ProbeBw => self.phase = Phase::Grow(0),
             }
         }
         if fb.now_us >= self.round_start_us + self.round_len_us() {
@@ -270,10 +445,11 @@ impl RateControl for Adaptive {
     }
 
     fn name(&self) -> &'static str {
-        match self.mode {
-            Mode::Startup => "startup",
-            Mode::Drain => "drain",
-            Mode::ProbeBw => "probe",
+        match (self.mode, self.phase) {
+            (Mode::Startup, _) => "startup",
+            (Mode::Drain, _) => "drain",
+            (Mode::ProbeBw, Phase::Grow(_)) => "probe",
+            (Mode::ProbeBw, Phase::Drain(_)) => "yield",
         }
     }
 }
