@@ -20,7 +20,10 @@ fn fake_ssh(dir: &Path, name: &str, body: &str) -> PathBuf {
 
 fn spec(ssh: &Path) -> SshSpec {
     SshSpec {
+        // Run through sh, not exec'd directly: another test thread forking while this
+        // script was open for writing would make exec fail with ETXTBSY.
         command: vec![
+            "/bin/sh".into(),
             ssh.to_str().unwrap().to_string(),
             "-o".into(),
             "A=b c".into(),
@@ -234,7 +237,9 @@ fn channel_keeps_bytes_after_banner() {
 fn spawn_errors() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("no-such-ssh");
-    let e = SshChild::spawn(&spec(&missing), true).err().unwrap();
+    let mut s = spec(&missing);
+    s.command.remove(0); // exec it directly: it does not exist
+    let e = SshChild::spawn(&s, true).err().unwrap();
     assert!(matches!(e, SshError::Spawn(..)), "{e:?}");
     let ssh = fake_ssh(dir.path(), "ssh", "exit 0");
     let mut s = spec(&ssh);
