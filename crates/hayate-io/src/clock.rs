@@ -52,7 +52,15 @@ pub fn sleep_until(deadline: Instant) {
 /// [`SPIN_MARGIN`] before the deadline, then non-blocking polls with yields. Returns true
 /// as soon as it is readable (errors pending on the socket also count as readable).
 pub fn wait_readable_until<F: AsFd>(fd: &F, deadline: Instant) -> io::Result<bool> {
-    let fd = fd.as_fd();
+    wait_any_until(&[(fd.as_fd(), libc::POLLIN)], deadline)
+}
+
+/// [`wait_readable_until`] for several fds, each with its own poll events: true as soon as
+/// any of them is ready, false when `deadline` passes.
+pub fn wait_any_until(
+    fds: &[(BorrowedFd<'_>, libc::c_short)],
+    deadline: Instant,
+) -> io::Result<bool> {
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         let timeout = if left > SPIN_MARGIN {
@@ -60,8 +68,7 @@ pub fn wait_readable_until<F: AsFd>(fd: &F, deadline: Instant) -> io::Result<boo
         } else {
             Duration::ZERO
         };
-        let revents = poll_fd(fd, libc::POLLIN, Some(timeout))?;
-        if revents != 0 {
+        if poll_fds(fds, Some(timeout))? {
             return Ok(true);
         }
         if left.is_zero() {
@@ -80,13 +87,35 @@ pub(crate) fn poll_fd(
     events: libc::c_short,
     timeout: Option<Duration>,
 ) -> io::Result<libc::c_short> {
+    let mut pfd = [libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events,
+        revents: 0,
+    }];
+    ppoll(&mut pfd, timeout)?;
+    Ok(pfd[0].revents)
+}
+
+/// True if any of `fds` is ready within `timeout`.
+fn poll_fds(
+    fds: &[(BorrowedFd<'_>, libc::c_short)],
+    timeout: Option<Duration>,
+) -> io::Result<bool> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|(fd, events)| libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: *events,
+            revents: 0,
+        })
+        .collect();
+    Ok(ppoll(&mut pfds, timeout)? > 0)
+}
+
+/// `ppoll(2)` restarted after signals with the time left; returns the count of ready fds.
+fn ppoll(pfds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<usize> {
     let deadline = timeout.map(|t| Instant::now() + t);
     loop {
-        let mut pfd = libc::pollfd {
-            fd: fd.as_raw_fd(),
-            events,
-            revents: 0,
-        };
         let ts = deadline.map(|d| {
             let left = d.saturating_duration_since(Instant::now());
             libc::timespec {
@@ -97,10 +126,18 @@ pub(crate) fn poll_fd(
         let ts_ptr = ts
             .as_ref()
             .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-        // SAFETY: one valid pollfd; ts_ptr is null or points at a live timespec.
-        let r = unsafe { libc::ppoll(&mut pfd, 1, ts_ptr, std::ptr::null()) };
+        // SAFETY: `pfds` is a valid pollfd array of its length; ts_ptr is null or points
+        // at a live timespec.
+        let r = unsafe {
+            libc::ppoll(
+                pfds.as_mut_ptr(),
+                pfds.len() as libc::nfds_t,
+                ts_ptr,
+                std::ptr::null(),
+            )
+        };
         if r >= 0 {
-            return Ok(if r == 0 { 0 } else { pfd.revents });
+            return Ok(r as usize);
         }
         let e = io::Error::last_os_error();
         if e.kind() != io::ErrorKind::Interrupted {

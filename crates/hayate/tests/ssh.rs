@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::sshd::Sshd;
-use common::{hayate, Run, BIN};
+use common::{hayate, spawn_cmd, Run, BIN};
 
 struct Fx {
     sshd: Sshd,
@@ -46,33 +46,7 @@ impl Fx {
 }
 
 fn run(cmd: &mut Command, limit: Duration) -> Run {
-    let start = Instant::now();
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn hayate");
-    let out = loop {
-        if child.try_wait().expect("try_wait").is_some() {
-            break child.wait_with_output().expect("output");
-        }
-        if start.elapsed() > limit {
-            let _ = child.kill();
-            let o = child.wait_with_output().expect("output");
-            panic!(
-                "hayate cp did not finish within {limit:?}\nstderr:\n{}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Run {
-        status: out.status,
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        elapsed: start.elapsed(),
-    }
+    spawn_cmd(cmd).wait(limit)
 }
 
 fn write(path: &Path, len: usize, seed: u8) {

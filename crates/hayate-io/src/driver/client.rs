@@ -16,9 +16,8 @@ use hayate_proto::wire::AddrFamily;
 use hayate_proto::{BlockSink, BlockSource, Config, Connection, Event, FileOffer, Stats, XferId};
 
 use super::link::{Links, StreamLink, STREAM_PEER};
-use super::resume::{ResumeState, MIN_RESUME_SIZE};
-use super::server::{dest_mode, resumable, systime};
-use super::StopFlag;
+use super::resume::{resumable, save_progress};
+use super::{dest_mode, systime, StopFlag};
 use crate::fs::{self, create_local_part, EntryKind, PartFile, Root};
 use crate::udp::UdpSocket;
 
@@ -462,11 +461,7 @@ impl Session<'_> {
             let remote = join_remote(base, &e.path);
             match e.kind {
                 EntryKind::Dir => {
-                    let mode = Some(if preserve {
-                        e.mode & 0o777
-                    } else {
-                        e.mode & 0o777 & !fs::umask()
-                    });
+                    let mode = Some(dest_mode(e.mode, self.opts_flags));
                     let r = FileResult::new(Kind::Dir, true, local, remote.clone(), 0);
                     self.meta_op(
                         conn,
@@ -575,11 +570,7 @@ impl Session<'_> {
             match e.kind {
                 WireKind::Dir => {
                     let mut r = FileResult::new(Kind::Dir, false, lpath.clone(), remote, 0);
-                    let mode = if preserve {
-                        e.mode & 0o777
-                    } else {
-                        e.mode & 0o777 & !fs::umask()
-                    };
+                    let mode = dest_mode(e.mode, self.opts_flags);
                     match path_str(&lpath)
                         .and_then(|p| local.mkdirs(p, Some(mode)).map_err(|e| e.to_string()))
                     {
@@ -720,20 +711,8 @@ impl Session<'_> {
 
 /// Writes down what a download already has, for a rerun.
 fn save_download_state(conn: &Connection, xfer: XferId, a: &mut Active) {
-    let Some(part) = &a.part else { return };
-    if a.size < MIN_RESUME_SIZE {
-        return;
-    }
-    let Some(missing) = conn.incoming_missing(xfer) else {
-        return;
-    };
-    let key = missing.iter().map(|(a, b)| b - a).sum::<u64>();
-    if a.saved == Some(key) {
-        return;
-    }
-    let st = ResumeState::from_missing(a.size, a.mtime, conn.block_size() as u64, &missing);
-    if part.save_state(&st.encode()).is_ok() {
-        a.saved = Some(key);
+    if let Some(part) = &a.part {
+        save_progress(conn, xfer, part, a.size, a.mtime, &mut a.saved);
     }
 }
 

@@ -7,10 +7,10 @@ use std::collections::VecDeque;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::SendBatch;
-use crate::clock::SPIN_MARGIN;
+use crate::clock::wait_any_until;
 use crate::udp::{RecvBufs, UdpSocket};
 
 /// The peer address datagrams from the stream appear to come from. No UDP datagram can carry
@@ -240,66 +240,20 @@ impl Links {
         self.stream.as_ref().is_some_and(|s| s.is_eof())
     }
 
-    /// Sleeps until a datagram may be waiting on either path or `deadline` passes (µs
-    /// precision: kernel sleep, then a short spin as in `clock::wait_readable_until`).
+    /// Sleeps until a datagram may be waiting on either path, the stream can take queued
+    /// bytes, or `deadline` passes (µs precision, see `clock::wait_any_until`).
     pub fn wait_until(&self, deadline: Instant) -> io::Result<()> {
-        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(3);
+        let mut fds = Vec::with_capacity(3);
         if let Some(s) = &self.udp {
-            fds.push(pollfd(s.as_fd().as_raw_fd(), libc::POLLIN));
+            fds.push((s.as_fd(), libc::POLLIN));
         }
-        if let Some(s) = &self.stream {
-            if !s.eof {
-                fds.push(pollfd(s.rd.as_raw_fd(), libc::POLLIN));
-                if s.wants_write() {
-                    fds.push(pollfd(s.wr.as_raw_fd(), libc::POLLOUT));
-                }
+        if let Some(s) = self.stream.as_ref().filter(|s| !s.eof) {
+            fds.push((s.rd.as_fd(), libc::POLLIN));
+            if s.wants_write() {
+                fds.push((s.wr.as_fd(), libc::POLLOUT));
             }
         }
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let timeout = if left > SPIN_MARGIN {
-                left - SPIN_MARGIN
-            } else {
-                Duration::ZERO
-            };
-            let ts = libc::timespec {
-                tv_sec: timeout.as_secs().min(libc::time_t::MAX as u64) as libc::time_t,
-                tv_nsec: timeout.subsec_nanos() as _,
-            };
-            // SAFETY: `fds` is a valid array of pollfd of the given length; ts is live.
-            let r = unsafe {
-                libc::ppoll(
-                    fds.as_mut_ptr(),
-                    fds.len() as libc::nfds_t,
-                    &ts,
-                    std::ptr::null(),
-                )
-            };
-            if r > 0 {
-                return Ok(());
-            }
-            if r < 0 {
-                let e = io::Error::last_os_error();
-                if e.kind() != io::ErrorKind::Interrupted {
-                    return Err(e);
-                }
-                continue;
-            }
-            if left.is_zero() {
-                return Ok(());
-            }
-            if timeout.is_zero() {
-                std::thread::yield_now();
-            }
-        }
-    }
-}
-
-fn pollfd(fd: i32, events: libc::c_short) -> libc::pollfd {
-    libc::pollfd {
-        fd,
-        events,
-        revents: 0,
+        wait_any_until(&fds, deadline).map(|_| ())
     }
 }
 

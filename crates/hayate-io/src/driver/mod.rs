@@ -11,6 +11,9 @@ pub mod server;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use hayate_proto::control::flags;
 
 pub use batch::SendBatch;
 
@@ -31,5 +34,23 @@ impl StopFlag {
     /// The flag itself, for `signal_hook::flag::register`.
     pub fn inner(&self) -> Arc<AtomicBool> {
         self.0.clone()
+    }
+}
+
+/// The mode a received file or directory gets: exact with `-p`, else masked by the umask.
+pub(crate) fn dest_mode(mode: u32, fl: u32) -> u32 {
+    if fl & flags::PRESERVE != 0 {
+        mode & 0o777
+    } else {
+        mode & 0o777 & !crate::fs::umask()
+    }
+}
+
+/// Seconds since the epoch (negative before it) as a `SystemTime`.
+pub(crate) fn systime(secs: i64) -> SystemTime {
+    if secs >= 0 {
+        UNIX_EPOCH + Duration::from_secs(secs as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
     }
 }

@@ -2,6 +2,10 @@
 //! sends only the rest. Stored as byte ranges (not blocks) because the next session may use
 //! a different block size. The whole-file BLAKE3 at the end still proves the result.
 
+use hayate_proto::{Connection, XferId};
+
+use crate::fs::PartFile;
+
 /// Files smaller than this are simply sent again: not worth a state file.
 pub const MIN_RESUME_SIZE: u64 = 1 << 20;
 
@@ -83,6 +87,43 @@ impl ResumeState {
             have.push((a, b));
         }
         Some(Self { size, mtime, have })
+    }
+}
+
+/// Saves the state of receive `xfer` into `part`'s state file, unless nothing changed since
+/// the last save (`saved` remembers the missing-byte count then).
+pub(crate) fn save_progress(
+    c: &Connection,
+    xfer: XferId,
+    part: &PartFile,
+    size: u64,
+    mtime: i64,
+    saved: &mut Option<u64>,
+) {
+    if size < MIN_RESUME_SIZE {
+        return;
+    }
+    let Some(missing) = c.incoming_missing(xfer) else {
+        return;
+    };
+    let key = missing.iter().map(|(a, b)| b - a).sum::<u64>();
+    if *saved == Some(key) {
+        return;
+    }
+    let st = ResumeState::from_missing(size, mtime, c.block_size() as u64, &missing);
+    if part.save_state(&st.encode()).is_ok() {
+        *saved = Some(key);
+    }
+}
+
+/// Block ranges of `part` already holding the offered file's bytes, from its state file.
+pub(crate) fn resumable(part: &PartFile, size: u64, mtime: i64, block: u64) -> Vec<(u64, u64)> {
+    if part.existing_len() == 0 || size < MIN_RESUME_SIZE {
+        return Vec::new();
+    }
+    match part.load_state().and_then(|d| ResumeState::decode(&d)) {
+        Some(st) if st.size == size && st.mtime == mtime => st.have_blocks(block),
+        _ => Vec::new(),
     }
 }
 

@@ -8,7 +8,7 @@ use std::fs::File;
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use hayate_proto::control::{flags, EntryKind as WireKind, MetaEntry, MetaOp};
@@ -18,8 +18,8 @@ use hayate_proto::{
 };
 
 use super::link::{Links, StreamLink};
-use super::resume::{ResumeState, MIN_RESUME_SIZE};
-use super::StopFlag;
+use super::resume::{resumable, save_progress};
+use super::{dest_mode, systime, StopFlag};
 use crate::fs::{self, Entry, EntryKind, FsError, PartFile, Root};
 use crate::udp::UdpSocket;
 
@@ -88,31 +88,7 @@ impl BlockSink for SessionFiles {
 
 /// Writes down what an incoming file already has, so a rerun can resume it.
 fn save_state(c: &Connection, xfer: XferId, inc: &mut Incoming) {
-    if inc.size < MIN_RESUME_SIZE {
-        return;
-    }
-    let Some(missing) = c.incoming_missing(xfer) else {
-        return;
-    };
-    let key = missing.iter().map(|(a, b)| b - a).sum::<u64>();
-    if inc.saved == Some(key) {
-        return;
-    }
-    let st = ResumeState::from_missing(inc.size, inc.mtime, c.block_size() as u64, &missing);
-    if inc.part.save_state(&st.encode()).is_ok() {
-        inc.saved = Some(key);
-    }
-}
-
-/// Block ranges of `part` already holding the offered file's bytes, from its state file.
-pub(crate) fn resumable(part: &PartFile, size: u64, mtime: i64, block: u64) -> Vec<(u64, u64)> {
-    if part.existing_len() == 0 || size < MIN_RESUME_SIZE {
-        return Vec::new();
-    }
-    match part.load_state().and_then(|d| ResumeState::decode(&d)) {
-        Some(st) if st.size == size && st.mtime == mtime => st.have_blocks(block),
-        _ => Vec::new(),
-    }
+    save_progress(c, xfer, &inc.part, inc.size, inc.mtime, &mut inc.saved);
 }
 
 pub(crate) fn to_wire(e: Entry) -> MetaEntry {
@@ -128,23 +104,6 @@ pub(crate) fn to_wire(e: Entry) -> MetaEntry {
         mode: e.mode,
         mtime: e.mtime,
         target: e.target,
-    }
-}
-
-pub(crate) fn systime(secs: i64) -> SystemTime {
-    if secs >= 0 {
-        UNIX_EPOCH + Duration::from_secs(secs as u64)
-    } else {
-        UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
-    }
-}
-
-/// The mode a received file or directory gets: exact with `-p`, else masked by the umask.
-pub(crate) fn dest_mode(mode: u32, flags: u32) -> u32 {
-    if flags & flags::PRESERVE != 0 {
-        mode & 0o777
-    } else {
-        mode & 0o777 & !fs::umask()
     }
 }
 
