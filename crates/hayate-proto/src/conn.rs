@@ -206,6 +206,7 @@ pub struct Connection {
     rx_bytes: u64,
     rx_queue: u64,
     rx_drops: u64,
+    rx_drops_base: Option<u64>,
     last_rx_us: u64,
 
     // Sending packets to the peer.
@@ -277,6 +278,7 @@ impl Connection {
             rx_bytes: 0,
             rx_queue: 0,
             rx_drops: 0,
+            rx_drops_base: None,
             last_rx_us: 0,
             next_pn: 0,
             sent_base: 0,
@@ -405,7 +407,10 @@ impl Connection {
     /// The I/O shell reports the receiver-side facts the rate controller wants.
     pub fn set_receiver_state(&mut self, backlog_bytes: u64, os_drops: u64) {
         self.rx_queue = backlog_bytes;
-        self.rx_drops = os_drops;
+        // The socket's counter runs for its whole life (a server's spans many sessions):
+        // report only the drops since this session first looked.
+        let base = *self.rx_drops_base.get_or_insert(os_drops);
+        self.rx_drops = os_drops.saturating_sub(base);
     }
 
     // ----- application requests -----
@@ -1542,5 +1547,21 @@ impl Connection {
         self.next_pn += 1;
         self.record_sent(now_us);
         Some(total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn receiver_drops_count_from_the_sessions_start() {
+        let psk = Psk::from_bytes([7; 32]);
+        let mut c = Connection::client(Config::default(), &psk, AddrFamily::V4, Instant::now());
+        // A long-lived socket had dropped 1000 datagrams before this session.
+        c.set_receiver_state(0, 1000);
+        assert_eq!(c.rx_drops, 0);
+        c.set_receiver_state(0, 1005);
+        assert_eq!(c.rx_drops, 5);
     }
 }
