@@ -12,7 +12,7 @@ use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use quinn_udp::{Transmit, UdpSocketState};
 
@@ -51,7 +51,7 @@ mod sockopt {
     pub const SUPPORTED: bool = false;
 }
 
-/// Control-message room per received datagram: SO_RXQ_OVFL + UDP_GRO, plus room for the
+/// Control-message room per received datagram: SO_RXQ_OVFL + UDP_GRO + SO_TIMESTAMPNS, plus room for the
 /// address/TOS messages in case someone re-enables them.
 const CTRL_LEN: usize = 256;
 
@@ -100,6 +100,8 @@ impl UdpSocket {
         let send_buffer = raise_buffer(fd, libc::SO_SNDBUF, sockopt::SO_SNDBUFFORCE);
         let rxq_ovfl = sockopt::SUPPORTED
             && setsockopt_int(fd, libc::SOL_SOCKET, sockopt::SO_RXQ_OVFL, 1).is_ok();
+        // Arrival times: what the path did, apart from how late this process read it.
+        let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1);
 
         Ok(Self {
             io,
@@ -370,6 +372,8 @@ struct Meta {
     addr: SocketAddr,
     len: usize,
     stride: usize,
+    /// Kernel receive timestamp (CLOCK_REALTIME), ns; 0 if none.
+    rx_real_ns: u64,
 }
 
 impl RecvBufs {
@@ -384,7 +388,8 @@ impl RecvBufs {
                 Meta {
                     addr: unspecified,
                     len: 0,
-                    stride: 1
+                    stride: 1,
+                    rx_real_ns: 0,
                 };
                 batch
             ],
@@ -412,6 +417,43 @@ impl RecvBufs {
             .flat_map(|(buf, m)| {
                 let addr = m.addr;
                 buf[..m.len].chunks_mut(m.stride).map(move |d| (addr, d))
+            })
+    }
+
+    /// Like [`datagrams`](Self::datagrams), with each datagram's arrival time by the kernel's
+    /// receive timestamp, mapped onto the monotonic clock; now where the kernel gave none
+    /// or it is implausible.
+    pub fn datagrams_at(&mut self) -> impl Iterator<Item = (SocketAddr, Instant, &mut [u8])> + '_ {
+        // Both clocks read back to back; retried if this thread was preempted between them,
+        // which would shift every arrival (and the minimum RTT, for good) by the preemption.
+        let mut now = Instant::now();
+        let mut real_now = 0;
+        for _ in 0..4 {
+            real_now = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            let after = Instant::now();
+            if after.duration_since(now) < Duration::from_micros(20) {
+                break;
+            }
+            now = after;
+        }
+        let metas = &self.metas[..self.filled];
+        self.storage
+            .chunks_mut(RECV_BUF_SIZE)
+            .zip(metas.iter())
+            .flat_map(move |(buf, m)| {
+                let addr = m.addr;
+                let age = real_now.saturating_sub(m.rx_real_ns);
+                // Older than 1 s is a clock step, not a wait.
+                let at = if m.rx_real_ns > 0 && age < 1_000_000_000 {
+                    now.checked_sub(Duration::from_nanos(age)).unwrap_or(now)
+                } else {
+                    now
+                };
+                buf[..m.len]
+                    .chunks_mut(m.stride)
+                    .map(move |d| (addr, at, d))
             })
     }
 
@@ -455,6 +497,7 @@ fn decode(hdr: &libc::mmsghdr, name: &MaybeUninit<libc::sockaddr_storage>) -> (M
     }
     let mut stride = len;
     let mut drops = None;
+    let mut rx_real_ns = 0;
     // SAFETY: the kernel filled msg_control/msg_controllen; the CMSG_* macros stay within it.
     unsafe {
         let mut c = libc::CMSG_FIRSTHDR(msg);
@@ -467,6 +510,12 @@ fn decode(hdr: &libc::mmsghdr, name: &MaybeUninit<libc::sockaddr_storage>) -> (M
                 (libc::SOL_SOCKET, t) if t == sockopt::SO_RXQ_OVFL => {
                     drops = Some(data.cast::<u32>().read_unaligned());
                 }
+                (libc::SOL_SOCKET, libc::SCM_TIMESTAMPNS) => {
+                    let ts = data.cast::<libc::timespec>().read_unaligned();
+                    rx_real_ns = (ts.tv_sec as u64)
+                        .saturating_mul(1_000_000_000)
+                        .saturating_add(ts.tv_nsec as u64);
+                }
                 _ => {}
             }
             c = libc::CMSG_NXTHDR(msg, c);
@@ -477,7 +526,15 @@ fn decode(hdr: &libc::mmsghdr, name: &MaybeUninit<libc::sockaddr_storage>) -> (M
     }
     // SAFETY: the kernel wrote a sockaddr of the family it reports (zeroed → unspecified).
     let addr = unsafe { sockaddr_to_std(name.assume_init_ref(), msg.msg_namelen) };
-    (Meta { addr, len, stride }, drops)
+    (
+        Meta {
+            addr,
+            len,
+            stride,
+            rx_real_ns,
+        },
+        drops,
+    )
 }
 
 fn sockaddr_to_std(ss: &libc::sockaddr_storage, len: libc::socklen_t) -> SocketAddr {

@@ -242,3 +242,26 @@ fn dual_stack_socket_talks_plain_ipv4() {
     assert_eq!(back[0].1, b"reply");
     assert!(back[1..].iter().all(|(_, d)| d == &[1u8; 1000]));
 }
+
+/// A datagram read late still carries when it arrived: the kernel's timestamp, not the read.
+#[test]
+fn arrival_time_is_the_kernels_not_the_reads() {
+    let rx = UdpSocket::bind(lo()).unwrap();
+    let tx = UdpSocket::bind(lo()).unwrap();
+    let sent = Instant::now();
+    tx.send_to(rx.local_addr().unwrap(), b"late").unwrap();
+    std::thread::sleep(Duration::from_millis(60));
+    let mut bufs = RecvBufs::new(DEFAULT_RECV_BATCH);
+    assert!(rx.wait_readable(Some(Duration::from_secs(5))).unwrap());
+    assert_eq!(rx.recv_batch(&mut bufs).unwrap(), 1);
+    let read = Instant::now();
+    let (_, at, d) = bufs.datagrams_at().next().unwrap();
+    assert_eq!(d, b"late");
+    assert!(
+        at >= sent - Duration::from_millis(5)
+            && read.duration_since(at) >= Duration::from_millis(50),
+        "arrival {:?} after sending, read {:?} after arrival",
+        at.saturating_duration_since(sent),
+        read.saturating_duration_since(at)
+    );
+}

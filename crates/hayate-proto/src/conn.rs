@@ -204,6 +204,8 @@ pub struct Connection {
     ack_deadline: Option<u64>,
     ack_now: bool,
     rx_bytes: u64,
+    /// Arrival time of the last data counted in `rx_bytes`, µs.
+    rx_bytes_at_us: u64,
     rx_queue: u64,
     rx_drops: u64,
     rx_drops_base: Option<u64>,
@@ -240,6 +242,20 @@ pub struct Connection {
     events: VecDeque<Event>,
     stats: Stats,
     scratch: Vec<u8>,
+    /// Every feedback and the rate it led to, when asked for (tuning the controller on real
+    /// paths needs what it saw, not only what it did).
+    cc_trace: Option<Vec<CcTraceRow>>,
+}
+
+/// One feedback as the rate controller saw it, and what it decided.
+#[derive(Debug, Clone)]
+pub struct CcTraceRow {
+    pub feedback: Feedback,
+    /// Pacing rate after it, bytes/s (0 = unpaced).
+    pub rate: u64,
+    pub state: &'static str,
+    /// Data bytes sent so far (the real sending rate, next to the set one).
+    pub sent_bytes: u64,
 }
 
 impl std::fmt::Debug for Connection {
@@ -276,6 +292,7 @@ impl Connection {
             ack_deadline: None,
             ack_now: false,
             rx_bytes: 0,
+            rx_bytes_at_us: 0,
             rx_queue: 0,
             rx_drops: 0,
             rx_drops_base: None,
@@ -307,6 +324,7 @@ impl Connection {
             events: VecDeque::new(),
             stats: Stats::default(),
             scratch: Vec::new(),
+            cc_trace: None,
             cfg,
         }
     }
@@ -386,6 +404,19 @@ impl Connection {
     /// No more events can come except by timeouts of a draining session.
     pub fn is_draining(&self) -> bool {
         matches!(self.state, State::Draining { .. } | State::Closed)
+    }
+
+    /// Starts recording every feedback the rate controller gets (see [`CcTraceRow`]).
+    pub fn enable_cc_trace(&mut self) {
+        self.cc_trace.get_or_insert_with(Vec::new);
+    }
+
+    /// The rows recorded since the last call.
+    pub fn take_cc_trace(&mut self) -> Vec<CcTraceRow> {
+        self.cc_trace
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     pub fn stats(&self) -> Stats {
@@ -618,7 +649,24 @@ impl Connection {
 
     /// Process one datagram from the peer. Invalid datagrams are dropped and counted.
     pub fn handle_datagram(&mut self, now: Instant, data: &mut [u8], sink: &mut dyn BlockSink) {
+        self.handle_datagram_at(now, now, data, sink);
+    }
+
+    /// [`handle_datagram`](Self::handle_datagram) for a datagram that reached the host at
+    /// `arrived` (the kernel's receive timestamp), perhaps well before `now`. The path's
+    /// measurements (RTT, the receive rate reported to the sender) use the arrival time, so
+    /// time a datagram spent waiting for this process (a busy or descheduled host) is not
+    /// read as queueing on the path. A receiver that stays behind still shows: its socket
+    /// buffer fills, the in-flight cap holds the sender to its pace, and drops are reported.
+    pub fn handle_datagram_at(
+        &mut self,
+        now: Instant,
+        arrived: Instant,
+        data: &mut [u8],
+        sink: &mut dyn BlockSink,
+    ) {
         let now_us = self.now_us(now);
+        let rx_at_us = self.now_us(arrived).min(now_us);
         if let State::Handshake { hs, .. } = &self.state {
             match hs.handle(&self.psk, data) {
                 Ok(est) => {
@@ -723,7 +771,7 @@ impl Connection {
             return;
         }
         if self.largest_rx.is_none_or(|(l, _)| pn > l) {
-            self.largest_rx = Some((pn, now_us));
+            self.largest_rx = Some((pn, rx_at_us));
         }
 
         let mut eliciting = false;
@@ -736,7 +784,7 @@ impl Connection {
                     eliciting = true;
                     self.ack_now = true;
                 }
-                Frame::Ack(a) => fb = Some(self.on_ack(now_us, &a)),
+                Frame::Ack(a) => fb = Some(self.on_ack(now_us, rx_at_us, &a)),
                 Frame::Ctrl { offset, data } => {
                     eliciting = true;
                     self.ack_now = true;
@@ -755,7 +803,7 @@ impl Connection {
                 } => {
                     eliciting = true;
                     has_data = true;
-                    self.on_data(now, xfer, block, payload, sink);
+                    self.on_data(now, rx_at_us, xfer, block, payload, sink);
                 }
                 Frame::LossMap(lm) => {
                     let fb = fb.get_or_insert_with(|| Feedback {
@@ -780,6 +828,14 @@ impl Connection {
             fb.in_flight = self.in_flight_bytes();
             self.cc.on_feedback(&fb);
             self.pacer.set_rate(self.cc.pacing_rate());
+            if let Some(t) = &mut self.cc_trace {
+                t.push(CcTraceRow {
+                    feedback: fb,
+                    rate: self.cc.pacing_rate().unwrap_or(0),
+                    state: self.cc.name(),
+                    sent_bytes: self.stats.data_bytes_sent,
+                });
+            }
         }
         if eliciting {
             if has_data {
@@ -809,7 +865,7 @@ impl Connection {
         Some(o)
     }
 
-    fn on_ack(&mut self, now_us: u64, a: &AckFrame) -> Feedback {
+    fn on_ack(&mut self, now_us: u64, rx_at_us: u64, a: &AckFrame) -> Feedback {
         let mut fb = Feedback {
             now_us,
             ..Default::default()
@@ -817,7 +873,7 @@ impl Connection {
         if a.largest_pn < self.next_pn && self.largest_acked.is_none_or(|l| a.largest_pn > l) {
             self.largest_acked = Some(a.largest_pn);
             if let Some(sent) = self.sent_time(a.largest_pn) {
-                let raw = now_us.saturating_sub(sent);
+                let raw = rx_at_us.saturating_sub(sent);
                 let rtt = if raw > a.ack_delay_us {
                     raw - a.ack_delay_us
                 } else {
@@ -825,6 +881,7 @@ impl Connection {
                 };
                 self.rtt.on_sample(now_us, rtt);
                 fb.rtt_us = Some(rtt);
+                fb.rx_lag_us = a.ack_delay_us;
             }
             // Forget send times nobody will ask for again.
             let keep_from = a.largest_pn.saturating_sub(4 * REORDER_PACKETS.max(1024));
@@ -847,6 +904,7 @@ impl Connection {
                     + wire::DATA_HEADER_LEN
                     + wire::TAG_LEN) as u128;
                 fb.rx_rate = Some((payload * per_dgram / self.block_size as u128) as u64);
+                fb.rx_interval_us = a.rx_time_us - t0;
                 self.prev_ack_rx = Some((a.rx_bytes, a.rx_time_us));
             }
         } else {
@@ -909,6 +967,7 @@ impl Connection {
     fn on_data(
         &mut self,
         now: Instant,
+        rx_at_us: u64,
         xfer: XferId,
         block: u64,
         payload: &[u8],
@@ -934,6 +993,7 @@ impl Connection {
                     Ok(()) => {
                         inc.on_written(block, payload.len());
                         self.rx_bytes += payload.len() as u64;
+                        self.rx_bytes_at_us = self.rx_bytes_at_us.max(rx_at_us);
                         self.stats.data_bytes_received += payload.len() as u64;
                         self.check_incoming_complete(xfer);
                     }
@@ -1344,7 +1404,13 @@ impl Connection {
             ack_delay_us: now_us.saturating_sub(at),
             ctrl_offset: self.ctrl_rx.offset(),
             rx_bytes: self.rx_bytes,
-            rx_time_us: now_us,
+            // When the last of those bytes arrived: the rate the sender derives is the
+            // path's, not how fast this process happened to get to them.
+            rx_time_us: if self.rx_bytes_at_us > 0 {
+                self.rx_bytes_at_us
+            } else {
+                now_us
+            },
             rx_queue: self.rx_queue,
             rx_drops: self.rx_drops,
         };

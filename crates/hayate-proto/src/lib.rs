@@ -21,6 +21,8 @@ pub mod sim;
 pub mod transfer;
 pub mod wire;
 
-pub use conn::{BlockSink, BlockSource, Config, Connection, Event, FileOffer, Side, Stats};
+pub use conn::{
+    BlockSink, BlockSource, CcTraceRow, Config, Connection, Event, FileOffer, Side, Stats,
+};
 pub use endpoint::{Endpoint, Route};
 pub use transfer::XferId;

@@ -273,8 +273,9 @@ impl Link {
 enum Dest {
     /// To the server host, from client `n`.
     Server(usize),
-    /// Through the server's receive buffer to its application, from client `n`.
-    ServerApp(usize),
+    /// Through the server's receive buffer to its application, from client `n`; when it
+    /// reached the buffer (the kernel's receive timestamp), µs.
+    ServerApp(usize, u64),
     /// To client `n`.
     Client(usize),
 }
@@ -324,7 +325,7 @@ impl Net {
         };
         match sock.send(now, d.len() + 28, &mut self.rng).first() {
             Some(&at) => {
-                self.push(at, Dest::ServerApp(from), d, bad);
+                self.push(at, Dest::ServerApp(from, now), d, bad);
                 true
             }
             None => false,
@@ -604,14 +605,24 @@ pub fn run(sc: &Scenario) -> SimResult {
                         os_drops += 1;
                     }
                 }
-                Dest::Server(from) | Dest::ServerApp(from) => {
+                Dest::Server(_) | Dest::ServerApp(..) => {
+                    let (from, arrived) = match to {
+                        Dest::ServerApp(from, arrived) => (from, arrived),
+                        Dest::Server(from) => (from, now),
+                        Dest::Client(_) => unreachable!(),
+                    };
                     res.corrupted += bad as u64;
                     let cl = &mut clients[from];
                     let got = match server.route(at(now), cl.addr, &d) {
                         Route::Conn(cid) => match server.conn_mut(cid) {
                             Some(c) => {
                                 let before = c.stats().data_bytes_received;
-                                c.handle_datagram(at(now), &mut d, sfiles.entry(cid).or_default());
+                                c.handle_datagram_at(
+                                    at(now),
+                                    at(arrived),
+                                    &mut d,
+                                    sfiles.entry(cid).or_default(),
+                                );
                                 c.stats().data_bytes_received.saturating_sub(before)
                             }
                             None => 0,

@@ -817,6 +817,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
     } else {
         new_conn(&opts.proto, &opts.psk, peer, Instant::now())
     };
+    let mut cc_trace = super::CcTrace::from_env(&mut conn);
     let mut files = Files::default();
     let mut session_error: Option<String> = None;
     let mut bye_at: Option<Instant> = None;
@@ -841,6 +842,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
                 peer = STREAM_PEER;
                 via_stream = true;
                 conn = new_conn(&stream_cfg, &opts.psk, peer, now);
+                cc_trace = super::CcTrace::from_env(&mut conn);
                 while conn.poll_event().is_some() {}
             }
         }
@@ -858,9 +860,9 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
             }
         }
 
-        if let Err(e) = links.recv(&mut |from, d| {
+        if let Err(e) = links.recv(&mut |from, at, d| {
             if from == peer {
-                conn.handle_datagram(now, d, &mut files);
+                conn.handle_datagram_at(now, at, d, &mut files);
             }
         }) {
             session_error.get_or_insert(format!("receive failed: {e}"));
@@ -1046,6 +1048,9 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
         }
         if now.duration_since(last_progress) >= Duration::from_millis(100) {
             last_progress = now;
+            if let Some(t) = &mut cc_trace {
+                t.flush(&mut conn);
+            }
             let stats = conn.stats();
             let active: u64 = files
                 .act
@@ -1137,6 +1142,9 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
     }
     for i in std::mem::take(&mut s.queue) {
         s.results[i].error.get_or_insert_with(|| why.clone());
+    }
+    if let Some(t) = &mut cc_trace {
+        t.flush(&mut conn);
     }
     let stats = conn.stats();
     report(s, stats, session_error, via_stream)

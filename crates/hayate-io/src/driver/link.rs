@@ -178,18 +178,21 @@ impl Links {
         }
     }
 
-    /// Every datagram that arrived on either path, handed to `f` with its sender.
-    pub fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, &mut [u8])) -> io::Result<()> {
+    /// Every datagram that arrived on either path, handed to `f` with its sender and when
+    /// it arrived (the kernel's timestamp on UDP; now on the stream, whose own buffering
+    /// hides it).
+    pub fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, Instant, &mut [u8])) -> io::Result<()> {
         if let Some(sock) = &self.udp {
             sock.recv_batch(&mut self.rbufs)?;
-            for (from, d) in self.rbufs.datagrams() {
+            for (from, at, d) in self.rbufs.datagrams_at() {
                 if from != STREAM_PEER {
-                    f(from, d);
+                    f(from, at, d);
                 }
             }
         }
         if let Some(s) = &mut self.stream {
-            s.recv(f);
+            let now = Instant::now();
+            s.recv(&mut |from, d| f(from, now, d));
         }
         Ok(())
     }

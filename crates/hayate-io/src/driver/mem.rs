@@ -614,9 +614,9 @@ pub fn run_client(
             break;
         }
         let before = test.mem.delivered;
-        for (from, d) in rbufs.datagrams() {
+        for (from, at, d) in rbufs.datagrams_at() {
             if from == server {
-                conn.handle_datagram(now, d, &mut test.mem);
+                conn.handle_datagram_at(now, at, d, &mut test.mem);
             }
         }
         test.note_delivery(before, now);
@@ -732,7 +732,7 @@ pub fn run_server(
             continue;
         }
         let before = test.mem.delivered;
-        for (from, d) in rbufs.datagrams() {
+        for (from, at, d) in rbufs.datagrams_at() {
             if from.ip().to_canonical() != peer {
                 continue;
             }
@@ -740,7 +740,7 @@ pub fn run_server(
                 Route::Conn(c) => {
                     if Some(c) == cid {
                         if let Some(conn) = ep.conn_mut(c) {
-                            conn.handle_datagram(now, d, &mut test.mem);
+                            conn.handle_datagram_at(now, at, d, &mut test.mem);
                         }
                     }
                 }

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use hayate_proto::control::flags;
+use hayate_proto::Connection;
 
 pub use batch::SendBatch;
 
@@ -52,5 +53,52 @@ pub(crate) fn systime(secs: i64) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(secs as u64)
     } else {
         UNIX_EPOCH - Duration::from_secs(secs.unsigned_abs())
+    }
+}
+
+/// `HAYATE_CC_TRACE=FILE`: every feedback the rate controller got and what it decided, as
+/// tab-separated lines (for tuning it on real paths; bench/wan reads them).
+pub(crate) struct CcTrace {
+    out: std::io::BufWriter<std::fs::File>,
+}
+
+impl CcTrace {
+    pub(crate) fn from_env(conn: &mut Connection) -> Option<CcTrace> {
+        let path = std::env::var_os("HAYATE_CC_TRACE")?;
+        let mut out = std::io::BufWriter::new(std::fs::File::create(path).ok()?);
+        use std::io::Write;
+        writeln!(
+            out,
+            "t_ms\trtt_us\tmin_rtt_us\tsrtt_us\trx_bps\tdelivered\tlost_bytes\trx_drops\tin_flight\trate_bps\tstate\tsent_bytes\trx_lag_us"
+        )
+        .ok()?;
+        conn.enable_cc_trace();
+        Some(CcTrace { out })
+    }
+
+    pub(crate) fn flush(&mut self, conn: &mut Connection) {
+        use std::io::Write;
+        for r in conn.take_cc_trace() {
+            let f = &r.feedback;
+            let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+            let _ = writeln!(
+                self.out,
+                "{:.3}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                f.now_us as f64 / 1e3,
+                opt(f.rtt_us),
+                f.min_rtt_us,
+                f.srtt_us,
+                opt(f.rx_rate.map(|r| r * 8)),
+                f.delivered,
+                f.lost_bytes,
+                f.rx_drops,
+                f.in_flight,
+                r.rate * 8,
+                r.state,
+                r.sent_bytes,
+                f.rx_lag_us
+            );
+        }
+        let _ = self.out.flush();
     }
 }

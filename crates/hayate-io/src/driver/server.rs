@@ -227,11 +227,11 @@ impl Server {
             let mut replies: Vec<(SocketAddr, Vec<u8>)> = Vec::new();
             {
                 let (ep, files) = (&mut self.ep, &mut self.files);
-                links.recv(&mut |from, d| match ep.route(now, from, d) {
+                links.recv(&mut |from, at, d| match ep.route(now, from, d) {
                     Route::Conn(cid) => {
                         let f = files.entry(cid).or_default();
                         if let Some(c) = ep.conn_mut(cid) {
-                            c.handle_datagram(now, d, f);
+                            c.handle_datagram_at(now, at, d, f);
                         }
                     }
                     Route::NewConn(cid, reply) => {

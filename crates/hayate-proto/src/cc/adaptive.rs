@@ -68,6 +68,10 @@ const BW_WINDOW: usize = 10;
 /// Starting guess: 32 Mbit/s, a rate most paths carry for one round trip.
 const INITIAL_RATE: u64 = 4_000_000;
 const MIN_RATE: u64 = 50_000;
+/// The receiver's lag (its backlog: how long the newest datagram it acknowledges waited
+/// for it) up to this counts as ordinary (ACKs are delayed up to 5 ms by design); past it,
+/// as a queue the sender keeps filling.
+const RX_LAG_ALLOWANCE_US: u64 = 5_000;
 /// Random loss larger than this is not compensated (it is too much to be noise).
 const MAX_LOSS_COMPENSATION: f64 = 0.25;
 
@@ -96,17 +100,23 @@ pub struct Adaptive {
     phase: Phase,
     /// Per-round delivery rates (see `round_sample`), newest last.
     bw_rounds: Vec<u64>,
-    /// This round: the largest delivery-rate sample, and the sum and count of all of them.
+    /// This round: the largest delivery-rate sample, the count of all of them, and their
+    /// sum weighted by the time each covers (a mean of bytes over time, not of ratios: the
+    /// receiver's clock ticks in bursts on a loaded host, and short intervals read high or
+    /// low at random).
     round_max: u64,
-    round_rx_sum: u64,
+    round_rx_sum: f64,
+    round_rx_w: f64,
     round_rx_n: u32,
-    /// Sum of this round's samples as measured (none scaled up for random loss).
-    round_raw_sum: u64,
-    /// The mean measured delivery rate of the last round.
-    last_round_mean: u64,
+    /// The same sum of this round's samples as measured (none scaled up for random loss).
+    round_raw_sum: f64,
+    /// The last round's `round_raw_sum`, `round_rx_w` and `round_rx_n`.
+    last_round_sum: f64,
+    last_round_w: f64,
+    last_round_n: u32,
     round_start_us: u64,
-    /// The pacing rate as the last round ended (this round's deliveries answer it).
-    prev_rate: u64,
+    /// What the last round really sent, bytes/s (this round's deliveries answer it).
+    prev_sent_rate: u64,
     round_sent: u64,
     round_lost: u64,
     round_queue_hits: u32,
@@ -124,8 +134,10 @@ pub struct Adaptive {
     grow_queued_samples: u32,
     /// Our shares at the last drains, newest last.
     shares: Vec<u64>,
-    /// Queueing delay (latest RTT − min RTT), µs.
+    /// Queueing delay, µs: on the path (latest RTT − min RTT, `path_queue_us`) plus the
+    /// receiver's backlog beyond `RX_LAG_ALLOWANCE_US`.
     queue_delay_us: u64,
+    path_queue_us: u64,
     min_rtt_us: u64,
     srtt_us: u64,
     rate: u64,
@@ -142,12 +154,15 @@ impl Adaptive {
             phase: Phase::Grow(0),
             bw_rounds: Vec::new(),
             round_max: 0,
-            round_rx_sum: 0,
+            round_rx_sum: 0.0,
+            round_rx_w: 0.0,
             round_rx_n: 0,
-            round_raw_sum: 0,
-            last_round_mean: 0,
+            round_raw_sum: 0.0,
+            last_round_sum: 0.0,
+            last_round_w: 0.0,
+            last_round_n: 0,
             round_start_us: 0,
-            prev_rate: 0,
+            prev_sent_rate: 0,
             round_sent: 0,
             round_lost: 0,
             round_queue_hits: 0,
@@ -161,6 +176,7 @@ impl Adaptive {
             grow_queued_samples: 0,
             shares: Vec::new(),
             queue_delay_us: 0,
+            path_queue_us: 0,
             min_rtt_us: 0,
             srtt_us: 0,
             rate: INITIAL_RATE,
@@ -200,9 +216,14 @@ impl Adaptive {
     /// all overestimate keep a queue standing).
     fn round_sample(&self) -> u64 {
         match self.mode {
-            Mode::ProbeBw if self.round_rx_n > 0 => self.round_rx_sum / self.round_rx_n as u64,
+            Mode::ProbeBw if self.round_rx_n > 0 => self.rx_mean() as u64,
             _ => self.round_max,
         }
+    }
+
+    /// This round's mean delivery rate (loss-compensated while no queue stood), bytes/s.
+    fn rx_mean(&self) -> f64 {
+        self.round_rx_sum / self.round_rx_w.max(1.0)
     }
 
     fn clamp(&self, r: f64) -> u64 {
@@ -233,12 +254,13 @@ impl Adaptive {
     }
 
     /// The queue built: what we were delivered meanwhile is our share of the bottleneck (less
-    /// if it keeps falling, or the queue is far too long); drain under that.
+    /// if it keeps falling, or the queue is far too long); drain under that. "Meanwhile" is
+    /// this round and the one before: a shared host stalls for tens of ms now and then, and
+    /// a share read off such a stall alone would throw most of the rate away.
     fn queue_found(&mut self) {
-        let mut share = if self.round_rx_n >= 3 {
-            self.round_raw_sum / self.round_rx_n as u64
-        } else if self.last_round_mean > 0 {
-            self.last_round_mean
+        let w = self.round_rx_w + self.last_round_w;
+        let mut share = if self.round_rx_n + self.last_round_n >= 3 {
+            ((self.round_raw_sum + self.last_round_sum) / w.max(1.0)) as u64
         } else {
             self.round_max
         };
@@ -250,7 +272,7 @@ impl Adaptive {
         if (share as f64) < SHARE_FALLING * recent as f64 {
             gain = YIELD_GAIN;
         }
-        if self.queue_delay_us as f64 > self.min_rtt_us as f64 * BIG_QUEUE {
+        if self.path_queue_us as f64 > self.min_rtt_us as f64 * BIG_QUEUE {
             gain = BIG_QUEUE_GAIN;
         }
         self.shares.push(share);
@@ -313,9 +335,7 @@ impl Adaptive {
                     Phase::Grow(k)
                         if k >= 2
                             && self.round_rx_n > 0
-                            && self.prev_rate as f64
-                                > GROW_UNDELIVERED * self.round_rx_sum as f64
-                                    / self.round_rx_n as f64 =>
+                            && self.prev_sent_rate as f64 > GROW_UNDELIVERED * self.rx_mean() =>
                     {
                         // Sending more got nothing more through, and no queue says why:
                         // start over from the estimate.
@@ -329,14 +349,18 @@ impl Adaptive {
                 };
             }
         }
-        if self.round_rx_n > 0 {
-            self.last_round_mean = self.round_raw_sum / self.round_rx_n as u64;
-        }
-        self.prev_rate = self.rate;
+        self.last_round_sum = self.round_raw_sum;
+        self.last_round_w = self.round_rx_w;
+        self.last_round_n = self.round_rx_n;
+        // What was really sent: a sender short of CPU falls behind its pacing rate, and
+        // that shortfall is not the path refusing more.
+        let dur = now_us.saturating_sub(self.round_start_us).max(1);
+        self.prev_sent_rate = (self.round_sent as u128 * 1_000_000 / dur as u128) as u64;
         self.round_max = 0;
-        self.round_rx_sum = 0;
+        self.round_rx_sum = 0.0;
+        self.round_rx_w = 0.0;
         self.round_rx_n = 0;
-        self.round_raw_sum = 0;
+        self.round_raw_sum = 0.0;
         self.round_sent = 0;
         self.round_lost = 0;
         self.round_queue_hits = 0;
@@ -373,7 +397,9 @@ impl RateControl for Adaptive {
         self.min_rtt_us = fb.min_rtt_us;
         self.srtt_us = fb.srtt_us;
         if let Some(rtt) = fb.rtt_us {
-            self.queue_delay_us = rtt.saturating_sub(fb.min_rtt_us);
+            self.path_queue_us = rtt.saturating_sub(fb.min_rtt_us);
+            self.queue_delay_us =
+                self.path_queue_us + fb.rx_lag_us.saturating_sub(RX_LAG_ALLOWANCE_US);
             self.round_min_queue_us = self.round_min_queue_us.min(self.queue_delay_us);
             self.round_samples += 1;
             let target = self.queue_target_us();
@@ -411,8 +437,10 @@ impl RateControl for Adaptive {
                 rx
             };
             self.round_max = self.round_max.max(sample);
-            self.round_rx_sum += sample;
-            self.round_raw_sum += rx;
+            let w = fb.rx_interval_us.max(1) as f64;
+            self.round_rx_sum += sample as f64 * w;
+            self.round_raw_sum += rx as f64 * w;
+            self.round_rx_w += w;
             self.round_rx_n += 1;
         }
         if fb.rx_drops > 0 {
@@ -420,8 +448,9 @@ impl RateControl for Adaptive {
             let took = fb.rx_rate.unwrap_or(self.rate / 2);
             self.bw_rounds.clear();
             self.round_max = took;
-            self.round_rx_sum = took;
-            self.round_raw_sum = took;
+            self.round_rx_sum = took as f64;
+            self.round_raw_sum = took as f64;
+            self.round_rx_w = 1.0;
             self.round_rx_n = 1;
             match self.mode {
                 Mode::Startup => self.mode = Mode::Drain,
@@ -439,9 +468,16 @@ impl RateControl for Adaptive {
         // Twice the bandwidth-delay product (plus room for bursts): enough to keep the pipe
         // full through ACK jitter, bounded so a stalled receiver is not flooded.
         // The base RTT, not the smoothed one: a standing queue must not widen the cap.
-        let bw = self.bottleneck().max(self.rate);
         let rtt = self.min_rtt_us.max(1_000);
-        Some((2 * bw as u128 * rtt as u128 / 1_000_000) as u64 + 256 * 1024)
+        let (bw, bdps) = if self.mode == Mode::Startup {
+            // While searching, the round that finds the limit sends at twice what the path
+            // carries: 1.5 times what was delivered bounds the queue that round leaves to
+            // half a BDP, so a 1-BDP buffer does not overflow before the signal gets back.
+            (self.bottleneck().max(INITIAL_RATE), 1.5)
+        } else {
+            (self.bottleneck().max(self.rate), 2.0)
+        };
+        Some((bdps * (bw as u128 * rtt as u128 / 1_000_000) as f64) as u64 + 256 * 1024)
     }
 
     fn name(&self) -> &'static str {
@@ -465,6 +501,7 @@ mod tests {
             srtt_us: rtt,
             min_rtt_us: min,
             rx_rate: Some(rx),
+            rx_interval_us: 5_000,
             ..Default::default()
         }
     }

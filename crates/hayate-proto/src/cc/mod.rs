@@ -14,11 +14,16 @@ pub struct Feedback {
     pub now_us: u64,
     /// RTT measured on this ACK, if it acknowledged a newer packet than before.
     pub rtt_us: Option<u64>,
+    /// The receiver's delay between the arrival of the newest datagram it acknowledges and
+    /// the ACK (its backlog plus deliberate ACK delay), µs; not part of `rtt_us`.
+    pub rx_lag_us: u64,
     /// Smoothed and minimum RTT so far.
     pub srtt_us: u64,
     pub min_rtt_us: u64,
     /// Receive rate measured by the receiver between this ACK and the previous one, bytes/s.
     pub rx_rate: Option<u64>,
+    /// The receiver's time between those two ACKs, µs (weighs `rx_rate` in means).
+    pub rx_interval_us: u64,
     /// Data bytes newly delivered since the previous ACK.
     pub delivered: u64,
     /// Blocks newly declared lost by this feedback, and their bytes.
