@@ -446,14 +446,28 @@ impl RecvBufs {
                 let addr = m.addr;
                 let age = real_now.saturating_sub(m.rx_real_ns);
                 // Older than 1 s is a clock step, not a wait.
-                let at = if m.rx_real_ns > 0 && age < 1_000_000_000 {
+                let first = if m.rx_real_ns > 0 && age < 1_000_000_000 {
                     now.checked_sub(Duration::from_nanos(age)).unwrap_or(now)
                 } else {
                     now
                 };
+                // A GRO super-buffer carries the first segment's timestamp only; the others
+                // came later, at the latest now. Spread them from the first to now: the newest
+                // (whose arrival dates an ACK) is never dated early, which would make RTTs
+                // read short and spoil the minimum RTT.
+                let n = m.len.div_ceil(m.stride.max(1)).max(1) as u32;
+                let span = now.saturating_duration_since(first);
                 buf[..m.len]
                     .chunks_mut(m.stride)
-                    .map(move |d| (addr, at, d))
+                    .enumerate()
+                    .map(move |(i, d)| {
+                        let at = if n > 1 {
+                            first + span * i as u32 / (n - 1)
+                        } else {
+                            first
+                        };
+                        (addr, at, d)
+                    })
             })
     }
 

@@ -666,7 +666,10 @@ impl Connection {
         sink: &mut dyn BlockSink,
     ) {
         let now_us = self.now_us(now);
-        let rx_at_us = self.now_us(arrived).min(now_us);
+        // Not capped at `now`: a driver reads the clock once per loop, so a datagram often
+        // arrived after the `now` it is handled with, and capping it would date it early
+        // (an ACK's RTT would read short and spoil the minimum RTT).
+        let rx_at_us = self.now_us(arrived);
         if let State::Handshake { hs, .. } = &self.state {
             match hs.handle(&self.psk, data) {
                 Ok(est) => {

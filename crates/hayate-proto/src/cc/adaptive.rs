@@ -130,6 +130,8 @@ pub struct Adaptive {
     drain_rounds: u32,
     /// Consecutive RTT samples above the queue target (startup exits on 3).
     queued_samples: u32,
+    /// Consecutive RTT samples above `startup_exit_queue_us`.
+    startup_queued_samples: u32,
     /// Consecutive RTT samples above the grow phase's limit.
     grow_queued_samples: u32,
     /// Our shares at the last drains, newest last.
@@ -173,6 +175,7 @@ impl Adaptive {
             plateau_bw: 0,
             drain_rounds: 0,
             queued_samples: 0,
+            startup_queued_samples: 0,
             grow_queued_samples: 0,
             shares: Vec::new(),
             queue_delay_us: 0,
@@ -235,8 +238,23 @@ impl Adaptive {
     }
 
     /// Queueing delay that counts as "the queue is building".
+    /// At least 2 ms: a real host wakes the sender up to a millisecond late now and then, and
+    /// the pacer makes up for it with a burst that queues for as long; a lower target reads
+    /// those bursts as congestion (on a 10 ms path every few round trips).
     fn queue_target_us(&self) -> u64 {
-        (self.min_rtt_us / 20).clamp(1_000, 25_000)
+        (self.min_rtt_us / 20).clamp(2_000, 25_000)
+    }
+
+    /// The queue that ends startup.
+    fn startup_exit_queue_us(&self) -> u64 {
+        self.queue_target_us()
+    }
+
+    /// This round's deliveries so far are half again the last round's: the path still
+    /// carries more of what we send, whatever queue others keep.
+    fn startup_still_growing(&self) -> bool {
+        let last = self.bw_rounds.last().copied().unwrap_or(0);
+        last > 0 && self.round_max as f64 >= 1.5 * last as f64
     }
 
     fn round_len_us(&self) -> u64 {
@@ -403,19 +421,35 @@ impl RateControl for Adaptive {
             self.round_min_queue_us = self.round_min_queue_us.min(self.queue_delay_us);
             self.round_samples += 1;
             let target = self.queue_target_us();
-            if self.queue_delay_us > target {
+            // Sample by sample only the path's queue counts: the receiver's backlog jumps
+            // whenever its host stalls for a moment and then melts at CPU speed. A backlog
+            // that stands all round (a receiver slower than the link) counts at round end.
+            if self.path_queue_us > target {
                 self.round_queue_hits += 1;
                 self.queued_samples += 1;
             } else {
                 self.queued_samples = 0;
             }
-            if self.queue_delay_us as f64 > GROW_QUEUE * target as f64 {
+            if self.path_queue_us as f64 > GROW_QUEUE * target as f64 {
                 self.grow_queued_samples += 1;
             } else {
                 self.grow_queued_samples = 0;
             }
             // The queue is growing: the pipe is full, stop doubling now, not rounds later.
-            if self.mode == Mode::Startup && self.queued_samples >= 3 {
+            // Only a queue well past the target: flows already on the path keep one of about
+            // the target while they probe, and a newcomer leaving startup on it would stay
+            // tiny (its share then grows by the same small increments as theirs).
+            if self.path_queue_us > self.startup_exit_queue_us() {
+                self.startup_queued_samples += 1;
+            } else {
+                self.startup_queued_samples = 0;
+            }
+            // Unless what we get through still grows by half per round: then the queue is
+            // someone else's, and leaving now would strand a newcomer at a sliver.
+            if self.mode == Mode::Startup
+                && self.startup_queued_samples >= 3
+                && !self.startup_still_growing()
+            {
                 self.mode = Mode::Drain;
             }
             if self.mode == Mode::ProbeBw
@@ -471,9 +505,9 @@ impl RateControl for Adaptive {
         let rtt = self.min_rtt_us.max(1_000);
         let (bw, bdps) = if self.mode == Mode::Startup {
             // While searching, the round that finds the limit sends at twice what the path
-            // carries: 1.5 times what was delivered bounds the queue that round leaves to
-            // half a BDP, so a 1-BDP buffer does not overflow before the signal gets back.
-            (self.bottleneck().max(INITIAL_RATE), 1.5)
+            // carries: 1.75 times what was delivered bounds the queue that round leaves to
+            // 3/4 of a BDP, so a 1-BDP buffer does not overflow before the signal gets back.
+            (self.bottleneck().max(INITIAL_RATE), 1.75)
         } else {
             (self.bottleneck().max(self.rate), 2.0)
         };
@@ -513,8 +547,10 @@ mod tests {
         let mut now = 0;
         for _ in 0..400 {
             now += 5_000;
-            let rx = a.pacing_rate().unwrap().min(cap);
-            a.on_feedback(&fb(now, 50_000, 50_000, rx));
+            // Sent at the pacing rate; a policer lets `cap` through, no queue ever builds.
+            let rate = a.pacing_rate().unwrap();
+            a.on_sent(now, rate * 5_000 / 1_000_000);
+            a.on_feedback(&fb(now, 50_000, 50_000, rate.min(cap)));
         }
         assert_eq!(a.mode(), Mode::ProbeBw);
         let r = a.pacing_rate().unwrap() as f64;

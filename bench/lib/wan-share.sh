@@ -1,0 +1,116 @@
+# shellcheck shell=bash
+# bench/wan --share: how hayate shares one emulated link, measured on the real harness.
+#   1. two hayate transfers, the second starting 5 s after the first: their goodput while
+#      both run, and Jain's fairness index (the issue's target: >= 0.95 once both run);
+#   2. hayate next to one TCP CUBIC stream (iperf3, buffers raised) that was there first:
+#      what each gets while both run.
+# Sourced by bench/wan after its helpers (prof_start, set_tcp_bufs, run_hayate's key, ...).
+
+# Per-second goodput of a `hayate cp --interval 1` log as "seconds-since-T0 bits/s" lines,
+# T0 being the test's start and $2 the copy's launch time. Drops the last (partial) line.
+share_series() { # LOG LAUNCH T0
+    awk -v l="$2" -v t0="$3" '
+        $1 ~ /^[0-9.]+s$/ && $3 ~ /^[kMG]bit\/s$/ {
+            t = $1; sub(/s$/, "", t)
+            m = ($3 ~ /^G/) ? 1e9 : ($3 ~ /^M/) ? 1e6 : 1e3
+            n++; ts[n] = l + t - t0; r[n] = $2 * m; own[n] = t }
+        END { for (i = 1; i < n; i++) printf "%.3f %.0f %.3f\n", ts[i], r[i], own[i] }' "$1"
+}
+
+# hayate_bg NAME: a `hayate cp` of the source file to share-NAME.bin, in the background.
+hayate_bg() {
+    local name=$1
+    HAYATE_CC_TRACE=$WAN_LOG/share-cc-$name.tsv ip netns exec "$WAN_NS_C" "$HAYATE_BIN" cp --key-file "$HAYATE_KEY" --json --interval 1 \
+        "$SRC_FILE" "hayate://$WAN_SERVER_IP:$HAYATE_PORT/share-$name.bin" \
+        >"$WAN_LOG/share-$name.json" 2>"$WAN_LOG/share-$name.err" &
+    BG_PID=$!
+}
+
+share_verified() { # NAME → "verified" or why not
+    local v
+    v=$(jq -r '.verified // empty' "$WAN_LOG/share-$1.json" 2>/dev/null | tail -1)
+    if [ "$v" = true ] && cmp -s "$SRC_FILE" "$WORK/fs/dst/share-$1.bin"; then echo verified; else echo "NOT verified ($(tail -c 80 "$WAN_LOG/share-$1.err" | tr '\n' ' '))"; fi
+}
+
+run_share() { # RATE RTT LOSS BUF_BDP
+    # shellcheck disable=SC2034 # read by bench/wan's emit and prof_* helpers
+    P_KEY="share/$1/$2/$3/${4}bdp"
+    prof_start "$@"
+    echo "== share test: rate=$1 rtt=$2 loss=$3 buffer=$4 BDP; base ping RTT $P_BASE_RTT ms" >&2
+    if [ -z "$HAYATE_KEY" ]; then
+        HAYATE_KEY=$WORK/hayate.key
+        "$HAYATE_BIN" keygen --out "$HAYATE_KEY" >"$WAN_LOG/hayate-keygen.log" 2>&1 || die "hayate keygen failed"
+    fi
+    ip netns exec "$WAN_NS_S" "$HAYATE_BIN" serve --listen "$WAN_SERVER_IP:$HAYATE_PORT" --root "$WORK/fs/dst" \
+        --key-file "$HAYATE_KEY" >"$WAN_LOG/share-serve.log" 2>&1 &
+    local spid=$! t0 la lb pa pb
+    sleep 0.5
+
+    # 1. Two hayate flows.
+    echo "   two hayate transfers (second 5 s after the first) ..." >&2
+    t0=$(now_s)
+    la=$t0; hayate_bg a; pa=$BG_PID
+    sleep 5
+    lb=$(now_s); hayate_bg b; pb=$BG_PID
+    timeout 180 bash -c "while kill -0 $pa 2>/dev/null || kill -0 $pb 2>/dev/null; do sleep 0.2; done"
+    wait "$pa" "$pb" 2>/dev/null
+    share_series "$WAN_LOG/share-a.err" "$la" "$t0" >"$WAN_LOG/share-a.tsv"
+    share_series "$WAN_LOG/share-b.err" "$lb" "$t0" >"$WAN_LOG/share-b.tsv"
+    # Seconds in which both ran, once the second had run 2 s: each flow's mean, Jain's
+    # index of those means, and the lowest per-second index.
+    local fair
+    fair=$(awk 'NR == FNR { a[int($1)] = $2; next }
+        $3 > 2 && (int($1) in a) { s = int($1); x = a[s]; y = $2
+            n++; sa += x; sb += y; j = (x + y) ^ 2 / (2 * (x * x + y * y)); if (n == 1 || j < jmin) jmin = j }
+        END { if (!n) { print "- - - - 0"; exit }
+            ma = sa / n; mb = sb / n; printf "%.0f %.0f %.3f %.3f %d\n", ma, mb, (ma + mb) ^ 2 / (2 * (ma * ma + mb * mb)), jmin, n }' \
+        "$WAN_LOG/share-a.tsv" "$WAN_LOG/share-b.tsv")
+    local ma mb jain jmin n
+    read -r ma mb jain jmin n <<<"$fair"
+    SHARE_ROWS+=("| two hayate | first (from 0 s) | $(fmt_mbps "$ma") | $jain (lowest 1-s: $jmin) | $n s both running; $(share_verified a) |")
+    SHARE_ROWS+=("| two hayate | second (from 5 s) | $(fmt_mbps "$mb") | | $(share_verified b) |")
+    rm -f "$WORK/fs/dst/share-a.bin" "$WORK/fs/dst/share-b.bin"
+
+    # 2. hayate next to a CUBIC stream that started 5 s earlier.
+    echo "   hayate next to a TCP CUBIC stream ..." >&2
+    set_tcp_bufs raised
+    ip netns exec "$WAN_NS_S" iperf3 -s -1 -p "$IPERF_PORT" -B "$WAN_SERVER_IP" >"$WAN_LOG/share-iperf3-server.log" 2>&1 &
+    local ips=$! ipc
+    sleep 0.3
+    t0=$(now_s)
+    ip netns exec "$WAN_NS_C" iperf3 -c "$WAN_SERVER_IP" -p "$IPERF_PORT" -t 30 -C cubic --json \
+        >"$WAN_LOG/share-iperf3.json" 2>"$WAN_LOG/share-iperf3.err" &
+    ipc=$!
+    sleep 5
+    la=$(now_s); hayate_bg c; pa=$BG_PID
+    timeout 120 bash -c "while kill -0 $pa 2>/dev/null; do sleep 0.2; done"
+    wait "$pa" 2>/dev/null
+    wait "$ipc" 2>/dev/null
+    kill "$ips" 2>/dev/null; wait "$ips" 2>/dev/null
+    set_tcp_bufs default
+    share_series "$WAN_LOG/share-c.err" "$la" "$t0" >"$WAN_LOG/share-c.tsv"
+    jq -r '.intervals[]?.sum | "\(.start) \(.bits_per_second)"' "$WAN_LOG/share-iperf3.json" \
+        >"$WAN_LOG/share-tcp.tsv" 2>/dev/null
+    local mt mh
+    # iperf3's intervals start at its own 0 s, which is T0 (give or take its connect).
+    read -r mh mt n < <(awk 'NR == FNR { t[int($1)] = $2; next }
+        $3 > 2 && (int($1) in t) { n++; sh += $2; st += t[int($1)] }
+        END { if (!n) print "- - 0"; else printf "%.0f %.0f %d\n", sh / n, st / n, n }' \
+        "$WAN_LOG/share-tcp.tsv" "$WAN_LOG/share-c.tsv")
+    local pct=-
+    [ "$n" != 0 ] && pct=$(awk -v h="$mh" -v t="$mt" 'BEGIN { printf "%.0f", t * 100 / (h + t) }')
+    SHARE_ROWS+=("| hayate + TCP CUBIC | CUBIC (from 0 s, raised bufs) | $(fmt_mbps "$mt") | CUBIC's share $pct % | $n s both running |")
+    SHARE_ROWS+=("| hayate + TCP CUBIC | hayate (from 5 s) | $(fmt_mbps "$mh") | | $(share_verified c) |")
+    rm -f "$WORK/fs/dst/share-c.bin"
+    kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+    prof_stop
+}
+
+print_share_table() {
+    echo
+    echo "Link: $RATE, RTT $RTT, loss $LOSS, buffer $BUF_BDP BDP; capacity (UDP payload) $(fmt_mbps "$P_CAP") Mbit/s; file $SIZE each; Mbit/s are means over the seconds both flows ran (the later one's first 2 s left out)"
+    echo
+    echo "| test | flow | goodput Mbit/s | fairness | note |"
+    echo "|---|---|---|---|---|"
+    printf '%s\n' "${SHARE_ROWS[@]}"
+}
