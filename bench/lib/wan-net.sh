@@ -46,6 +46,15 @@ wan_net_up() {
     wan_ns "$WAN_NS_R" ip addr add 10.77.1.1/24 dev rc
     wan_ns "$WAN_NS_R" ip addr add 10.77.2.1/24 dev rs
     wan_ns "$WAN_NS_S" ip addr add "$WAN_SERVER_IP/24" dev sr
+    # No segmentation offloads on the emulated path: with them a 64 KB TCP (or UDP GSO)
+    # super-packet crosses the veths as one packet, so the emulator would lose, queue and
+    # serialize 45 wire packets as one (random loss turns into rare bursts, which flatters
+    # TCP). The kernel then cuts them at the sender, as a real NIC would.
+    local dev
+    for dev in "$WAN_NS_C:cr" "$WAN_NS_R:rc" "$WAN_NS_R:rs" "$WAN_NS_S:sr"; do
+        wan_ns "${dev%%:*}" ethtool -K "${dev#*:}" tso off gso off gro off >/dev/null 2>&1 ||
+            wan_log "wan-net: cannot turn offloads off on ${dev#*:} (ethtool missing?): loss and queueing act on super-packets"
+    done
     wan_ns "$WAN_NS_C" ip link set cr up
     wan_ns "$WAN_NS_R" ip link set rc up
     wan_ns "$WAN_NS_R" ip link set rs up

@@ -505,9 +505,9 @@ impl RateControl for Adaptive {
         let rtt = self.min_rtt_us.max(1_000);
         let (bw, bdps) = if self.mode == Mode::Startup {
             // While searching, the round that finds the limit sends at twice what the path
-            // carries: 1.75 times what was delivered bounds the queue that round leaves to
-            // 3/4 of a BDP, so a 1-BDP buffer does not overflow before the signal gets back.
-            (self.bottleneck().max(INITIAL_RATE), 1.75)
+            // carries: 1.5 times what was delivered bounds the queue that round leaves to
+            // half a BDP, so a 1-BDP buffer does not overflow before the signal gets back.
+            (self.bottleneck().max(INITIAL_RATE), 1.5)
         } else {
             (self.bottleneck().max(self.rate), 2.0)
         };
