@@ -461,6 +461,11 @@ impl RateControl for Adaptive {
         }
         self.round_lost += fb.lost_bytes;
         if let Some(rx) = fb.rx_rate {
+            // Nothing gets through faster than it is sent for long: a sample above the
+            // pacing rate is the receiver's timestamps bunching (GRO, a catch-up after a
+            // stall), and one such sample taken as the bottleneck while searching would
+            // set the rate several times too high.
+            let rx = rx.min(self.rate + self.rate / 4);
             let queue_empty = self.queue_delay_us <= self.queue_target_us();
             let sample = if queue_empty {
                 // Random loss took its share before the receiver saw the data; the path
