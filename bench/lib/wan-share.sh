@@ -37,10 +37,7 @@ run_share() { # RATE RTT LOSS BUF_BDP
     P_KEY="share/$1/$2/$3/${4}bdp"
     prof_start "$@"
     echo "== share test: rate=$1 rtt=$2 loss=$3 buffer=$4 BDP; base ping RTT $P_BASE_RTT ms" >&2
-    if [ -z "$HAYATE_KEY" ]; then
-        HAYATE_KEY=$WORK/hayate.key
-        "$HAYATE_BIN" keygen --out "$HAYATE_KEY" >"$WAN_LOG/hayate-keygen.log" 2>&1 || die "hayate keygen failed"
-    fi
+    hayate_key || die "hayate keygen failed"
     ip netns exec "$WAN_NS_S" "$HAYATE_BIN" serve --listen "$WAN_SERVER_IP:$HAYATE_PORT" --root "$WORK/fs/dst" \
         --key-file "$HAYATE_KEY" >"$WAN_LOG/share-serve.log" 2>&1 &
     local spid=$! t0 la lb pa pb

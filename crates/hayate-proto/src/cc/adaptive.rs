@@ -130,8 +130,6 @@ pub struct Adaptive {
     drain_rounds: u32,
     /// Consecutive RTT samples above the queue target (startup exits on 3).
     queued_samples: u32,
-    /// Consecutive RTT samples above `startup_exit_queue_us`.
-    startup_queued_samples: u32,
     /// Consecutive RTT samples above the grow phase's limit.
     grow_queued_samples: u32,
     /// Our shares at the last drains, newest last.
@@ -175,7 +173,6 @@ impl Adaptive {
             plateau_bw: 0,
             drain_rounds: 0,
             queued_samples: 0,
-            startup_queued_samples: 0,
             grow_queued_samples: 0,
             shares: Vec::new(),
             queue_delay_us: 0,
@@ -243,11 +240,6 @@ impl Adaptive {
     /// those bursts as congestion (on a 10 ms path every few round trips).
     fn queue_target_us(&self) -> u64 {
         (self.min_rtt_us / 20).clamp(2_000, 25_000)
-    }
-
-    /// The queue that ends startup.
-    fn startup_exit_queue_us(&self) -> u64 {
-        self.queue_target_us()
     }
 
     /// This round's deliveries so far are half again the last round's: the path still
@@ -436,18 +428,11 @@ impl RateControl for Adaptive {
                 self.grow_queued_samples = 0;
             }
             // The queue is growing: the pipe is full, stop doubling now, not rounds later.
-            // Only a queue well past the target: flows already on the path keep one of about
-            // the target while they probe, and a newcomer leaving startup on it would stay
-            // tiny (its share then grows by the same small increments as theirs).
-            if self.path_queue_us > self.startup_exit_queue_us() {
-                self.startup_queued_samples += 1;
-            } else {
-                self.startup_queued_samples = 0;
-            }
             // Unless what we get through still grows by half per round: then the queue is
-            // someone else's, and leaving now would strand a newcomer at a sliver.
+            // someone else's (flows already on the path keep one while they probe), and
+            // leaving now would strand a newcomer at a sliver.
             if self.mode == Mode::Startup
-                && self.startup_queued_samples >= 3
+                && self.queued_samples >= 3
                 && !self.startup_still_growing()
             {
                 self.mode = Mode::Drain;
