@@ -19,9 +19,14 @@
 //! A lone flow thus holds its bottleneck with a queue of a few milliseconds. Flows sharing one
 //! get the same increments, whatever their rates: the smaller flow gains relatively more each
 //! cycle and the drain takes back in proportion, so shares converge (additive increase,
-//! multiplicative decrease, with the queue as the signal instead of loss). A flow whose share
-//! keeps falling yields a little more; a queue far above the target (a newcomer's startup, or a
-//! path that got slower) makes every flow yield more, so the newcomer is not stuck small.
+//! multiplicative decrease, with the queue as the signal instead of loss). While shares keep
+//! moving every flow yields a little more; a queue far above the target (a newcomer's startup,
+//! or a path that got slower) makes every flow yield more. Delivery samples past startup count
+//! at most what the flow sends, so the burst a draining queue delivers does not undo a yield.
+//!
+//! A newcomer's startup does not stop at the queue the flows already there keep: while its
+//! deliveries are most of what it sent a round trip earlier the path is still taking more,
+//! and it keeps doubling (the others yield to the queue it adds) until that stops.
 //!
 //! Random loss does not count as congestion: it is taken out of the delivery rate (scaled back
 //! up by the recent loss ratio) and never shrinks the estimate by itself. The receiver's OS
@@ -34,6 +39,9 @@ use super::{Feedback, RateControl};
 /// round that finds the limit overfills the queue by at most one BDP.
 const STARTUP_GAIN: f64 = 2.0;
 const DRAIN_GAIN: f64 = 0.75;
+/// Startup ignores a queue while its deliveries are at least this share of what it sent a
+/// round earlier (see `startup_path_took`).
+const STARTUP_TOOK: f64 = 0.8;
 /// Leaving a queue behind: at most this many rounds.
 const MAX_DRAIN_ROUNDS: u32 = 3;
 /// Pacing gain (of the share just found) while a queue found by growing drains: one minus
@@ -55,9 +63,9 @@ const GROW_UNDELIVERED: f64 = 1.1;
 /// room left are what every flow then regains by the same increments: the AIMD that evens
 /// shares out (at 1.0 it works too, but far more slowly).
 const SHARE_GAIN: f64 = 0.97;
-/// A flow whose share fell under this fraction of its recent shares yields `YIELD_GAIN`.
-const SHARE_FALLING: f64 = 0.97;
-const YIELD_GAIN: f64 = 0.95;
+/// A share this much under or over a recent one: the flow yields `CONVERGE_GAIN`.
+const SHARE_MOVING: f64 = 0.95;
+const CONVERGE_GAIN: f64 = 0.95;
 /// Shares remembered for that, one per drain.
 const SHARE_HISTORY: usize = 4;
 /// A queue over this fraction of the path's minimum RTT: every flow yields `BIG_QUEUE_GAIN`.
@@ -115,8 +123,14 @@ pub struct Adaptive {
     last_round_w: f64,
     last_round_n: u32,
     round_start_us: u64,
+    /// The latest feedback's time.
+    now_us: u64,
     /// What the last round really sent, bytes/s (this round's deliveries answer it).
     prev_sent_rate: u64,
+    /// Startup: the last round's deliveries were most of what the round before it sent, so
+    /// the path still takes what we send, and a queue is someone else's (a flow already on
+    /// the path keeps one while it probes), not our overshoot.
+    startup_path_took: bool,
     round_sent: u64,
     round_lost: u64,
     round_queue_hits: u32,
@@ -162,7 +176,9 @@ impl Adaptive {
             last_round_w: 0.0,
             last_round_n: 0,
             round_start_us: 0,
+            now_us: 0,
             prev_sent_rate: 0,
+            startup_path_took: false,
             round_sent: 0,
             round_lost: 0,
             round_queue_hits: 0,
@@ -214,11 +230,22 @@ impl Adaptive {
     /// This round's delivery rate: the largest sample while searching (the rate grows within
     /// a round), the mean later (the largest of noisy samples overestimates, and flows that
     /// all overestimate keep a queue standing).
+    ///
+    /// Past startup it is at most what we really send: more arrives only while a queue
+    /// drains, and taking that in would undo the cut that drained it (by more for the
+    /// flow that had more queued, the larger one: that stalls shares at uneven).
     fn round_sample(&self) -> u64 {
         match self.mode {
-            Mode::ProbeBw if self.round_rx_n > 0 => self.rx_mean() as u64,
+            Mode::ProbeBw if self.round_rx_n > 0 => (self.rx_mean() as u64).min(self.sent_rate()),
             _ => self.round_max,
         }
+    }
+
+    /// What we really send, bytes/s: this round so far or the last, whichever is more.
+    fn sent_rate(&self) -> u64 {
+        let dur = self.now_us.saturating_sub(self.round_start_us).max(1);
+        let now = (self.round_sent as u128 * 1_000_000 / dur as u128) as u64;
+        now.max(self.prev_sent_rate)
     }
 
     /// This round's mean delivery rate (loss-compensated while no queue stood), bytes/s.
@@ -242,11 +269,18 @@ impl Adaptive {
         (self.min_rtt_us / 20).clamp(2_000, 25_000)
     }
 
-    /// This round's deliveries so far are half again the last round's: the path still
-    /// carries more of what we send, whatever queue others keep.
+    /// The path still carries more of what we send, whatever queue others keep: this
+    /// round's deliveries so far are half again the last round's, or the last round's were
+    /// most of what we sent before it.
+    /// Not when this round loses far more than random loss does: that is our overshoot
+    /// overflowing a short buffer.
     fn startup_still_growing(&self) -> bool {
         let last = self.bw_rounds.last().copied().unwrap_or(0);
-        last > 0 && self.round_max as f64 >= 1.5 * last as f64
+        if last > 0 && self.round_max as f64 >= 1.5 * last as f64 {
+            return true;
+        }
+        let lost = self.round_lost as f64 / self.round_sent.max(1) as f64;
+        self.startup_path_took && lost <= (3.0 * self.loss_ewma).max(0.05)
     }
 
     fn round_len_us(&self) -> u64 {
@@ -277,10 +311,16 @@ impl Adaptive {
         // Random loss took its part after the bottleneck carried it.
         let l = self.loss_ewma.min(MAX_LOSS_COMPENSATION);
         share = (share as f64 / (1.0 - l)) as u64;
-        let recent = self.shares.iter().copied().max().unwrap_or(0);
+        // Shares that keep moving mean flows are still sorting out who gets what: a deeper
+        // cut then evens them out several times faster (equal increments give back the
+        // same amount to each, so the cut's cost falls on the larger). Steady shares, a
+        // lone flow's or flows already even, keep the shallow cut and the link full.
+        let hi = self.shares.iter().copied().max().unwrap_or(0) as f64;
+        let lo = self.shares.iter().copied().min().unwrap_or(0) as f64;
+        let s = share as f64;
         let mut gain = SHARE_GAIN;
-        if (share as f64) < SHARE_FALLING * recent as f64 {
-            gain = YIELD_GAIN;
+        if !self.shares.is_empty() && (s < SHARE_MOVING * hi || SHARE_MOVING * s > lo) {
+            gain = CONVERGE_GAIN;
         }
         if self.path_queue_us as f64 > self.min_rtt_us as f64 * BIG_QUEUE {
             gain = BIG_QUEUE_GAIN;
@@ -314,6 +354,12 @@ impl Adaptive {
             self.round_samples > 0 && self.round_queue_hits * 2 > self.round_samples;
         let standing = self.round_samples > 0 && self.round_min_queue_us > self.queue_target_us();
 
+        // Delivered is what the round before sent, a round trip later: a lone flow that
+        // overshoots gets about half of it through, a newcomer next to a flow that fills
+        // the path (and yields to it) nearly all.
+        self.startup_path_took = self.mode == Mode::Startup
+            && self.round_rx_n > 0
+            && self.round_max as f64 >= STARTUP_TOOK * self.prev_sent_rate as f64;
         let bw = self.bottleneck();
         match self.mode {
             Mode::Startup => {
@@ -404,6 +450,7 @@ impl RateControl for Adaptive {
     }
 
     fn on_feedback(&mut self, fb: &Feedback) {
+        self.now_us = fb.now_us;
         self.min_rtt_us = fb.min_rtt_us;
         self.srtt_us = fb.srtt_us;
         if let Some(rtt) = fb.rtt_us {
