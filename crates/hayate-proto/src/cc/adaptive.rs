@@ -64,7 +64,7 @@ const GROW_UNDELIVERED: f64 = 1.1;
 /// shares out (at 1.0 it works too, but far more slowly).
 const SHARE_GAIN: f64 = 0.97;
 /// A share this much under or over a recent one: the flow yields `CONVERGE_GAIN`.
-const SHARE_MOVING: f64 = 0.95;
+const SHARE_MOVING: f64 = 0.9;
 const CONVERGE_GAIN: f64 = 0.95;
 /// Shares remembered for that, one per drain.
 const SHARE_HISTORY: usize = 4;
@@ -357,9 +357,10 @@ impl Adaptive {
         // Delivered is what the round before sent, a round trip later: a lone flow that
         // overshoots gets about half of it through, a newcomer next to a flow that fills
         // the path (and yields to it) nearly all.
+        // The mean, not the largest sample: a busy receiver's samples bunch and read high.
         self.startup_path_took = self.mode == Mode::Startup
             && self.round_rx_n > 0
-            && self.round_max as f64 >= STARTUP_TOOK * self.prev_sent_rate as f64;
+            && self.rx_mean() >= STARTUP_TOOK * self.prev_sent_rate as f64;
         let bw = self.bottleneck();
         match self.mode {
             Mode::Startup => {
@@ -494,10 +495,15 @@ impl RateControl for Adaptive {
         self.round_lost += fb.lost_bytes;
         if let Some(rx) = fb.rx_rate {
             // Nothing gets through faster than it is sent for long: a sample above the
-            // pacing rate is the receiver's timestamps bunching (GRO, a catch-up after a
-            // stall), and one such sample taken as the bottleneck while searching would
-            // set the rate several times too high.
-            let rx = rx.min(self.rate + self.rate / 4);
+            // pacing rate, or (while searching) above what the last round really sent (what
+            // arrives now left about then), is the receiver's timestamps bunching (GRO, the
+            // emulator's or a host's catch-up after a stall), and one such sample taken as
+            // the bottleneck while searching would set the rate several times too high.
+            // Later rounds' samples are capped at what is sent as a whole (`round_sample`).
+            let mut rx = rx.min(self.rate + self.rate / 4);
+            if self.mode == Mode::Startup && self.prev_sent_rate > 0 {
+                rx = rx.min(self.prev_sent_rate / 4 * 5);
+            }
             let queue_empty = self.queue_delay_us <= self.queue_target_us();
             let sample = if queue_empty {
                 // Random loss took its share before the receiver saw the data; the path
