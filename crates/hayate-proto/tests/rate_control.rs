@@ -196,8 +196,9 @@ fn mbit(bytes_per_s: f64) -> f64 {
 /// Two uploads of `mb` MB through one `rate_mbit` Mbit/s, `rtt_ms`, 1-BDP bottleneck, the
 /// second `after_s` seconds after the first. From 2 s after the second starts until the
 /// first winds down they share the link: fairly (Jain's index of their means ≥ 0.95, and of
-/// every second's ≥ 0.8: a newcomer is not left at a sliver for long), and together they still
-/// fill it (≥ 90 %).
+/// every second's ≥ 0.9: a newcomer is not left at a sliver for long; the controller before
+/// the newcomer's startup and drain fixes gave 0.67–0.89 here), and together they still fill
+/// it (≥ 90 %).
 fn two_flows(rate_mbit: u64, rtt_ms: u64, loss: f64, after_s: u64, mb: usize, seed: u64) {
     let mut sc = Scenario::new(seed);
     (sc.forward, sc.reverse) = path(rate_mbit * MBIT, rtt_ms, loss, 1.0);
@@ -262,7 +263,7 @@ fn two_flows(rate_mbit: u64, rtt_ms: u64, loss: f64, after_s: u64, mb: usize, se
     eprintln!("{report}");
     assert!(until >= from + 30, "a flow ended at {until}: {report}");
     assert!(fairness >= 0.95, "{report}");
-    assert!(worst_second >= 0.8, "{report}");
+    assert!(worst_second >= 0.9, "{report}");
     assert!(util >= 0.90, "{report}");
     for x in retx {
         assert!(x <= loss + 0.02, "{report}");

@@ -312,7 +312,7 @@ impl Adaptive {
         let l = self.loss_ewma.min(MAX_LOSS_COMPENSATION);
         share = (share as f64 / (1.0 - l)) as u64;
         // Shares that keep moving mean flows are still sorting out who gets what: a deeper
-        // cut then evens them out several times faster (equal increments give back the
+        // cut then evens them out faster (equal increments give back the
         // same amount to each, so the cut's cost falls on the larger). Steady shares, a
         // lone flow's or flows already even, keep the shallow cut and the link full.
         let hi = self.shares.iter().copied().max().unwrap_or(0) as f64;
