@@ -231,7 +231,7 @@ impl Adaptive {
     /// a round), the mean later (the largest of noisy samples overestimates, and flows that
     /// all overestimate keep a queue standing).
     ///
-    /// Past startup it is at most what we really send: more arrives only while a queue
+    /// While probing it is at most what we really send: more arrives only while a queue
     /// drains, and taking that in would undo the cut that drained it (by more for the
     /// flow that had more queued, the larger one: that stalls shares at uneven).
     fn round_sample(&self) -> u64 {
