@@ -32,6 +32,10 @@ pub struct LinkParams {
     pub duplicate: f64,
     /// Probability one random bit of a datagram is flipped.
     pub corrupt: f64,
+    /// A busy host: every `stall_every_us` (0 = never) on average the link holds everything
+    /// for `stall_us`, then lets it all go at once (a descheduled VM, router or receiver).
+    pub stall_every_us: u64,
+    pub stall_us: u64,
 }
 
 impl Default for LinkParams {
@@ -45,6 +49,8 @@ impl Default for LinkParams {
             reorder_us: 2_000,
             duplicate: 0.0,
             corrupt: 0.0,
+            stall_every_us: 0,
+            stall_us: 0,
         }
     }
 }
@@ -104,6 +110,10 @@ pub struct Scenario {
     pub extra_clients: Vec<ClientSpec>,
     /// The server's receive path, if slower than the link (`None`: it keeps up).
     pub server_receiver: Option<ReceiverParams>,
+    /// A sending host short of CPU: every `sender_stall_every_us` (0 = never) on average
+    /// every client is descheduled for `sender_stall_us` and sends nothing meanwhile.
+    pub sender_stall_every_us: u64,
+    pub sender_stall_us: u64,
     /// Give up after this much virtual time.
     pub limit_us: u64,
 }
@@ -131,6 +141,8 @@ impl Scenario {
             missing_downloads: Vec::new(),
             extra_clients: Vec::new(),
             server_receiver: None,
+            sender_stall_every_us: 0,
+            sender_stall_us: 0,
             limit_us: 120_000_000,
         }
     }
@@ -230,8 +242,41 @@ impl Rng {
     }
 }
 
+/// When a busy host holds everything: windows of `len` µs, their starts spaced uniformly
+/// between half and one and a half `every` apart (`every` 0: never).
+#[derive(Debug, Clone, Default)]
+struct Stalls {
+    every: u64,
+    len: u64,
+    /// The current or next window, [start, end) µs.
+    cur: (u64, u64),
+}
+
+impl Stalls {
+    fn new(every: u64, len: u64) -> Self {
+        Stalls {
+            every,
+            len,
+            cur: (0, 0),
+        }
+    }
+
+    /// The end of the window `t` falls in, if any.
+    fn stalled_until(&mut self, t: u64, rng: &mut Rng) -> Option<u64> {
+        if self.every == 0 || self.len == 0 {
+            return None;
+        }
+        while t >= self.cur.1 {
+            self.cur.0 = self.cur.1 + self.every / 2 + rng.next_u64() % self.every;
+            self.cur.1 = self.cur.0 + self.len;
+        }
+        (t >= self.cur.0).then_some(self.cur.1)
+    }
+}
+
 struct Link {
     p: LinkParams,
+    stalls: Stalls,
     busy_until: u64,
     delivered: u64,
     queue_drops: u64,
@@ -257,6 +302,9 @@ impl Link {
         }
         self.delivered += 1;
         let mut at = self.busy_until + self.p.delay_us;
+        if let Some(end) = self.stalls.stalled_until(at, rng) {
+            at = end;
+        }
         if rng.chance(self.p.reorder) {
             at += self.p.reorder_us;
         }
@@ -525,6 +573,7 @@ pub fn run(sc: &Scenario) -> SimResult {
     let us_of = |i: Instant| i.saturating_duration_since(base).as_micros() as u64;
     let link = |p: &LinkParams| Link {
         p: p.clone(),
+        stalls: Stalls::new(p.stall_every_us, p.stall_us),
         busy_until: 0,
         delivered: 0,
         queue_drops: 0,
@@ -545,6 +594,8 @@ pub fn run(sc: &Scenario) -> SimResult {
         inflight: HashMap::new(),
         seq: 0,
     };
+    let mut sender_stalls = Stalls::new(sc.sender_stall_every_us, sc.sender_stall_us);
+    let mut stall_rng = Rng::new(sc.seed ^ 0x5741_4c4c);
     let mut steps = sc.forward_steps.clone();
     steps.sort_by_key(|s| Reverse(s.at_us));
 
@@ -698,7 +749,11 @@ pub fn run(sc: &Scenario) -> SimResult {
         }
 
         // Timers, then everything each side wants to send.
+        let sender_stalled = sender_stalls.stalled_until(now, &mut stall_rng);
         for (n, cl) in clients.iter_mut().enumerate() {
+            if sender_stalled.is_some() {
+                break;
+            }
             let Some(conn) = cl.conn.as_mut().filter(|_| !cl.done) else {
                 continue;
             };
@@ -747,7 +802,9 @@ pub fn run(sc: &Scenario) -> SimResult {
             if cl.conn.is_none() {
                 next = next.min(cl.spec.start_us);
             } else if let Some(t) = cl.active().and_then(|c| c.poll_timeout(at(now))) {
-                next = next.min(us_of(t).max(now + 1));
+                // A stalled sender wakes when the stall ends, whatever its timers say.
+                let t = sender_stalled.unwrap_or(us_of(t));
+                next = next.min(t.max(now + 1));
             }
         }
         for cid in server.cids() {

@@ -20,6 +20,7 @@ fn lossy(loss: f64, reorder: f64, dup: f64, corrupt: f64) -> LinkParams {
         reorder_us: 3_000,
         duplicate: dup,
         corrupt,
+        ..LinkParams::default()
     }
 }
 
