@@ -96,6 +96,22 @@ fn converges_to_the_bottleneck_with_a_short_queue() {
     }
 }
 
+/// A short path (10 ms): the queue target's 2 ms floor is a fifth of the RTT, and the probes
+/// that reach it must not be taken for a big queue (that kept this path at 81 %).
+#[test]
+fn a_short_path_is_kept_full() {
+    let r = run_upload(300 * MBIT, 10, 0.0, 1.0, 300_000_000, 41);
+    let secs = r.server_rx_trace.len() as f64 / 10.0;
+    let steady = mean_rate(&r, 2.0, secs - 0.5);
+    let capacity = 300.0 * MBIT as f64 * 1426.0 / 1500.0;
+    assert!(
+        steady >= 0.95 * capacity,
+        "{:.1} of {:.1} Mbit/s",
+        steady / 1.25e5,
+        capacity / 1.25e5
+    );
+}
+
 #[test]
 fn random_loss_is_treated_as_noise() {
     for (loss, seed) in [(0.001, 4), (0.01, 5), (0.03, 6), (0.05, 7)] {
