@@ -831,7 +831,6 @@ impl Connection {
             fb.in_flight = self.in_flight_bytes();
             self.cc.on_feedback(&fb);
             self.pacer.set_rate(self.cc.pacing_rate());
-            self.pacer.set_path_rtt(fb.min_rtt_us);
             if let Some(t) = &mut self.cc_trace {
                 t.push(CcTraceRow {
                     feedback: fb,
@@ -1357,13 +1356,7 @@ impl Connection {
         if ack_due || self.ctrl_tx.has_unsent() || self.ping_pending {
             return self.send_control(now_us, buf, ack_due);
         }
-        if self.window_full() || !self.has_data_to_send() {
-            // Time spent held back by the window or with nothing to send is not a late
-            // wake-up: it must not become credit for a burst.
-            self.pacer.idle(now_us);
-            return None;
-        }
-        if self.pacer.can_send(now_us, self.payload_limit) {
+        if !self.window_full() && self.pacer.can_send(now_us, self.payload_limit) {
             return self.send_data(now_us, buf, src);
         }
         None

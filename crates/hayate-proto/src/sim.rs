@@ -110,10 +110,6 @@ pub struct Scenario {
     pub extra_clients: Vec<ClientSpec>,
     /// The server's receive path, if slower than the link (`None`: it keeps up).
     pub server_receiver: Option<ReceiverParams>,
-    /// A sending host short of CPU: every `sender_stall_every_us` (0 = never) on average
-    /// every client is descheduled for `sender_stall_us` and sends nothing meanwhile.
-    pub sender_stall_every_us: u64,
-    pub sender_stall_us: u64,
     /// Give up after this much virtual time.
     pub limit_us: u64,
 }
@@ -141,8 +137,6 @@ impl Scenario {
             missing_downloads: Vec::new(),
             extra_clients: Vec::new(),
             server_receiver: None,
-            sender_stall_every_us: 0,
-            sender_stall_us: 0,
             limit_us: 120_000_000,
         }
     }
@@ -594,8 +588,6 @@ pub fn run(sc: &Scenario) -> SimResult {
         inflight: HashMap::new(),
         seq: 0,
     };
-    let mut sender_stalls = Stalls::new(sc.sender_stall_every_us, sc.sender_stall_us);
-    let mut stall_rng = Rng::new(sc.seed ^ 0x5741_4c4c);
     let mut steps = sc.forward_steps.clone();
     steps.sort_by_key(|s| Reverse(s.at_us));
 
@@ -749,11 +741,7 @@ pub fn run(sc: &Scenario) -> SimResult {
         }
 
         // Timers, then everything each side wants to send.
-        let sender_stalled = sender_stalls.stalled_until(now, &mut stall_rng);
         for (n, cl) in clients.iter_mut().enumerate() {
-            if sender_stalled.is_some() {
-                break;
-            }
             let Some(conn) = cl.conn.as_mut().filter(|_| !cl.done) else {
                 continue;
             };
@@ -802,9 +790,7 @@ pub fn run(sc: &Scenario) -> SimResult {
             if cl.conn.is_none() {
                 next = next.min(cl.spec.start_us);
             } else if let Some(t) = cl.active().and_then(|c| c.poll_timeout(at(now))) {
-                // A stalled sender wakes when the stall ends, whatever its timers say.
-                let t = sender_stalled.unwrap_or(us_of(t));
-                next = next.min(t.max(now + 1));
+                next = next.min(us_of(t).max(now + 1));
             }
         }
         for cid in server.cids() {

@@ -181,40 +181,6 @@ fn host_stalls_are_not_congestion() {
     }
 }
 
-/// A sending host short of CPU (descheduled a few ms at a time, a quarter to 40 % of the
-/// time): the pacer makes up for the time lost (up to RTT/25), so the path stays full.
-/// With 1 ms of catch-up, as before, the first case gave 0.88 of capacity.
-#[test]
-fn a_descheduled_sender_still_fills_the_path() {
-    for (stall_us, every_us, floor, seed) in [(3_000, 12_000, 0.95, 31), (4_000, 10_000, 0.9, 32)] {
-        let rate = 300 * MBIT;
-        let mut sc = Scenario::new(seed);
-        (sc.forward, sc.reverse) = path(rate, 100, 0.0, 1.0);
-        sc.sender_stall_us = stall_us;
-        sc.sender_stall_every_us = every_us;
-        adaptive(&mut sc);
-        let bytes = (rate * 12) as usize;
-        sc.uploads = vec![("f".into(), data(bytes))];
-        let r = sim::run(&sc);
-        assert!(r.ok, "{:?}", r.error);
-        let secs = r.server_rx_trace.len() as f64 / 10.0;
-        let steady = mean_rate(&r, 2.0, secs - 0.5);
-        let capacity = rate as f64 * 1426.0 / 1500.0;
-        let trace: Vec<String> = r
-            .server_rx_trace
-            .iter()
-            .map(|b| format!("{:.0}", *b as f64 * 8e-5))
-            .collect();
-        assert!(
-            steady >= floor * capacity,
-            "stalls of {stall_us} µs every {every_us} µs: {:.1} of {:.1} Mbit/s; trace {}",
-            steady / 1.25e5,
-            capacity / 1.25e5,
-            trace.join(" ")
-        );
-    }
-}
-
 #[test]
 fn follows_a_rate_step_down() {
     let mut sc = Scenario::new(9);

@@ -88,10 +88,6 @@ const MIN_RATE: u64 = 50_000;
 const RX_LAG_ALLOWANCE_US: u64 = 5_000;
 /// Random loss larger than this is not compensated (it is too much to be noise).
 const MAX_LOSS_COMPENSATION: f64 = 0.25;
-/// A round that sent less than this share of what its pacing rate allowed was limited by the
-/// sender (CPU, disk, nothing left to send), not by the path: its delivery rate says nothing
-/// about the bottleneck, and it may raise the estimate but not lower it.
-const SENDER_LIMITED: f64 = 0.9;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -142,10 +138,6 @@ pub struct Adaptive {
     /// the path keeps one while it probes), not our overshoot.
     startup_path_took: bool,
     round_sent: u64,
-    /// What the pacing rate allowed this round, bytes (see `SENDER_LIMITED`).
-    round_allowed: f64,
-    /// The previous feedback's time (the pacing rate held since then).
-    last_fb_us: u64,
     round_lost: u64,
     round_queue_hits: u32,
     round_samples: u32,
@@ -194,8 +186,6 @@ impl Adaptive {
             prev_sent_rate: 0,
             startup_path_took: false,
             round_sent: 0,
-            round_allowed: 0.0,
-            last_fb_us: 0,
             round_lost: 0,
             round_queue_hits: 0,
             round_samples: 0,
@@ -362,13 +352,8 @@ impl Adaptive {
         if self.round_sent > 0 {
             self.loss_ewma = 0.75 * self.loss_ewma + 0.25 * loss;
         }
-        let sample = self.round_sample();
-        let sender_limited = (self.round_sent as f64) < SENDER_LIMITED * self.round_allowed
-            && self.bw_rounds.iter().any(|&b| b > sample);
-        if (self.round_samples > 0 && !self.draining() && !sender_limited)
-            || self.bw_rounds.is_empty()
-        {
-            self.bw_rounds.push(sample);
+        if (self.round_samples > 0 && !self.draining()) || self.bw_rounds.is_empty() {
+            self.bw_rounds.push(self.round_sample());
             if self.bw_rounds.len() > BW_WINDOW {
                 self.bw_rounds.remove(0);
             }
@@ -442,7 +427,6 @@ impl Adaptive {
         self.round_rx_n = 0;
         self.round_raw_sum = 0.0;
         self.round_sent = 0;
-        self.round_allowed = 0.0;
         self.round_lost = 0;
         self.round_queue_hits = 0;
         self.round_samples = 0;
@@ -475,11 +459,6 @@ impl RateControl for Adaptive {
     }
 
     fn on_feedback(&mut self, fb: &Feedback) {
-        if self.last_fb_us > 0 {
-            let dt = fb.now_us.saturating_sub(self.last_fb_us) as f64 / 1e6;
-            self.round_allowed += self.rate as f64 * dt;
-        }
-        self.last_fb_us = fb.now_us;
         self.now_us = fb.now_us;
         self.min_rtt_us = fb.min_rtt_us;
         self.srtt_us = fb.srtt_us;
@@ -629,35 +608,6 @@ mod tests {
         assert!(
             (0.8 * cap as f64..1.2 * cap as f64).contains(&r),
             "rate {r}"
-        );
-    }
-
-    /// Feeds `rounds` round trips of 50 ms in which `sent(rate)` bytes/s go out and all of
-    /// it is delivered, with no queue.
-    fn run_rounds(a: &mut Adaptive, now: &mut u64, rounds: u64, sent: impl Fn(u64) -> u64) {
-        for _ in 0..rounds * 10 {
-            *now += 5_000;
-            let s = sent(a.pacing_rate().unwrap());
-            a.on_sent(*now, s * 5_000 / 1_000_000);
-            a.on_feedback(&fb(*now, 50_000, 50_000, s));
-        }
-    }
-
-    #[test]
-    fn a_sender_short_of_cpu_keeps_its_estimate() {
-        let cap = 50_000_000u64;
-        let mut a = Adaptive::new(None, 0);
-        let mut now = 0;
-        run_rounds(&mut a, &mut now, 40, |r| r.min(cap));
-        let found = a.bottleneck();
-        assert!(found >= cap * 9 / 10, "{found}");
-        // The sender now manages only 60 % of its pacing rate, for 40 round trips: what it
-        // gets through says nothing of the path, and the estimate stays.
-        run_rounds(&mut a, &mut now, 40, |r| (r * 6 / 10).min(cap));
-        assert!(
-            a.bottleneck() >= found * 9 / 10,
-            "{} after {found}",
-            a.bottleneck()
         );
     }
 
