@@ -45,10 +45,8 @@ const STARTUP_TOOK: f64 = 0.8;
 /// Leaving a queue behind: at most this many rounds.
 const MAX_DRAIN_ROUNDS: u32 = 3;
 /// Pacing gain (of the share just found) while a queue found by growing drains: one minus
-/// the queueing delay over the path's minimum RTT, within these bounds. Not deeper: on a
-/// short path the queue is a large part of the RTT, and draining it within one round trip
-/// leaves the link idle for the next (the signal that it is empty comes a round late).
-const MIN_QUEUE_DRAIN_GAIN: f64 = 0.85;
+/// the queueing delay over the path's minimum RTT, within these bounds.
+const MIN_QUEUE_DRAIN_GAIN: f64 = 0.7;
 const MAX_QUEUE_DRAIN_GAIN: f64 = 0.95;
 /// The grow phase's first increment: one datagram per round trip, bytes.
 const GROW_STEP: f64 = 1500.0;
