@@ -52,6 +52,16 @@ fn mean_rate(r: &sim::SimResult, from_s: f64, to_s: f64) -> f64 {
     r.server_rx_trace[a..b].iter().sum::<u64>() as f64 / ((b - a) as f64 / 10.0)
 }
 
+/// The server's goodput per 100 ms, Mbit/s, for failure messages.
+fn trace_mbit(r: &sim::SimResult) -> String {
+    let t: Vec<String> = r
+        .server_rx_trace
+        .iter()
+        .map(|b| format!("{:.0}", *b as f64 * 8e-5))
+        .collect();
+    t.join(" ")
+}
+
 fn run_upload(
     rate: u64,
     rtt_ms: u64,
@@ -119,17 +129,13 @@ fn random_loss_is_treated_as_noise() {
         let secs = r.server_rx_trace.len() as f64 / 10.0;
         let steady = mean_rate(&r, 2.0, secs - 0.5);
         let capacity = 100.0 * MBIT as f64 * 1426.0 / 1500.0 * (1.0 - loss);
-        let trace: Vec<String> = r
-            .server_rx_trace
-            .iter()
-            .map(|b| format!("{:.0}", *b as f64 * 8e-5))
-            .collect();
+        let trace = trace_mbit(&r);
         assert!(
             steady >= 0.95 * capacity,
             "loss {loss}: {:.1} of {:.1} Mbit/s; trace {}",
             steady / 1.25e5,
             capacity / 1.25e5,
-            trace.join(" ")
+            trace
         );
         let retx = r.client.data_packets_retransmitted as f64 / r.client.data_packets_sent as f64;
         assert!(retx <= loss + 0.01, "loss {loss}: retransmitted {retx:.3}");
@@ -166,17 +172,13 @@ fn host_stalls_are_not_congestion() {
         let secs = r.server_rx_trace.len() as f64 / 10.0;
         let steady = mean_rate(&r, 2.0, secs - 0.5);
         let capacity = rate as f64 * 1426.0 / 1500.0;
-        let trace: Vec<String> = r
-            .server_rx_trace
-            .iter()
-            .map(|b| format!("{:.0}", *b as f64 * 8e-5))
-            .collect();
+        let trace = trace_mbit(&r);
         assert!(
             steady >= 0.9 * capacity,
             "{rate_mbit} Mbit/s, {stall_ms} ms stalls: {:.1} of {:.1} Mbit/s; trace {}",
             steady / 1.25e5,
             capacity / 1.25e5,
-            trace.join(" ")
+            trace
         );
     }
 }
