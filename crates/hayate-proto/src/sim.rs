@@ -238,7 +238,7 @@ impl Rng {
 
 /// When a busy host holds everything: windows of `len` µs, their starts spaced uniformly
 /// between half and one and a half `every` apart (`every` 0: never).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 struct Stalls {
     every: u64,
     len: u64,

@@ -52,6 +52,12 @@ fn mean_rate(r: &sim::SimResult, from_s: f64, to_s: f64) -> f64 {
     r.server_rx_trace[a..b].iter().sum::<u64>() as f64 / ((b - a) as f64 / 10.0)
 }
 
+/// Mean goodput once the transfer is under way: from 2 s to half a second before the end.
+fn steady_rate(r: &sim::SimResult) -> f64 {
+    let secs = r.server_rx_trace.len() as f64 / 10.0;
+    mean_rate(r, 2.0, secs - 0.5)
+}
+
 /// The server's goodput per 100 ms, Mbit/s, for failure messages.
 fn trace_mbit(r: &sim::SimResult) -> String {
     let t: Vec<String> = r
@@ -84,8 +90,7 @@ fn run_upload(
 fn converges_to_the_bottleneck_with_a_short_queue() {
     for (rtt, seed) in [(20, 1), (100, 2), (250, 3)] {
         let r = run_upload(100 * MBIT, rtt, 0.0, 1.0, 60_000_000, seed);
-        let secs = r.server_rx_trace.len() as f64 / 10.0;
-        let steady = mean_rate(&r, 2.0, secs - 0.5);
+        let steady = steady_rate(&r);
         // Payload share of the wire: 1426 of 1500 bytes; then 95 % of that.
         let capacity = 100.0 * MBIT as f64 * 1426.0 / 1500.0;
         assert!(
@@ -111,8 +116,7 @@ fn converges_to_the_bottleneck_with_a_short_queue() {
 #[test]
 fn a_short_path_is_kept_full() {
     let r = run_upload(300 * MBIT, 10, 0.0, 1.0, 300_000_000, 41);
-    let secs = r.server_rx_trace.len() as f64 / 10.0;
-    let steady = mean_rate(&r, 2.0, secs - 0.5);
+    let steady = steady_rate(&r);
     let capacity = 300.0 * MBIT as f64 * 1426.0 / 1500.0;
     assert!(
         steady >= 0.95 * capacity,
@@ -126,8 +130,7 @@ fn a_short_path_is_kept_full() {
 fn random_loss_is_treated_as_noise() {
     for (loss, seed) in [(0.001, 4), (0.01, 5), (0.03, 6), (0.05, 7)] {
         let r = run_upload(100 * MBIT, 100, loss, 1.0, 60_000_000, seed);
-        let secs = r.server_rx_trace.len() as f64 / 10.0;
-        let steady = mean_rate(&r, 2.0, secs - 0.5);
+        let steady = steady_rate(&r);
         let capacity = 100.0 * MBIT as f64 * 1426.0 / 1500.0 * (1.0 - loss);
         let trace = trace_mbit(&r);
         assert!(
@@ -145,8 +148,7 @@ fn random_loss_is_treated_as_noise() {
 #[test]
 fn shallow_buffer_costs_little() {
     let r = run_upload(100 * MBIT, 100, 0.0, 0.1, 40_000_000, 8);
-    let secs = r.server_rx_trace.len() as f64 / 10.0;
-    let steady = mean_rate(&r, 2.0, secs - 0.5);
+    let steady = steady_rate(&r);
     let capacity = 100.0 * MBIT as f64 * 1426.0 / 1500.0;
     assert!(steady >= 0.9 * capacity, "{:.1} Mbit/s", steady / 1.25e5);
     let retx = r.client.data_packets_retransmitted as f64 / r.client.data_packets_sent as f64;
@@ -169,8 +171,7 @@ fn host_stalls_are_not_congestion() {
         sc.uploads = vec![("f".into(), data(bytes))];
         let r = sim::run(&sc);
         assert!(r.ok, "{:?}", r.error);
-        let secs = r.server_rx_trace.len() as f64 / 10.0;
-        let steady = mean_rate(&r, 2.0, secs - 0.5);
+        let steady = steady_rate(&r);
         let capacity = rate as f64 * 1426.0 / 1500.0;
         let trace = trace_mbit(&r);
         assert!(
@@ -352,8 +353,7 @@ fn slow_receiver(rx_rate: u64, buffer: u64, seed: u64) -> (f64, f64) {
     sc.uploads = vec![("f".into(), data(30_000_000))];
     let r = sim::run(&sc);
     assert!(r.ok, "{:?}", r.error);
-    let secs = r.server_rx_trace.len() as f64 / 10.0;
-    let steady = mean_rate(&r, 2.0, secs - 0.5);
+    let steady = steady_rate(&r);
     let retx = r.client.data_packets_retransmitted as f64 / r.client.data_packets_sent as f64;
     let trace: Vec<String> = r
         .server_rx_trace
