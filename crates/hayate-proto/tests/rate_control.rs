@@ -111,6 +111,28 @@ fn converges_to_the_bottleneck_with_a_short_queue() {
     }
 }
 
+/// From the first packet (handshake included) to 90 % of a 1 Gbit/s link: within 1 s plus
+/// 10 round trips, the goal. Startup doubles from 32 Mbit/s, so this is the longest
+/// climb the harness asks for.
+#[test]
+fn reaches_the_link_rate_within_a_second_and_ten_round_trips() {
+    for (rtt, bytes, seed) in [(100, 200_000_000, 51), (250, 400_000_000, 52)] {
+        let r = run_upload(1000 * MBIT, rtt, 0.0, 1.0, bytes, seed);
+        let capacity = 1000.0 * MBIT as f64 * 1426.0 / 1500.0;
+        let first = r
+            .server_rx_trace
+            .iter()
+            .position(|&b| b as f64 * 10.0 >= 0.9 * capacity)
+            .map(|i| (i as u64 + 1) * 100);
+        let goal = 1000 + 10 * rtt;
+        assert!(
+            first.is_some_and(|ms| ms <= goal),
+            "rtt {rtt}: 90 % after {first:?} ms, goal {goal} ms; Mbit/s per 100 ms: {}",
+            trace_mbit(&r)
+        );
+    }
+}
+
 /// A short path (10 ms): the queue target's 2 ms floor is a fifth of the RTT, and the probes
 /// that reach it must not be taken for a big queue (that kept this path at 81 %).
 #[test]

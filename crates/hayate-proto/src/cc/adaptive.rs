@@ -59,10 +59,12 @@ const GROW_QUEUE_SAMPLES: u32 = 3;
 /// Growing stops, too, when this much more is sent than gets through without any queue
 /// building (a policer, or a receiver that drops silently).
 const GROW_UNDELIVERED: f64 = 1.1;
-/// The estimate after a queue was found: this much of the share found. The few per cent of
-/// room left are what every flow then regains by the same increments: the AIMD that evens
-/// shares out (at 1.0 it works too, but far more slowly).
-const SHARE_GAIN: f64 = 0.97;
+/// The estimate after a queue was found: this much of the share found. The room left is
+/// what every flow then regains by the same increments: the AIMD that evens shares out (at
+/// 1.0 it works too, but far more slowly). A lone flow pays for it until the increments make
+/// it up: 0.97 kept a simulated 1 Gbit/s, 100 ms path at 98.1 %, 0.985 at 98.9 %. Shares
+/// that are far apart yield `CONVERGE_GAIN` instead, so evening out stays quick.
+const SHARE_GAIN: f64 = 0.985;
 /// A share this much under or over a recent one: the flow yields `CONVERGE_GAIN`.
 const SHARE_MOVING: f64 = 0.9;
 const CONVERGE_GAIN: f64 = 0.95;
