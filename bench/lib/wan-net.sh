@@ -132,6 +132,28 @@ wan_emu_stop() {
     WAN_EMU_STATS=$(grep '^wanemu ' "$WAN_EMU_LOG" 2>/dev/null || true)
 }
 
+# wan_emu_mark: wanemu prints, per direction, how late it released packets since the last
+# mark ("wanemu-window" lines). Mark before and after a run; then wan_emu_window_late.
+wan_emu_mark() {
+    [ -n "${WAN_EMU_PID:-}" ] || return 0
+    kill -USR1 "$WAN_EMU_PID" 2>/dev/null || true
+    sleep 0.15 # each direction notices within 50 ms
+}
+
+# wan_emu_window_late: the worse direction's p99 and max release lateness (ms) over the
+# window the last mark closed, as "P99 MAX" ("- -" if unknown). A faithful link is within a
+# millisecond: more means the delay and rate the transfer saw were not the configured ones.
+wan_emu_window_late() {
+    local m
+    m=$(grep '^wanemu-window ' "$WAN_EMU_LOG" 2>/dev/null | sed -n 's/.* mark=\([0-9]*\) .*/\1/p' | tail -1)
+    [ -n "$m" ] || { echo "- -"; return 0; }
+    grep "^wanemu-window .* mark=$m " "$WAN_EMU_LOG" | awk '
+        { for (i = 1; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+          if (v["late_p99_us"] != "-" && v["late_p99_us"] > p) p = v["late_p99_us"]
+          if (v["late_max_us"] > x) x = v["late_max_us"] }
+        END { printf "%.1f %.1f\n", p / 1000, x / 1000 }'
+}
+
 # wan_stat KEY LINE: the value of key=value in a wanemu stats line.
 wan_stat() {
     local key=$1 line=$2

@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use clap::Parser;
@@ -65,9 +65,16 @@ struct Args {
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
+/// Bumped by SIGUSR1: each direction prints what it held since the last mark (a bench run
+/// marks before and after one transfer, to know how faithful the link was during it).
+static MARK: AtomicU64 = AtomicU64::new(0);
 
 extern "C" fn on_signal(_: libc::c_int) {
     STOP.store(true, Ordering::Relaxed);
+}
+
+extern "C" fn on_mark(_: libc::c_int) {
+    MARK.fetch_add(1, Ordering::Relaxed);
 }
 
 fn now_ns() -> u64 {
@@ -89,6 +96,9 @@ struct DirStats {
     queue: u16,
     link: LinkStats,
     lateness: Histogram,
+    /// Lateness since the last mark.
+    window: Histogram,
+    window_packets: u64,
     recv_calls: u64,
     verdict_sends: u64,
     /// Packets whose arrival time came from the kernel's receive timestamp.
@@ -160,6 +170,8 @@ fn run_direction(
         queue: q.num,
         link: LinkStats::default(),
         lateness: Histogram::new(100_000),
+        window: Histogram::new(100_000),
+        window_packets: 0,
         recv_calls: 0,
         verdict_sends: 0,
         kernel_ts: 0,
@@ -171,17 +183,20 @@ fn run_direction(
         u64::MAX
     };
 
+    let mut mark = MARK.load(Ordering::Relaxed);
+
     // Accept every packet whose release time has come, as one batch verdict.
     let release_due = |now: u64,
                        pending: &mut VecDeque<(u32, u64)>,
                        out: &mut MsgBuf,
-                       lateness: &mut Histogram| {
+                       st: &mut DirStats| {
         let mut last = None;
         while let Some(&(id, t)) = pending.front() {
             if t > now {
                 break;
             }
-            lateness.record_ns(now - t);
+            st.lateness.record_ns(now - t);
+            st.window.record_ns(now - t);
             last = Some(id);
             pending.pop_front();
         }
@@ -192,7 +207,7 @@ fn run_direction(
 
     while !STOP.load(Ordering::Relaxed) {
         let now = now_ns();
-        release_due(now, &mut pending, &mut out, &mut st.lateness);
+        release_due(now, &mut pending, &mut out, &mut st);
         let n = batch.recv(&q)?;
         st.recv_calls += 1;
         if n > 0 {
@@ -211,6 +226,7 @@ fn run_direction(
                             st.kernel_ts += 1;
                         }
                     }
+                    st.window_packets += 1;
                     match link.on_packet(t, p.len as u64) {
                         Decision::Release(t) => pending.push_back((p.id, t)),
                         // Drops go out before any later batch accept, so they can't be swept up by it.
@@ -224,7 +240,7 @@ fn run_direction(
                     );
                 }
             }
-            release_due(now_ns(), &mut pending, &mut out, &mut st.lateness);
+            release_due(now_ns(), &mut pending, &mut out, &mut st);
             if !out.buf.is_empty() {
                 st.verdict_sends += 1;
             }
@@ -235,6 +251,24 @@ fn run_direction(
         } else if !out.buf.is_empty() {
             st.verdict_sends += 1;
             q.send(&mut out)?;
+        }
+        let m = MARK.load(Ordering::Relaxed);
+        if m != mark {
+            mark = m;
+            let q = |p| {
+                st.window
+                    .quantile_us(p)
+                    .map_or("-".to_string(), |v| v.to_string())
+            };
+            println!(
+                "wanemu-window dir={name} mark={m} packets={} late_p50_us={} late_p99_us={} late_max_us={}",
+                st.window_packets,
+                q(0.5),
+                q(0.99),
+                st.window.max_ns() / 1000
+            );
+            st.window = Histogram::new(100_000);
+            st.window_packets = 0;
         }
         if now >= next_report {
             st.link = link.stats;
@@ -310,6 +344,10 @@ fn main() {
         libc::signal(
             libc::SIGTERM,
             on_signal as extern "C" fn(libc::c_int) as libc::sighandler_t,
+        );
+        libc::signal(
+            libc::SIGUSR1,
+            on_mark as extern "C" fn(libc::c_int) as libc::sighandler_t,
         );
     }
 
