@@ -186,24 +186,22 @@ fn run_direction(
     let mut mark = MARK.load(Ordering::Relaxed);
 
     // Accept every packet whose release time has come, as one batch verdict.
-    let release_due = |now: u64,
-                       pending: &mut VecDeque<(u32, u64)>,
-                       out: &mut MsgBuf,
-                       st: &mut DirStats| {
-        let mut last = None;
-        while let Some(&(id, t)) = pending.front() {
-            if t > now {
-                break;
+    let release_due =
+        |now: u64, pending: &mut VecDeque<(u32, u64)>, out: &mut MsgBuf, st: &mut DirStats| {
+            let mut last = None;
+            while let Some(&(id, t)) = pending.front() {
+                if t > now {
+                    break;
+                }
+                st.lateness.record_ns(now - t);
+                st.window.record_ns(now - t);
+                last = Some(id);
+                pending.pop_front();
             }
-            st.lateness.record_ns(now - t);
-            st.window.record_ns(now - t);
-            last = Some(id);
-            pending.pop_front();
-        }
-        if let Some(id) = last {
-            out.verdict_batch(q.num, id, nfq::NF_ACCEPT);
-        }
-    };
+            if let Some(id) = last {
+                out.verdict_batch(q.num, id, nfq::NF_ACCEPT);
+            }
+        };
 
     while !STOP.load(Ordering::Relaxed) {
         let now = now_ns();
