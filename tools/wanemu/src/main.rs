@@ -107,14 +107,9 @@ struct DirStats {
 
 impl DirStats {
     fn line(&self, secs: f64) -> String {
-        let q = |p| {
-            self.lateness
-                .quantile_us(p)
-                .map_or("-".to_string(), |v| v.to_string())
-        };
         format!(
             "wanemu dir={} queue={} packets={} bytes={} delivered={} drop_queue={} drop_loss={} \
-             max_backlog={} rate_in_mbps={:.1} late_p50_us={} late_p99_us={} late_max_us={} \
+             max_backlog={} rate_in_mbps={:.1} {} \
              recv_calls={} verdict_sends={} kernel_ts={}",
             self.name,
             self.queue,
@@ -129,9 +124,7 @@ impl DirStats {
             } else {
                 0.0
             },
-            q(0.5),
-            q(0.99),
-            self.lateness.max_ns() / 1000,
+            self.lateness.lateness_fields(),
             self.recv_calls,
             self.verdict_sends,
             self.kernel_ts,
@@ -253,17 +246,10 @@ fn run_direction(
         let m = MARK.load(Ordering::Relaxed);
         if m != mark {
             mark = m;
-            let q = |p| {
-                st.window
-                    .quantile_us(p)
-                    .map_or("-".to_string(), |v| v.to_string())
-            };
             println!(
-                "wanemu-window dir={name} mark={m} packets={} late_p50_us={} late_p99_us={} late_max_us={}",
+                "wanemu-window dir={name} mark={m} packets={} {}",
                 st.window_packets,
-                q(0.5),
-                q(0.99),
-                st.window.max_ns() / 1000
+                st.window.lateness_fields()
             );
             st.window = Histogram::new(100_000);
             st.window_packets = 0;
@@ -408,17 +394,11 @@ fn main() {
         println!("{}", r.line(secs));
         all.merge(&r.lateness);
     }
-    let q = |p| {
-        all.quantile_us(p)
-            .map_or("-".to_string(), |v| v.to_string())
-    };
     println!(
-        "wanemu total seconds={:.3} released={} late_p50_us={} late_p99_us={} late_max_us={}",
+        "wanemu total seconds={:.3} released={} {}",
         secs,
         all.count(),
-        q(0.5),
-        q(0.99),
-        all.max_ns() / 1000
+        all.lateness_fields()
     );
     if failed.load(Ordering::Relaxed) {
         std::process::exit(1);

@@ -189,6 +189,20 @@ impl Histogram {
         Some(self.buckets.len() as u64)
     }
 
+    /// `late_p50_us=.. late_p99_us=.. late_max_us=..` for stats lines ("-" when empty).
+    pub fn lateness_fields(&self) -> String {
+        let q = |p| {
+            self.quantile_us(p)
+                .map_or("-".to_string(), |v| v.to_string())
+        };
+        format!(
+            "late_p50_us={} late_p99_us={} late_max_us={}",
+            q(0.5),
+            q(0.99),
+            self.max_ns() / 1000
+        )
+    }
+
     pub fn merge(&mut self, other: &Histogram) {
         for (a, b) in self.buckets.iter_mut().zip(&other.buckets) {
             *a += b;
