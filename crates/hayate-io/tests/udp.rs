@@ -248,6 +248,10 @@ fn dual_stack_socket_talks_plain_ipv4() {
 fn arrival_time_is_the_kernels_not_the_reads() {
     let rx = UdpSocket::bind(lo()).unwrap();
     let tx = UdpSocket::bind(lo()).unwrap();
+    // The kernel turns receive timestamps on for the whole host from a work queue the first
+    // time a socket asks, when no other socket has them on: until then it stamps datagrams
+    // when they are read. Give it that moment.
+    std::thread::sleep(Duration::from_millis(50));
     let sent = Instant::now();
     tx.send_to(rx.local_addr().unwrap(), b"late").unwrap();
     std::thread::sleep(Duration::from_millis(60));
