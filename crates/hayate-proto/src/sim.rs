@@ -36,6 +36,10 @@ pub struct LinkParams {
     /// for `stall_us`, then lets it all go at once (a descheduled VM, router or receiver).
     pub stall_every_us: u64,
     pub stall_us: u64,
+    /// How the held datagrams go after a stall: 0, all at one instant; `n`, in order at `n`
+    /// times the pace they came in (a real emulator or router catching up at CPU speed, so a
+    /// receiver sees a few ms of data arrive at several times the link rate).
+    pub stall_release_speedup: u64,
 }
 
 impl Default for LinkParams {
@@ -51,6 +55,7 @@ impl Default for LinkParams {
             corrupt: 0.0,
             stall_every_us: 0,
             stall_us: 0,
+            stall_release_speedup: 0,
         }
     }
 }
@@ -84,6 +89,8 @@ pub struct ClientSpec {
     pub uploads: Vec<(String, Vec<u8>)>,
     pub downloads: Vec<(String, Vec<u8>)>,
     pub missing_downloads: Vec<String>,
+    /// Record what its rate controller saw and did ([`ClientResult::cc_trace`]).
+    pub cc_trace: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -112,6 +119,8 @@ pub struct Scenario {
     pub server_receiver: Option<ReceiverParams>,
     /// Give up after this much virtual time.
     pub limit_us: u64,
+    /// Clients record their rate controller's trace (for debugging a scenario).
+    pub cc_trace: bool,
 }
 
 impl Scenario {
@@ -138,6 +147,7 @@ impl Scenario {
             extra_clients: Vec::new(),
             server_receiver: None,
             limit_us: 120_000_000,
+            cc_trace: false,
         }
     }
 
@@ -151,6 +161,7 @@ impl Scenario {
             uploads: Vec::new(),
             downloads: Vec::new(),
             missing_downloads: Vec::new(),
+            cc_trace: self.cc_trace,
         }
     }
 
@@ -186,6 +197,8 @@ pub struct ClientResult {
     /// Its pacing rate (bytes/s) and smoothed RTT (µs) at the start of each 100 ms.
     pub pace_trace: Vec<u64>,
     pub srtt_trace: Vec<u64>,
+    /// Every feedback its rate controller got, with [`Scenario::cc_trace`].
+    pub cc_trace: Vec<crate::conn::CcTraceRow>,
 }
 
 #[derive(Debug, Default)]
@@ -255,8 +268,8 @@ impl Stalls {
         }
     }
 
-    /// The end of the window `t` falls in, if any.
-    fn stalled_until(&mut self, t: u64, rng: &mut Rng) -> Option<u64> {
+    /// The window `t` falls in, if any.
+    fn stalled_in(&mut self, t: u64, rng: &mut Rng) -> Option<(u64, u64)> {
         if self.every == 0 || self.len == 0 {
             return None;
         }
@@ -264,7 +277,7 @@ impl Stalls {
             self.cur.0 = self.cur.1 + self.every / 2 + rng.next_u64() % self.every;
             self.cur.1 = self.cur.0 + self.len;
         }
-        (t >= self.cur.0).then_some(self.cur.1)
+        (t >= self.cur.0).then_some(self.cur)
     }
 }
 
@@ -272,6 +285,8 @@ struct Link {
     p: LinkParams,
     stalls: Stalls,
     busy_until: u64,
+    /// The latest arrival time handed out (a burst after a stall keeps FIFO order).
+    last_at: u64,
     delivered: u64,
     queue_drops: u64,
     random_losses: u64,
@@ -296,8 +311,15 @@ impl Link {
         }
         self.delivered += 1;
         let mut at = self.busy_until + self.p.delay_us;
-        if let Some(end) = self.stalls.stalled_until(at, rng) {
-            at = end;
+        if let Some((start, end)) = self.stalls.stalled_in(at, rng) {
+            at = match self.p.stall_release_speedup {
+                0 => end,
+                n => end + (at - start) / n,
+            };
+        }
+        if self.p.stall_release_speedup > 0 {
+            at = at.max(self.last_at);
+            self.last_at = at;
         }
         if rng.chance(self.p.reorder) {
             at += self.p.reorder_us;
@@ -427,6 +449,9 @@ impl Client {
             AddrFamily::V4,
             now,
         );
+        if self.spec.cc_trace {
+            conn.enable_cc_trace();
+        }
         for (path, data) in &self.spec.uploads {
             let x = conn.send_file(path, data.len() as u64, 0o644, 0);
             self.files.out.insert(x, data.clone());
@@ -547,6 +572,7 @@ impl Client {
                 }
             }
             self.res.stats = conn.stats();
+            self.res.cc_trace = conn.take_cc_trace();
         }
     }
 }
@@ -569,6 +595,7 @@ pub fn run(sc: &Scenario) -> SimResult {
         p: p.clone(),
         stalls: Stalls::new(p.stall_every_us, p.stall_us),
         busy_until: 0,
+        last_at: 0,
         delivered: 0,
         queue_drops: 0,
         random_losses: 0,

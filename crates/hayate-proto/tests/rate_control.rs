@@ -206,6 +206,49 @@ fn host_stalls_are_not_congestion() {
     }
 }
 
+/// The stalls of a real harness or VM are short and frequent, and the backlog goes out at
+/// CPU speed, in order: for a few ms the receiver sees data come in at several times the link
+/// rate. Startup must not take such a burst for the bottleneck: leaving at twice the link
+/// overfills a 1-BDP buffer for a second and costs a large share of the file again.
+#[test]
+fn bursty_host_stalls_do_not_fool_startup() {
+    for (stall_ms, every_ms, loss, seed) in
+        [(2, 20, 0.0, 31), (5, 50, 0.001, 32), (10, 100, 0.01, 33)]
+    {
+        let rate = 500 * MBIT;
+        let mut sc = Scenario::new(seed);
+        (sc.forward, sc.reverse) = path(rate, 100, loss, 1.0);
+        sc.forward.stall_every_us = every_ms * 1000;
+        sc.forward.stall_us = stall_ms * 1000;
+        sc.forward.stall_release_speedup = 10;
+        adaptive(&mut sc);
+        let bytes = (rate * 8) as usize;
+        sc.uploads = vec![("f".into(), data(bytes))];
+        let r = sim::run(&sc);
+        assert!(r.ok, "{:?}", r.error);
+        let steady = steady_rate(&r);
+        let capacity = rate as f64 * 1426.0 / 1500.0 * (1.0 - loss);
+        let retx = r.client.data_packets_retransmitted as f64 / r.client.data_packets_sent as f64;
+        let trace = trace_mbit(&r);
+        eprintln!(
+            "{stall_ms} ms every {every_ms} ms, loss {loss}: {:.1} of {:.1} Mbit/s, retransmitted {retx:.4}, queue drops {}; trace {trace}",
+            steady / 1.25e5,
+            capacity / 1.25e5,
+            r.fwd_queue_drops
+        );
+        assert!(
+            retx <= loss + 0.01,
+            "{stall_ms} ms stalls every {every_ms} ms: retransmitted {retx:.4}; trace {trace}"
+        );
+        assert!(
+            steady >= 0.9 * capacity,
+            "{stall_ms} ms stalls every {every_ms} ms: {:.1} of {:.1} Mbit/s; trace {trace}",
+            steady / 1.25e5,
+            capacity / 1.25e5
+        );
+    }
+}
+
 #[test]
 fn follows_a_rate_step_down() {
     let mut sc = Scenario::new(9);

@@ -5,12 +5,14 @@
 //! Searching (startup) is BBR's: the pacing rate doubles per round trip until the queue
 //! builds, then the queue of that overshoot is drained. The delivery rate is measured by the
 //! receiver's clock (ACK `rx_bytes`/`rx_time_us`), so it is exact even when ACKs are delayed or
-//! bunched; its recent maximum is the estimate.
+//! bunched. Each round's rate is bytes over time (samples weighted by the time they cover, so
+//! a stall and the burst that catches it up cancel out), and the largest of recent rounds is
+//! the estimate.
 //!
 //! Then the controller cycles between two phases:
 //! - **grow**: pace at the estimate plus an increment that starts at one datagram per round trip
-//!   and doubles every round, until the queue builds (a few RTT samples in a row above a small
-//!   target over the path's minimum RTT), or until sending more visibly gets nothing more
+//!   and doubles every round, until the queue builds (RTT samples above a small target over
+//!   the path's minimum RTT for a quarter of it: a host's stall is shorter), or until sending more visibly gets nothing more
 //!   through without any queue (a policer): then it starts over from the estimate;
 //! - **drain**: the estimate becomes (a little under) what this flow was delivered while the
 //!   queue built, which under a FIFO queue is its share of the bottleneck, and about a round
@@ -56,6 +58,8 @@ const MAX_GROW: f64 = 0.25;
 /// samples in a row.
 const GROW_QUEUE: f64 = 1.5;
 const GROW_QUEUE_SAMPLES: u32 = 3;
+/// ... and for at least this fraction of the path's minimum RTT (see `grow_queue_persist_us`).
+const GROW_QUEUE_PERSIST_RTT_DIV: u64 = 4;
 /// Growing stops, too, when this much more is sent than gets through without any queue
 /// building (a policer, or a receiver that drops silently).
 const GROW_UNDELIVERED: f64 = 1.1;
@@ -150,8 +154,9 @@ pub struct Adaptive {
     drain_rounds: u32,
     /// Consecutive RTT samples above the queue target (startup exits on 3).
     queued_samples: u32,
-    /// Consecutive RTT samples above the grow phase's limit.
+    /// Consecutive RTT samples above the grow phase's limit, and when the first came.
     grow_queued_samples: u32,
+    grow_queued_since_us: u64,
     /// Our shares at the last drains, newest last.
     shares: Vec<u64>,
     /// Queueing delay, µs: on the path (latest RTT − min RTT, `path_queue_us`) plus the
@@ -196,6 +201,7 @@ impl Adaptive {
             drain_rounds: 0,
             queued_samples: 0,
             grow_queued_samples: 0,
+            grow_queued_since_us: 0,
             shares: Vec::new(),
             queue_delay_us: 0,
             path_queue_us: 0,
@@ -233,18 +239,34 @@ impl Adaptive {
         self.mode == Mode::ProbeBw && matches!(self.phase, Phase::Drain(_))
     }
 
-    /// This round's delivery rate: the largest sample while searching (the rate grows within
-    /// a round), the mean later (the largest of noisy samples overestimates, and flows that
-    /// all overestimate keep a queue standing).
+    /// This round's delivery rate: the mean of its samples weighted by the time each covers,
+    /// so bytes over time. Not the largest: a path or host that stalls for a few ms and then
+    /// catches up makes single samples read several times the link, and startup leaving at
+    /// that overfills the queue for a second; flows that all overestimate keep a queue
+    /// standing.
     ///
     /// While probing it is at most what we really send: more arrives only while a queue
     /// drains, and taking that in would undo the cut that drained it (by more for the
     /// flow that had more queued, the larger one: that stalls shares at uneven).
     fn round_sample(&self) -> u64 {
         match self.mode {
-            Mode::ProbeBw if self.round_rx_n > 0 => (self.rx_mean() as u64).min(self.sent_rate()),
-            _ => self.round_max,
+            _ if self.round_rx_n == 0 => 0,
+            Mode::ProbeBw => (self.rx_mean() as u64).min(self.sent_rate()),
+            _ => (self.rx_mean() as u64).min(self.sample_cap()),
         }
+    }
+
+    /// Nothing gets through faster than it is sent for long: more than the pacing rate, or
+    /// (while searching) than what the last round really sent (what arrives now left about
+    /// then), is the receiver's timestamps bunching (GRO, an emulator's or a host's
+    /// catch-up after a stall), and taken as the bottleneck while searching it would set
+    /// the rate several times too high.
+    fn sample_cap(&self) -> u64 {
+        let mut cap = self.rate + self.rate / 4;
+        if self.mode == Mode::Startup && self.prev_sent_rate > 0 {
+            cap = cap.min(self.prev_sent_rate / 4 * 5);
+        }
+        cap
     }
 
     /// What we really send, bytes/s: this round so far or the last, whichever is more.
@@ -282,11 +304,20 @@ impl Adaptive {
     /// overflowing a short buffer.
     fn startup_still_growing(&self) -> bool {
         let last = self.bw_rounds.last().copied().unwrap_or(0);
-        if last > 0 && self.round_max as f64 >= 1.5 * last as f64 {
+        if last > 0 && self.round_sample() as f64 >= 1.5 * last as f64 {
             return true;
         }
         let lost = self.round_lost as f64 / self.round_sent.max(1) as f64;
         self.startup_path_took && lost <= (3.0 * self.loss_ewma).max(0.05)
+    }
+
+    /// How long the queue must stay over the grow phase's limit before it counts. A host or
+    /// path that stalls for a few ms and then catches up delays the packets of the stall
+    /// too, but their ACKs come back bunched within a fraction of the stall, and the delay
+    /// falls back; a queue the flow builds stays until it drains it. Waiting this long lets
+    /// that queue grow by at most a quarter of it (the increment is at most `MAX_GROW`).
+    fn grow_queue_persist_us(&self) -> u64 {
+        (self.min_rtt_us / GROW_QUEUE_PERSIST_RTT_DIV).clamp(2_000, 25_000)
     }
 
     fn round_len_us(&self) -> u64 {
@@ -479,6 +510,9 @@ impl RateControl for Adaptive {
                 self.queued_samples = 0;
             }
             if self.path_queue_us as f64 > GROW_QUEUE * target as f64 {
+                if self.grow_queued_samples == 0 {
+                    self.grow_queued_since_us = fb.now_us;
+                }
                 self.grow_queued_samples += 1;
             } else {
                 self.grow_queued_samples = 0;
@@ -496,32 +530,26 @@ impl RateControl for Adaptive {
             if self.mode == Mode::ProbeBw
                 && matches!(self.phase, Phase::Grow(k) if k > 0)
                 && self.grow_queued_samples >= GROW_QUEUE_SAMPLES
+                && fb.now_us - self.grow_queued_since_us >= self.grow_queue_persist_us()
             {
                 self.queue_found();
             }
         }
         self.round_lost += fb.lost_bytes;
         if let Some(rx) = fb.rx_rate {
-            // Nothing gets through faster than it is sent for long: a sample above the
-            // pacing rate, or (while searching) above what the last round really sent (what
-            // arrives now left about then), is the receiver's timestamps bunching (GRO, the
-            // emulator's or a host's catch-up after a stall), and one such sample taken as
-            // the bottleneck while searching would set the rate several times too high.
-            // Later rounds' samples are capped at what is sent as a whole (`round_sample`).
-            let mut rx = rx.min(self.rate + self.rate / 4);
-            if self.mode == Mode::Startup && self.prev_sent_rate > 0 {
-                rx = rx.min(self.prev_sent_rate / 4 * 5);
-            }
             let queue_empty = self.queue_delay_us <= self.queue_target_us();
-            let sample = if queue_empty {
-                // Random loss took its share before the receiver saw the data; the path
-                // itself carried more.
-                let l = self.loss_ewma.min(MAX_LOSS_COMPENSATION);
-                (rx as f64 / (1.0 - l)) as u64
+            // Random loss took its share before the receiver saw the data; the path itself
+            // carried more.
+            let l = if queue_empty {
+                self.loss_ewma.min(MAX_LOSS_COMPENSATION)
             } else {
-                rx
+                0.0
             };
-            self.round_max = self.round_max.max(sample);
+            let sample = (rx as f64 / (1.0 - l)) as u64;
+            self.round_max = self.round_max.max(sample.min(self.sample_cap()));
+            // The sums take every sample whole: over time they are bytes over time, exact
+            // however the samples bunch, where capping each one would lose the bytes of
+            // every burst (a path that stalls and catches up would read as slower).
             let w = fb.rx_interval_us.max(1) as f64;
             self.round_rx_sum += sample as f64 * w;
             self.round_raw_sum += rx as f64 * w;
@@ -529,8 +557,9 @@ impl RateControl for Adaptive {
             self.round_rx_n += 1;
         }
         if fb.rx_drops > 0 {
-            // The receiver could not keep up: believe only what it took in.
-            let took = fb.rx_rate.unwrap_or(self.rate / 2);
+            // The receiver could not keep up: believe only what it took in, which is less
+            // than we send (a sample above that is its timestamps bunching).
+            let took = fb.rx_rate.unwrap_or(self.rate / 2).min(self.rate);
             self.bw_rounds.clear();
             self.round_max = took;
             self.round_rx_sum = took as f64;
