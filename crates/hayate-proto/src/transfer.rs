@@ -215,6 +215,10 @@ impl Outgoing {
 
     fn ack_range(&mut self, a: u64, b: u64) -> u64 {
         let b = b.min(self.layout.blocks());
+        // Everything below `cum` is acknowledged already: every loss map acknowledges from
+        // block 0, and scanning (and setting) that prefix again made each ACK cost more the
+        // further the file got (11 % of the sender's CPU near the end of 1 GiB).
+        let a = a.max(self.cum);
         if a >= b {
             return 0;
         }
