@@ -1356,8 +1356,16 @@ impl Connection {
         if ack_due || self.ctrl_tx.has_unsent() || self.ping_pending {
             return self.send_control(now_us, buf, ack_due);
         }
-        if !self.window_full() && self.pacer.can_send(now_us, self.payload_limit) {
-            return self.send_data(now_us, buf, src);
+        if self.window_full() {
+            self.pacer.idle(now_us);
+        } else if self.pacer.can_send(now_us, self.payload_limit) {
+            let sent = self.send_data(now_us, buf, src);
+            if sent.is_none() {
+                self.pacer.idle(now_us);
+            }
+            return sent;
+        } else if !self.has_data_to_send() {
+            self.pacer.idle(now_us);
         }
         None
     }

@@ -1,10 +1,25 @@
 //! Pacing: a token bucket that releases datagrams in small bursts (a "quantum") so the I/O
 //! shell can hand them to the kernel in one batched call instead of waking per packet.
+//!
+//! Sending time a busy host takes away (the sender woken late, past the credit a burst may
+//! use) is owed and paid back a little faster than the rate, so the rate set is the rate
+//! sent on average; time the sender had nothing to send (or no room in flight) is not.
+
+/// Lost sending time is paid back at up to this share of the rate on top of it.
+const CATCH_UP: f64 = 0.25;
+/// At most this much lost sending time is owed, seconds.
+const DEBT_CAP_S: f64 = 0.01;
 
 #[derive(Debug, Clone)]
 pub struct Pacer {
     tokens: f64,
     last_us: u64,
+    /// Bytes of sending time lost to late wake-ups while there was data to send.
+    debt: f64,
+    /// There was data to send at `last_us` (see [`Pacer::idle`]).
+    backlogged: bool,
+    /// Bytes of sending time lost so far, and how much of it was paid back (for stats).
+    lost_total: f64,
     /// bytes per second; `None` = unpaced
     rate: Option<u64>,
     mtu: usize,
@@ -15,6 +30,9 @@ impl Pacer {
         Pacer {
             tokens: 0.0,
             last_us: 0,
+            debt: 0.0,
+            backlogged: false,
+            lost_total: 0.0,
             rate: None,
             mtu,
         }
@@ -44,12 +62,45 @@ impl Pacer {
         (r * 1e-3).max(self.quantum())
     }
 
+    /// Debt kept: at most this long of sending (beyond it the host is not late but stopped,
+    /// and making up for it would only build a queue).
+    fn debt_cap(&self) -> f64 {
+        self.rate.unwrap_or(0) as f64 * DEBT_CAP_S
+    }
+
     fn refill(&mut self, now_us: u64) {
         if let Some(r) = self.rate {
+            let r = r as f64;
             let dt = now_us.saturating_sub(self.last_us) as f64 * 1e-6;
-            self.tokens = (self.tokens + dt * r as f64).min(self.credit_cap());
+            let mut add = dt * r;
+            if self.backlogged {
+                let repay = self.debt.min(dt * r * CATCH_UP);
+                self.debt -= repay;
+                add += repay;
+            }
+            let full = self.tokens + add;
+            let cap = self.credit_cap();
+            if full > cap && self.backlogged {
+                let lost = full - cap;
+                self.lost_total += lost;
+                self.debt = (self.debt + lost).min(self.debt_cap());
+            }
+            self.tokens = full.min(cap);
         }
         self.last_us = now_us;
+    }
+
+    /// Nothing to send now (or no room in flight): the time until the next call was not
+    /// taken away by the host, and owes nothing.
+    pub fn idle(&mut self, now_us: u64) {
+        self.refill(now_us);
+        self.backlogged = false;
+        self.debt = 0.0;
+    }
+
+    /// Sending time lost to late wake-ups so far, bytes (what the debt repaid comes from).
+    pub fn lost_bytes(&self) -> u64 {
+        self.lost_total as u64
     }
 
     /// May a datagram of `len` bytes go now?
@@ -58,6 +109,7 @@ impl Pacer {
             return true;
         }
         self.refill(now_us);
+        self.backlogged = true;
         self.tokens >= len.min(self.mtu) as f64
     }
 
@@ -113,6 +165,59 @@ mod tests {
         }
         let err = (sent as f64 - 12_500_000.0).abs() / 12_500_000.0;
         assert!(err < 0.02, "sent {sent}");
+    }
+
+    /// Sends what the pacer allows, from `from_us` to `to_us`, waking every `step` µs except
+    /// during `stalled(now)`; returns the bytes sent and the largest burst.
+    fn drive(
+        p: &mut Pacer,
+        from_us: u64,
+        to_us: u64,
+        step: u64,
+        stalled: impl Fn(u64) -> bool,
+    ) -> (usize, usize) {
+        let (mut now, mut sent, mut burst_max) = (from_us, 0usize, 0usize);
+        while now < to_us {
+            if !stalled(now) {
+                let mut burst = 0;
+                while p.can_send(now, 1500) {
+                    p.on_sent(1500);
+                    burst += 1500;
+                }
+                sent += burst;
+                burst_max = burst_max.max(burst);
+            }
+            now += step;
+        }
+        (sent, burst_max)
+    }
+
+    #[test]
+    fn time_a_busy_host_takes_away_is_paid_back_gently() {
+        // 400 Mbit/s; the sender wakes every 50 µs, but every 20 ms the host takes it away
+        // for 4 ms: a fifth of the time, which the 1 ms credit alone cannot make up.
+        let rate = 50_000_000u64;
+        let mut p = Pacer::new(1500);
+        p.set_rate(Some(rate));
+        let (sent, burst) = drive(&mut p, 0, 1_000_000, 50, |t| t % 20_000 < 4_000);
+        let err = (sent as f64 - rate as f64).abs() / rate as f64;
+        assert!(err < 0.02, "sent {sent} of {rate}");
+        // Paid back over time, not in one burst: at most the credit (1 ms) at once.
+        assert!(burst as f64 <= rate as f64 * 1e-3 + 1500.0, "burst {burst}");
+        assert!(p.lost_bytes() > rate / 10, "lost {}", p.lost_bytes());
+    }
+
+    #[test]
+    fn idle_time_is_not_owed() {
+        let rate = 50_000_000u64;
+        let mut p = Pacer::new(1500);
+        p.set_rate(Some(rate));
+        drive(&mut p, 0, 100_000, 50, |_| false);
+        // Nothing to send for 50 ms, then data again: no more than the rate from then on.
+        p.idle(100_000);
+        let (sent, _) = drive(&mut p, 150_000, 250_000, 50, |_| false);
+        let max = rate as f64 * 0.1 + rate as f64 * 1e-3 + 1500.0;
+        assert!(sent as f64 <= max, "sent {sent}, at most {max}");
     }
 
     #[test]
