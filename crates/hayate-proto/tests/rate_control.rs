@@ -125,6 +125,7 @@ fn reaches_the_link_rate_within_a_second_and_ten_round_trips() {
             .position(|&b| b as f64 * 10.0 >= 0.9 * capacity)
             .map(|i| (i as u64 + 1) * 100);
         let goal = 1000 + 10 * rtt;
+        eprintln!("rtt {rtt}: 90 % after {first:?} ms, goal {goal} ms");
         assert!(
             first.is_some_and(|ms| ms <= goal),
             "rtt {rtt}: 90 % after {first:?} ms, goal {goal} ms; Mbit/s per 100 ms: {}",
