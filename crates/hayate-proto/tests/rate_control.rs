@@ -178,6 +178,27 @@ fn shallow_buffer_costs_little() {
     assert!(retx < 0.03, "retransmitted {retx:.3}");
 }
 
+/// `secs` of data at `rate` over a 100 ms, 1-BDP path whose forward link stalls: (every
+/// ms, for ms, released at n× the pace; 0 = all at once).
+fn stalled_upload(
+    rate: u64,
+    loss: f64,
+    (every_ms, stall_ms, speedup): (u64, u64, u64),
+    secs: u64,
+    seed: u64,
+) -> sim::SimResult {
+    let mut sc = Scenario::new(seed);
+    (sc.forward, sc.reverse) = path(rate, 100, loss, 1.0);
+    sc.forward.stall_every_us = every_ms * 1000;
+    sc.forward.stall_us = stall_ms * 1000;
+    sc.forward.stall_release_speedup = speedup;
+    adaptive(&mut sc);
+    sc.uploads = vec![("f".into(), data((rate * secs) as usize))];
+    let r = sim::run(&sc);
+    assert!(r.ok, "{:?}", r.error);
+    r
+}
+
 /// A busy host (a descheduled VM, emulator or router) holds the path for tens of ms now and
 /// then and lets the backlog go at once: the delay jumps and falls back within the stall,
 /// unlike a queue the flow builds. Those spikes must not be taken for congestion.
@@ -185,15 +206,7 @@ fn shallow_buffer_costs_little() {
 fn host_stalls_are_not_congestion() {
     for (rate_mbit, stall_ms, seed) in [(300, 30, 21), (1000, 40, 23)] {
         let rate = rate_mbit * MBIT;
-        let mut sc = Scenario::new(seed);
-        (sc.forward, sc.reverse) = path(rate, 100, 0.0, 1.0);
-        sc.forward.stall_every_us = 500_000;
-        sc.forward.stall_us = stall_ms * 1000;
-        adaptive(&mut sc);
-        let bytes = (rate * 12) as usize;
-        sc.uploads = vec![("f".into(), data(bytes))];
-        let r = sim::run(&sc);
-        assert!(r.ok, "{:?}", r.error);
+        let r = stalled_upload(rate, 0.0, (500, stall_ms, 0), 12, seed);
         let steady = steady_rate(&r);
         let capacity = rate as f64 * 1426.0 / 1500.0;
         let trace = trace_mbit(&r);
@@ -217,16 +230,7 @@ fn bursty_host_stalls_do_not_fool_startup() {
         [(2, 20, 0.0, 31), (5, 50, 0.001, 32), (10, 100, 0.01, 33)]
     {
         let rate = 500 * MBIT;
-        let mut sc = Scenario::new(seed);
-        (sc.forward, sc.reverse) = path(rate, 100, loss, 1.0);
-        sc.forward.stall_every_us = every_ms * 1000;
-        sc.forward.stall_us = stall_ms * 1000;
-        sc.forward.stall_release_speedup = 10;
-        adaptive(&mut sc);
-        let bytes = (rate * 8) as usize;
-        sc.uploads = vec![("f".into(), data(bytes))];
-        let r = sim::run(&sc);
-        assert!(r.ok, "{:?}", r.error);
+        let r = stalled_upload(rate, loss, (every_ms, stall_ms, 10), 8, seed);
         let steady = steady_rate(&r);
         let capacity = rate as f64 * 1426.0 / 1500.0 * (1.0 - loss);
         let retx = r.client.data_packets_retransmitted as f64 / r.client.data_packets_sent as f64;
