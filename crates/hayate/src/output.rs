@@ -19,6 +19,8 @@ pub struct Output {
     last_sent: u64,
     last_retx: u64,
     last_lost: u64,
+    last_recv: u64,
+    last_dup: u64,
 }
 
 impl Output {
@@ -44,7 +46,59 @@ impl Output {
             last_sent: 0,
             last_retx: 0,
             last_lost: 0,
+            last_recv: 0,
+            last_dup: 0,
         }
+    }
+
+    /// One stats line for the time since the last one. What this side sends (an upload)
+    /// has retransmissions, loss and a pace; what it only receives (a download) has the
+    /// duplicates it got, and the pace is the far side's, not shown.
+    fn interval_line(&mut self, p: &Progress<'_>) -> String {
+        let dt = (p.elapsed - self.last_line).as_secs_f64();
+        let s = p.stats;
+        let sent = s.data_packets_sent - self.last_sent;
+        let retx = s.data_packets_retransmitted - self.last_retx;
+        let lost = s.blocks_declared_lost - self.last_lost;
+        let recv = s.data_packets_received - self.last_recv;
+        let dup = s.duplicate_blocks_received - self.last_dup;
+        let pct = |a: u64, b: u64| {
+            if b == 0 {
+                0.0
+            } else {
+                100.0 * a as f64 / b as f64
+            }
+        };
+        let rate = (p.bytes_done.saturating_sub(self.last_bytes)) as f64 / dt;
+        let head = format!(
+            "{:7.2}s {:>13} {:>10} done",
+            p.elapsed.as_secs_f64(),
+            fmt_bits(rate),
+            fmt_bytes(p.bytes_done)
+        );
+        let rtt = s.srtt_us as f64 / 1000.0;
+        let line = if sent == 0 && recv > 0 {
+            format!("{head}  dup {:5.2}%  rtt {rtt:7.2} ms", pct(dup, recv))
+        } else {
+            let pace = if s.pacing_rate == 0 {
+                "max".to_string()
+            } else {
+                fmt_bits(s.pacing_rate as f64)
+            };
+            format!(
+                "{head}  retx {:5.2}%  loss {:5.2}%  rtt {rtt:7.2} ms  pace {pace}",
+                pct(retx, sent),
+                pct(lost, sent),
+            )
+        };
+        self.last_line = p.elapsed;
+        self.last_bytes = p.bytes_done;
+        self.last_sent = s.data_packets_sent;
+        self.last_retx = s.data_packets_retransmitted;
+        self.last_lost = s.blocks_declared_lost;
+        self.last_recv = s.data_packets_received;
+        self.last_dup = s.duplicate_blocks_received;
+        line
     }
 
     /// A notice on its own line (above the bar, if there is one); silent with -q.
@@ -70,38 +124,7 @@ impl Output {
         if p.elapsed < self.last_line + iv {
             return;
         }
-        let dt = (p.elapsed - self.last_line).as_secs_f64();
-        let s = p.stats;
-        let sent = s.data_packets_sent - self.last_sent;
-        let retx = s.data_packets_retransmitted - self.last_retx;
-        let lost = s.blocks_declared_lost - self.last_lost;
-        let pct = |a: u64, b: u64| {
-            if b == 0 {
-                0.0
-            } else {
-                100.0 * a as f64 / b as f64
-            }
-        };
-        let rate = (p.bytes_done.saturating_sub(self.last_bytes)) as f64 / dt;
-        let line = format!(
-            "{:7.2}s {:>13} {:>10} done  retx {:5.2}%  loss {:5.2}%  rtt {:7.2} ms  pace {}",
-            p.elapsed.as_secs_f64(),
-            fmt_bits(rate),
-            fmt_bytes(p.bytes_done),
-            pct(retx, sent),
-            pct(lost, sent),
-            s.srtt_us as f64 / 1000.0,
-            if s.pacing_rate == 0 {
-                "max".to_string()
-            } else {
-                fmt_bits(s.pacing_rate as f64)
-            },
-        );
-        self.last_line = p.elapsed;
-        self.last_bytes = p.bytes_done;
-        self.last_sent = s.data_packets_sent;
-        self.last_retx = s.data_packets_retransmitted;
-        self.last_lost = s.blocks_declared_lost;
+        let line = self.interval_line(p);
         match &self.bar {
             Some(b) => b.println(line),
             None => eprintln!("{line}"),
@@ -221,5 +244,60 @@ impl Ui for Output {
     }
     fn note(&mut self, msg: &str) {
         self.note_line(msg);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hayate_proto::Stats;
+
+    fn line(out: &mut Output, secs: f64, bytes: u64, stats: &Stats) -> String {
+        out.interval_line(&Progress {
+            elapsed: Duration::from_secs_f64(secs),
+            bytes_done: bytes,
+            bytes_total: 1 << 30,
+            files_done: 0,
+            files_total: 1,
+            stats,
+            connected: true,
+        })
+    }
+
+    #[test]
+    fn an_upload_line_has_retransmissions_and_the_pace() {
+        let mut out = Output::new(true, false, Some(1.0));
+        let stats = Stats {
+            data_packets_sent: 1000,
+            data_packets_retransmitted: 10,
+            pacing_rate: 12_500_000,
+            ..Default::default()
+        };
+        let l = line(&mut out, 1.0, 1_000_000, &stats);
+        assert!(l.contains("retx  1.00%"), "{l}");
+        assert!(l.contains("pace 100.0 Mbit/s"), "{l}");
+        assert!(l.contains("8.0 Mbit/s"), "{l}");
+    }
+
+    #[test]
+    fn a_download_line_has_duplicates_not_our_own_pace() {
+        let mut out = Output::new(true, false, Some(1.0));
+        let stats = Stats {
+            data_packets_received: 2000,
+            duplicate_blocks_received: 20,
+            pacing_rate: 4_000_000,
+            ..Default::default()
+        };
+        let l = line(&mut out, 1.0, 2_000_000, &stats);
+        assert!(l.contains("dup  1.00%"), "{l}");
+        assert!(!l.contains("pace") && !l.contains("retx"), "{l}");
+        // Only what came in since the last line counts.
+        let later = Stats {
+            data_packets_received: 3000,
+            duplicate_blocks_received: 20,
+            ..stats
+        };
+        let l = line(&mut out, 2.0, 3_000_000, &later);
+        assert!(l.contains("dup  0.00%"), "{l}");
     }
 }
