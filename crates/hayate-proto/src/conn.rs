@@ -155,6 +155,9 @@ pub struct Stats {
     pub min_rtt_us: u64,
     /// Current pacing rate, bytes/s (0 = unpaced).
     pub pacing_rate: u64,
+    /// Sending time the host took away (woken late with data waiting), in bytes at the
+    /// pacing rate; the pacer pays it back (see `pacer`).
+    pub send_time_lost_bytes: u64,
     pub pings_sent: u64,
 }
 
@@ -424,6 +427,7 @@ impl Connection {
         s.srtt_us = self.rtt.srtt();
         s.min_rtt_us = self.rtt.min();
         s.pacing_rate = self.pacer.rate().unwrap_or(0);
+        s.send_time_lost_bytes = self.pacer.lost_bytes();
         s
     }
 

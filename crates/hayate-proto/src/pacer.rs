@@ -18,7 +18,7 @@ pub struct Pacer {
     debt: f64,
     /// There was data to send at `last_us` (see [`Pacer::idle`]).
     backlogged: bool,
-    /// Bytes of sending time lost so far, and how much of it was paid back (for stats).
+    /// Bytes of sending time lost so far (for stats).
     lost_total: f64,
     /// bytes per second; `None` = unpaced
     rate: Option<u64>,
@@ -98,7 +98,7 @@ impl Pacer {
         self.debt = 0.0;
     }
 
-    /// Sending time lost to late wake-ups so far, bytes (what the debt repaid comes from).
+    /// Sending time lost to late wake-ups so far, bytes (paid back from `debt`, up to its cap).
     pub fn lost_bytes(&self) -> u64 {
         self.lost_total as u64
     }

@@ -12,8 +12,9 @@
 //! Then the controller cycles between two phases:
 //! - **grow**: pace at the estimate plus an increment that starts at one datagram per round trip
 //!   and doubles every round, until the queue builds (RTT samples above a small target over
-//!   the path's minimum RTT for a quarter of it: a host's stall is shorter), or until sending more visibly gets nothing more
-//!   through without any queue (a policer): then it starts over from the estimate;
+//!   the path's minimum RTT for a quarter of it: a host's stall is shorter), or until
+//!   sending more visibly gets nothing more through without any queue (a policer): then it
+//!   starts over from the estimate;
 //! - **drain**: the estimate becomes (a little under) what this flow was delivered while the
 //!   queue built, which under a FIFO queue is its share of the bottleneck, and about a round
 //!   under that, by as much as the queue holds, empties the queue again.
