@@ -5,6 +5,7 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 use hayate_io::driver::client::{Kind, Progress, Report, Ui};
+use hayate_proto::Stats;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use crate::units::{fmt_bits, fmt_bytes};
@@ -16,11 +17,8 @@ pub struct Output {
     bar: Option<ProgressBar>,
     last_line: Duration,
     last_bytes: u64,
-    last_sent: u64,
-    last_retx: u64,
-    last_lost: u64,
-    last_recv: u64,
-    last_dup: u64,
+    /// The counters at the last line: each line shows what changed since.
+    last: Stats,
 }
 
 impl Output {
@@ -43,11 +41,7 @@ impl Output {
             bar,
             last_line: Duration::ZERO,
             last_bytes: 0,
-            last_sent: 0,
-            last_retx: 0,
-            last_lost: 0,
-            last_recv: 0,
-            last_dup: 0,
+            last: Stats::default(),
         }
     }
 
@@ -56,12 +50,12 @@ impl Output {
     /// duplicates it got, and the pace is the far side's, not shown.
     fn interval_line(&mut self, p: &Progress<'_>) -> String {
         let dt = (p.elapsed - self.last_line).as_secs_f64();
-        let s = p.stats;
-        let sent = s.data_packets_sent - self.last_sent;
-        let retx = s.data_packets_retransmitted - self.last_retx;
-        let lost = s.blocks_declared_lost - self.last_lost;
-        let recv = s.data_packets_received - self.last_recv;
-        let dup = s.duplicate_blocks_received - self.last_dup;
+        let (s, l) = (p.stats, &self.last);
+        let sent = s.data_packets_sent - l.data_packets_sent;
+        let retx = s.data_packets_retransmitted - l.data_packets_retransmitted;
+        let lost = s.blocks_declared_lost - l.blocks_declared_lost;
+        let recv = s.data_packets_received - l.data_packets_received;
+        let dup = s.duplicate_blocks_received - l.duplicate_blocks_received;
         let pct = |a: u64, b: u64| {
             if b == 0 {
                 0.0
@@ -93,11 +87,7 @@ impl Output {
         };
         self.last_line = p.elapsed;
         self.last_bytes = p.bytes_done;
-        self.last_sent = s.data_packets_sent;
-        self.last_retx = s.data_packets_retransmitted;
-        self.last_lost = s.blocks_declared_lost;
-        self.last_recv = s.data_packets_received;
-        self.last_dup = s.duplicate_blocks_received;
+        self.last = s.clone();
         line
     }
 
@@ -250,7 +240,6 @@ impl Ui for Output {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hayate_proto::Stats;
 
     fn line(out: &mut Output, secs: f64, bytes: u64, stats: &Stats) -> String {
         out.interval_line(&Progress {
