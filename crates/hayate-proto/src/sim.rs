@@ -91,6 +91,10 @@ pub struct ClientSpec {
     pub missing_downloads: Vec<String>,
     /// Record what its rate controller saw and did ([`ClientResult::cc_trace`]).
     pub cc_trace: bool,
+    /// Its host is descheduled for `stall_us` every `stall_every_us` on average (0: never):
+    /// meanwhile it neither sends nor reads what arrives (a sender on a busy 2-core VM).
+    pub stall_every_us: u64,
+    pub stall_us: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -121,6 +125,9 @@ pub struct Scenario {
     pub limit_us: u64,
     /// Clients record their rate controller's trace (for debugging a scenario).
     pub cc_trace: bool,
+    /// Every client's host stalls like this (see [`ClientSpec::stall_every_us`]).
+    pub client_stall_every_us: u64,
+    pub client_stall_us: u64,
 }
 
 impl Scenario {
@@ -148,6 +155,8 @@ impl Scenario {
             server_receiver: None,
             limit_us: 120_000_000,
             cc_trace: false,
+            client_stall_every_us: 0,
+            client_stall_us: 0,
         }
     }
 
@@ -162,6 +171,8 @@ impl Scenario {
             downloads: Vec::new(),
             missing_downloads: Vec::new(),
             cc_trace: self.cc_trace,
+            stall_every_us: self.client_stall_every_us,
+            stall_us: self.client_stall_us,
         }
     }
 
@@ -428,6 +439,9 @@ impl BlockSink for MemFiles {
 /// One client of the simulation and the application around it.
 struct Client {
     spec: ClientSpec,
+    /// Its host's stalls, with their own random numbers (the network's stay as they were).
+    stalls: Stalls,
+    stall_rng: Rng,
     addr: SocketAddr,
     /// `None` until its start time.
     conn: Option<Connection>,
@@ -468,6 +482,13 @@ impl Client {
             self.pending.insert(x, path.clone());
         }
         self.conn = Some(conn);
+    }
+
+    /// The end of the host stall `now` falls in, if any.
+    fn stalled(&mut self, now: u64) -> Option<u64> {
+        self.stalls
+            .stalled_in(now, &mut self.stall_rng)
+            .map(|(_, end)| end)
     }
 
     /// The connection, while it is being driven.
@@ -627,6 +648,8 @@ pub fn run(sc: &Scenario) -> SimResult {
                 start_us: spec.start_us,
                 ..ClientResult::default()
             },
+            stalls: Stalls::new(spec.stall_every_us, spec.stall_us),
+            stall_rng: Rng::new(sc.seed ^ 0x5354_414c_4c00 ^ n as u64),
             spec,
             conn: None,
             files: MemFiles::default(),
@@ -707,8 +730,13 @@ pub fn run(sc: &Scenario) -> SimResult {
                     trace_add(&mut cl.res.server_rx_trace, now, got);
                 }
                 Dest::Client(n) => {
-                    res.corrupted += bad as u64;
                     let cl = &mut clients[n];
+                    if let Some(end) = cl.stalled(now) {
+                        // Read when the host runs again, in the order it arrived.
+                        net.push(end, to, d, bad);
+                        continue;
+                    }
+                    res.corrupted += bad as u64;
                     if let Some(conn) = cl.conn.as_mut().filter(|_| !cl.done) {
                         let before = conn.stats().data_bytes_received;
                         conn.handle_datagram(at(now), &mut d, &mut cl.files);
@@ -769,6 +797,9 @@ pub fn run(sc: &Scenario) -> SimResult {
 
         // Timers, then everything each side wants to send.
         for (n, cl) in clients.iter_mut().enumerate() {
+            if cl.stalled(now).is_some() {
+                continue;
+            }
             let Some(conn) = cl.conn.as_mut().filter(|_| !cl.done) else {
                 continue;
             };
@@ -816,6 +847,8 @@ pub fn run(sc: &Scenario) -> SimResult {
         for cl in clients.iter_mut() {
             if cl.conn.is_none() {
                 next = next.min(cl.spec.start_us);
+            } else if let Some(end) = cl.stalled(now) {
+                next = next.min(end);
             } else if let Some(t) = cl.active().and_then(|c| c.poll_timeout(at(now))) {
                 next = next.min(us_of(t).max(now + 1));
             }

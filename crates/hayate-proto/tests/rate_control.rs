@@ -254,6 +254,43 @@ fn bursty_host_stalls_do_not_fool_startup() {
     }
 }
 
+/// The sender's own host stalls (a 2-core VM that also runs the receiver and the path's
+/// emulator): for 3 ms every 20 ms it neither sends nor reads ACKs, then catches up. The
+/// queue its catch-up builds is found and drained like any other, but the drain must stop
+/// when the queue is gone: draining on to the end of a round idled the link after every
+/// stall (90.8 % of the link here; 94.8 % with the drain that stops).
+#[test]
+fn a_stalling_sender_keeps_the_link_full() {
+    for seed in [61, 62] {
+        let rate = 300 * MBIT;
+        let mut sc = Scenario::new(seed);
+        (sc.forward, sc.reverse) = path(rate, 10, 0.0, 1.0);
+        sc.client_stall_every_us = 20_000;
+        sc.client_stall_us = 3_000;
+        adaptive(&mut sc);
+        sc.uploads = vec![("f".into(), data((rate * 6) as usize))];
+        let r = sim::run(&sc);
+        assert!(r.ok, "{:?}", r.error);
+        let steady = steady_rate(&r);
+        let capacity = rate as f64 * 1426.0 / 1500.0;
+        let retx = r.client.data_packets_retransmitted as f64 / r.client.data_packets_sent as f64;
+        eprintln!(
+            "seed {seed}: {:.1} of {:.1} Mbit/s, retransmitted {:.2} %",
+            steady / 1.25e5,
+            capacity / 1.25e5,
+            retx * 100.0
+        );
+        assert!(
+            steady >= 0.93 * capacity,
+            "seed {seed}: {:.1} of {:.1} Mbit/s; trace {}",
+            steady / 1.25e5,
+            capacity / 1.25e5,
+            trace_mbit(&r)
+        );
+        assert!(retx < 0.01, "seed {seed}: retransmitted {retx:.3}");
+    }
+}
+
 #[test]
 fn follows_a_rate_step_down() {
     let mut sc = Scenario::new(9);
