@@ -105,10 +105,17 @@ fn client(args: &[&str]) -> Run {
     }
 }
 
-fn key_file(name: &str, byte: u8) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("hayate-perf-test-{}", std::process::id()));
+/// This run's directory for keys and plots: under target/tmp (cargo's scratch space for
+/// integration tests), not /tmp, where every run left its files behind.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("hayate-perf-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let p = dir.join(name);
+    dir.join(name)
+}
+
+fn key_file(name: &str, byte: u8) -> std::path::PathBuf {
+    let p = scratch(name);
     let hex: String = (0..32).map(|i| format!("{:02x}", byte ^ i)).collect();
     std::fs::write(&p, format!("# test key\nhayate-key-v1 {hex}\n")).unwrap();
     use std::os::unix::fs::PermissionsExt;
@@ -138,7 +145,7 @@ fn intervals<'a>(lines: &'a [Value], side: &str) -> Vec<&'a Value> {
 #[test]
 fn udp_loopback_json_totals_and_plot() {
     let s = Server::start(None);
-    let svg = std::env::temp_dir().join(format!("hayate-perf-{}.svg", std::process::id()));
+    let svg = scratch("udp.svg");
     let svg_s = svg.to_str().unwrap();
     let r = client(&[
         &s.addr(),
@@ -569,7 +576,7 @@ fn hayate_loopback_json_totals_and_plot() {
     let k = key_file("hayate", 5);
     let ks = k.to_str().unwrap();
     let s = Server::start(Some(&k));
-    let svg = std::env::temp_dir().join(format!("hayate-perf-h-{}.svg", std::process::id()));
+    let svg = scratch("hayate.svg");
     let r = client(&[
         &s.addr(),
         "--hayate",
