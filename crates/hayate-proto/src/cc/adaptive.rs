@@ -52,8 +52,9 @@ const MAX_DRAIN_ROUNDS: u32 = 3;
 /// the queueing delay over the path's minimum RTT, within these bounds.
 const MIN_QUEUE_DRAIN_GAIN: f64 = 0.7;
 const MAX_QUEUE_DRAIN_GAIN: f64 = 0.95;
-/// A drain stops as soon as an RTT sample shows the queue under this share of the queue
-/// target. Not at 0: the sample is half a round trip old, the drain went on meanwhile.
+/// A queue under this share of the queue target is (nearly) gone: a drain stops as soon as an
+/// RTT sample shows one, and delivery samples count as a share only over it.
+/// Not 0: the sample is half a round trip old, the drain went on meanwhile.
 /// Not higher: a queue left standing inflates the minimum RTT a newcomer measures, and it
 /// takes more than its share (at 1.0 two flows on a 50 ms path got Jain 0.959).
 const DRAIN_FLOOR: f64 = 0.5;
@@ -314,6 +315,11 @@ impl Adaptive {
         (self.min_rtt_us / 20).clamp(2_000, 25_000)
     }
 
+    /// A queue of `q_us` is (nearly) gone (see `DRAIN_FLOOR`).
+    fn queue_gone(&self, q_us: u64) -> bool {
+        q_us as f64 <= DRAIN_FLOOR * self.queue_target_us() as f64
+    }
+
     /// The path still carries more of what we send, whatever queue others keep: this
     /// round's deliveries so far are half again the last round's, or the last round's were
     /// most of what we sent before it.
@@ -567,9 +573,7 @@ impl RateControl for Adaptive {
                 self.queue_found();
             }
         }
-        let drained = fb.rtt_us.is_some()
-            && (self.queue_delay_us as f64) <= DRAIN_FLOOR * self.queue_target_us() as f64;
-        if self.draining() && drained {
+        if self.draining() && fb.rtt_us.is_some() && self.queue_gone(self.queue_delay_us) {
             // The queue is (nearly) out: grow again now, not at the end of a round (a round
             // more of draining left the link idle for most of it: a 10 ms path lost 5-8 %
             // of the link to that). Growing starts a round of its own: what arrives now
@@ -603,7 +607,7 @@ impl RateControl for Adaptive {
             self.round_raw_sum += rx as f64 * w;
             self.round_rx_w += w;
             self.round_rx_n += 1;
-            if fb.rtt_us.is_some() && 2 * self.path_queue_us > self.queue_target_us() {
+            if fb.rtt_us.is_some() && !self.queue_gone(self.path_queue_us) {
                 self.round_q_sum += rx as f64 * w;
                 self.round_q_w += w;
             }
