@@ -178,6 +178,37 @@ fn shallow_buffer_costs_little() {
     assert!(retx < 0.03, "retransmitted {retx:.3}");
 }
 
+/// A tenth of a BDP on a 10 ms path is 1 ms of buffer, under the queue the grow phase waits
+/// for: the delay never rises, the buffer just overflows. Those losses are not random: the
+/// controller must stop growing at them, not scale its deliveries back up by them (that made
+/// every delivery read as the rate sent, and the sender ran at 1.4 times the link, 28 % of
+/// what it sent retransmitted).
+#[test]
+fn a_buffer_shorter_than_the_queue_target_is_not_overrun() {
+    for (loss, seed) in [(0.0, 71), (0.01, 72)] {
+        let rate = 300 * MBIT;
+        let r = run_upload(rate, 10, loss, 0.1, (rate * 6) as usize, seed);
+        let steady = steady_rate(&r);
+        let capacity = rate as f64 * 1426.0 / 1500.0 * (1.0 - loss);
+        let retx = r.client.data_packets_retransmitted as f64 / r.client.data_packets_sent as f64;
+        eprintln!(
+            "loss {loss}: {:.1} of {:.1} Mbit/s, retransmitted {:.2} %, queue drops {}",
+            steady / 1.25e5,
+            capacity / 1.25e5,
+            retx * 100.0,
+            r.fwd_queue_drops
+        );
+        assert!(retx <= loss + 0.03, "loss {loss}: retransmitted {retx:.3}");
+        assert!(
+            steady >= 0.95 * capacity,
+            "loss {loss}: {:.1} of {:.1} Mbit/s; trace {}",
+            steady / 1.25e5,
+            capacity / 1.25e5,
+            trace_mbit(&r)
+        );
+    }
+}
+
 /// `secs` of data at `rate` over a 100 ms, 1-BDP path whose forward link stalls: (every
 /// ms, for ms, released at n× the pace; 0 = all at once).
 fn stalled_upload(
