@@ -36,9 +36,8 @@
 //! up by the recent loss ratio) and never shrinks the estimate by itself. Loss over the random
 //! loss of calm rounds (those that sent at most the estimate) while growing does: a buffer
 //! shorter than the queue target overflows before any delay shows, and the grow phase stops
-//! there as it stops at a queue. The receiver's OS
-//! dropping datagrams means the receiver (disk, CPU) is the bottleneck: the estimate is cut to
-//! what it took in.
+//! there as it stops at a queue. The receiver's OS dropping datagrams means the receiver
+//! (disk, CPU) is the bottleneck: the estimate is cut to what it took in.
 
 use super::{Feedback, RateControl};
 
@@ -357,6 +356,7 @@ impl Adaptive {
         if self.last_round_calm || self.last_round_sent == 0 {
             return false;
         }
+        // Datagrams the ratio is taken over (`GROW_STEP` is one datagram's bytes).
         let n = (self.last_round_sent as f64 / GROW_STEP).max(1.0);
         let loss = self.round_lost as f64 / self.last_round_sent as f64;
         loss > OVERFLOW_RATIO * p
