@@ -15,7 +15,7 @@ use crate::handshake::{ClientHandshake, HandshakeError};
 use crate::pacer::Pacer;
 use crate::rtt::RttEstimator;
 use crate::transfer::{DataVerdict, Incoming, Layout, Outgoing, XferId, REORDER_PACKETS};
-use crate::wire::{self, AckFrame, AddrFamily, Frame, Writer};
+use crate::wire::{self, AckFrame, AddrFamily, Cid, Frame, Writer};
 
 /// Where outgoing file data comes from.
 pub trait BlockSource {
@@ -193,8 +193,8 @@ pub struct Connection {
     state: State,
     epoch: Instant,
     keys: Option<SessionKeys>,
-    my_cid: u64,
-    peer_cid: u64,
+    my_cid: Cid,
+    peer_cid: Cid,
     fam: AddrFamily,
     mtu: u16,
     block_size: usize,
@@ -379,7 +379,7 @@ impl Connection {
         self.side
     }
 
-    pub fn my_cid(&self) -> u64 {
+    pub fn my_cid(&self) -> Cid {
         self.my_cid
     }
 
@@ -631,11 +631,12 @@ impl Connection {
     }
 
     fn start_outgoing(&mut self, xfer: XferId, f: &FileOffer<'_>) {
-        let mut o = Outgoing::new(
-            xfer,
-            f.path.to_string(),
-            Layout::new(f.size, self.block_size),
-        );
+        let layout = Layout::new(f.size, self.block_size);
+        if layout.blocks() > wire::BLOCK_LIMIT {
+            self.fail_outgoing(xfer, too_large(f.path, f.size));
+            return;
+        }
+        let mut o = Outgoing::new(xfer, f.path.to_string(), layout);
         o.finish_empty_hash();
         self.outgoing.insert(xfer, o);
         self.ctrl_tx.push(&Ctrl::Offer {
@@ -740,16 +741,17 @@ impl Connection {
             self.stats.dropped_unexpected += 1;
             return;
         }
-        let Ok(pn) = wire::sealed_pn(data) else {
+        let Ok(pn_bits) = wire::sealed_pn_bits(data) else {
             self.stats.dropped_malformed += 1;
             return;
         };
+        let pn = wire::decode_pn(pn_bits, self.largest_rx.map_or(0, |(l, _)| l + 1));
         if !self.replay.is_fresh(pn) {
             self.stats.dropped_replay += 1;
             return;
         }
         let keys = self.keys.as_ref().expect("sealed packets only after keys");
-        let plain = match keys.recv.open(data) {
+        let plain = match keys.recv.open(data, pn) {
             Ok(p) => p,
             Err(_) => {
                 self.stats.dropped_auth += 1;
@@ -1071,6 +1073,18 @@ impl Connection {
                     return;
                 }
                 let layout = Layout::new(size, self.block_size);
+                if layout.blocks() > wire::BLOCK_LIMIT {
+                    // Only a peer that ignores its own limit offers this; refuse it aloud.
+                    let reason = too_large(&path, size);
+                    self.ctrl_tx.push(&Ctrl::Reject {
+                        xfer,
+                        reason: reason.clone(),
+                    });
+                    if solicited {
+                        self.events.push_back(Event::Rejected { xfer, reason });
+                    }
+                    return;
+                }
                 self.incoming
                     .insert(xfer, Incoming::new(xfer, path.clone(), layout, mode, mtime));
                 self.events.push_back(Event::Offered {
@@ -1525,7 +1539,7 @@ impl Connection {
         wire::write_sealed_header(buf, self.peer_cid, pn);
         wire::write_data_header(&mut buf[hdr..], xfer, block);
         let keys = self.keys.as_ref().expect("established");
-        let total = keys.send.seal(buf, wire::DATA_HEADER_LEN + len);
+        let total = keys.send.seal(buf, wire::DATA_HEADER_LEN + len, pn);
         self.next_pn += 1;
         self.record_sent(now_us);
         self.stats.data_packets_sent += 1;
@@ -1624,11 +1638,18 @@ impl Connection {
         let mut w = Writer::new(&mut buf[hdr..limit]);
         fill(&mut w);
         let n = w.pos();
-        let total = keys.send.seal(buf, n);
+        let total = keys.send.seal(buf, n, pn);
         self.next_pn += 1;
         self.record_sent(now_us);
         Some(total)
     }
+}
+
+fn too_large(path: &str, size: u64) -> String {
+    format!(
+        "{path}: {size} bytes is more than the protocol can number ({} blocks)",
+        wire::BLOCK_LIMIT
+    )
 }
 
 #[cfg(test)]
@@ -1644,5 +1665,44 @@ mod tests {
         assert_eq!(c.rx_drops, 0);
         c.set_receiver_state(0, 1005);
         assert_eq!(c.rx_drops, 5);
+    }
+
+    /// Block numbers are 6 bytes on the wire: a file of more blocks is refused up front, by
+    /// the sender and by a receiver offered one, with a reason, never truncated.
+    #[test]
+    fn files_beyond_the_block_numbering_are_refused() {
+        let psk = Psk::from_bytes([7; 32]);
+        let now = Instant::now();
+        let mut c = Connection::client(Config::default(), &psk, AddrFamily::V4, now);
+        let limit = wire::BLOCK_LIMIT * c.block_size as u64;
+        assert_eq!(Layout::new(limit, c.block_size).blocks(), wire::BLOCK_LIMIT);
+        let big = c.send_file("big", limit + 1, 0o644, 0);
+        assert!(!c.outgoing.contains_key(&big));
+        match c.poll_event() {
+            Some(Event::OutgoingDone {
+                xfer,
+                result: Err(e),
+            }) => {
+                assert_eq!(xfer, big);
+                assert!(e.contains("more than the protocol can number"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+
+        let get = c.request("remote");
+        c.on_ctrl(
+            now,
+            Ctrl::Offer {
+                xfer: get,
+                path: "remote".into(),
+                size: u64::MAX,
+                mode: 0o644,
+                mtime: 0,
+                flags: 0,
+                hash: None,
+            },
+        );
+        assert!(c.incoming.is_empty());
+        assert!(matches!(c.poll_event(), Some(Event::Rejected { xfer, .. }) if xfer == get));
     }
 }

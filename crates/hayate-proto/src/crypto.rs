@@ -143,9 +143,11 @@ impl fmt::Debug for PacketKey {
     }
 }
 
-fn nonce_from_header(h: &[u8]) -> Nonce {
+// The full 64-bit pn, though the header carries only its low half: the nonce never repeats
+// under one key, and a receiver that guesses the high half wrong fails to open the packet.
+fn nonce(pn: u64) -> Nonce {
     let mut n = [0u8; aead::NONCE_LEN];
-    n[4..].copy_from_slice(&h[9..SEALED_HEADER_LEN]);
+    n[4..].copy_from_slice(&pn.to_be_bytes());
     Nonce::assume_unique_for_key(n)
 }
 
@@ -156,14 +158,14 @@ impl PacketKey {
         ))
     }
 
-    /// `packet[..17]` holds the sealed header (kind, dest_cid, pn), `packet[17..17+plain_len]`
-    /// the plaintext. Encrypts in place and writes the tag after it; returns the datagram
-    /// length `17 + plain_len + 16`. Nonce = `0u32 ‖ pn` from the header, AAD = the header.
+    /// `packet[..9]` holds the sealed header (kind, dest_cid, low half of `pn`),
+    /// `packet[9..9+plain_len]` the plaintext. Encrypts in place and writes the tag after it;
+    /// returns the datagram length `9 + plain_len + 16`. Nonce = `0u32 ‖ pn`, AAD = the header.
     ///
     /// # Panics
-    /// If `packet.len() < 17 + plain_len + 16` (a caller bug: buffers are sized for a
+    /// If `packet.len() < 9 + plain_len + 16` (a caller bug: buffers are sized for a
     /// full datagram).
-    pub fn seal(&self, packet: &mut [u8], plain_len: usize) -> usize {
+    pub fn seal(&self, packet: &mut [u8], plain_len: usize, pn: u64) -> usize {
         let total = SEALED_HEADER_LEN + plain_len + TAG_LEN;
         assert!(
             packet.len() >= total,
@@ -175,23 +177,23 @@ impl PacketKey {
         let (plain, tag_out) = body.split_at_mut(plain_len);
         let tag = self
             .0
-            .seal_in_place_separate_tag(nonce_from_header(header), Aad::from(&*header), plain)
+            .seal_in_place_separate_tag(nonce(pn), Aad::from(&*header), plain)
             .expect("AES-GCM seal only fails for oversized inputs");
         tag_out[..TAG_LEN].copy_from_slice(tag.as_ref());
         total
     }
 
-    /// Opens a whole sealed datagram in place and returns its plaintext. Any failure
-    /// (short, forged, corrupt, wrong key) is `Err`; the buffer's contents are then
-    /// unspecified.
-    pub fn open<'a>(&self, packet: &'a mut [u8]) -> Result<&'a mut [u8], CryptoError> {
+    /// Opens a whole sealed datagram in place and returns its plaintext; `pn` is the full
+    /// packet number ([`crate::wire::decode_pn`] of the header's). Any failure (short, forged,
+    /// corrupt, wrong key, wrong pn) is `Err`; the buffer's contents are then unspecified.
+    pub fn open<'a>(&self, packet: &'a mut [u8], pn: u64) -> Result<&'a mut [u8], CryptoError> {
         if packet.len() < SEALED_HEADER_LEN + TAG_LEN {
             return Err(CryptoError::TooShort);
         }
         let (header, body) = packet.split_at_mut(SEALED_HEADER_LEN);
         let header: &[u8] = header;
         self.0
-            .open_in_place(nonce_from_header(header), Aad::from(header), body)
+            .open_in_place(nonce(pn), Aad::from(header), body)
             .map_err(|_| CryptoError::Auth)
     }
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use crate::conn::{Config, Connection};
 use crate::crypto::Psk;
 use crate::handshake::{self, HandshakeError};
-use crate::wire::{self, AddrFamily, PacketKind, RejectReason};
+use crate::wire::{self, AddrFamily, Cid, PacketKind, RejectReason};
 
 /// Half-open sessions are capped so a flood of (replayed) hellos costs bounded memory.
 const MAX_HALF_OPEN: usize = 1024;
@@ -20,9 +20,9 @@ const REJECTS_PER_SEC: u32 = 50;
 #[derive(Debug)]
 pub enum Route {
     /// Feed it to this connection (`Endpoint::conn_mut`).
-    Conn(u64),
+    Conn(Cid),
     /// A new session was created (already answered); send `reply` back.
-    NewConn(u64, Vec<u8>),
+    NewConn(Cid, Vec<u8>),
     /// Send these bytes back to the sender (a repeated ServerHello or a HelloReject).
     Reply(Vec<u8>),
     /// Dropped; the reason was counted.
@@ -38,6 +38,7 @@ pub struct EndpointStats {
     pub dropped_unknown_cid: u64,
     pub rejects_rate_limited: u64,
     pub half_open_evicted: u64,
+    pub cid_collisions: u64,
 }
 
 struct Entry {
@@ -52,8 +53,8 @@ struct Entry {
 pub struct Endpoint {
     psk: Psk,
     cfg: Config,
-    conns: HashMap<u64, Entry>,
-    by_hello: HashMap<(u64, [u8; 32]), u64>,
+    conns: HashMap<Cid, Entry>,
+    by_hello: HashMap<(u64, [u8; 32]), Cid>,
     stats: EndpointStats,
     reject_window: (Instant, u32),
 }
@@ -74,15 +75,15 @@ impl Endpoint {
         &self.stats
     }
 
-    pub fn conn_mut(&mut self, cid: u64) -> Option<&mut Connection> {
+    pub fn conn_mut(&mut self, cid: Cid) -> Option<&mut Connection> {
         self.conns.get_mut(&cid).map(|e| &mut e.conn)
     }
 
-    pub fn conn_addr(&self, cid: u64) -> Option<SocketAddr> {
+    pub fn conn_addr(&self, cid: Cid) -> Option<SocketAddr> {
         self.conns.get(&cid).map(|e| e.addr)
     }
 
-    pub fn cids(&self) -> Vec<u64> {
+    pub fn cids(&self) -> Vec<Cid> {
         self.conns.keys().copied().collect()
     }
 
@@ -150,7 +151,12 @@ impl Endpoint {
                     AddrFamily::V6
                 };
                 let sid = acc.server_cid;
-                let key = (acc.client_cid, acc.client_random);
+                if self.conns.contains_key(&sid) {
+                    // A 32-bit cid drawn twice: drop the hello; its retransmission draws anew.
+                    self.stats.cid_collisions += 1;
+                    return Route::Drop;
+                }
+                let key = (u64::from(acc.client_cid), acc.client_random);
                 let reply = acc.reply.to_vec();
                 let conn = Connection::server(self.cfg.clone(), &self.psk, acc, fam, now);
                 self.by_hello.insert(key, sid);
@@ -199,13 +205,13 @@ impl Endpoint {
     }
 
     fn evict_half_open(&mut self, now: Instant) {
-        let half_open: Vec<(u64, Instant)> = self
+        let half_open: Vec<(Cid, Instant)> = self
             .conns
             .iter()
             .filter(|(_, e)| !e.conn.is_established() && !e.conn.is_draining())
             .map(|(k, e)| (*k, e.created))
             .collect();
-        let mut expired: Vec<u64> = half_open
+        let mut expired: Vec<Cid> = half_open
             .iter()
             .filter(|(_, t)| now.duration_since(*t) > HALF_OPEN_TTL)
             .map(|(k, _)| *k)
@@ -226,15 +232,15 @@ impl Endpoint {
     }
 
     /// Drop a session (closed, or half-open for too long).
-    pub fn remove(&mut self, cid: u64) -> Option<Connection> {
+    pub fn remove(&mut self, cid: Cid) -> Option<Connection> {
         let e = self.conns.remove(&cid)?;
         self.by_hello.remove(&e.client_key);
         Some(e.conn)
     }
 
     /// Remove half-open sessions past their time and closed ones; returns removed ids.
-    pub fn reap(&mut self, now: Instant) -> Vec<u64> {
-        let dead: Vec<u64> = self
+    pub fn reap(&mut self, now: Instant) -> Vec<Cid> {
+        let dead: Vec<Cid> = self
             .conns
             .iter()
             .filter(|(_, e)| {

@@ -7,8 +7,8 @@ use x25519_dalek::{PublicKey, StaticSecret};
 
 use crate::crypto::{fill_random, PacketKey, Psk, SessionKeys};
 use crate::wire::{
-    client_hello_ids, peek_kind, ClientHello, HelloReject, PacketKind, RejectReason, ServerHello,
-    WireError, CLIENT_HELLO_LEN, CLIENT_HELLO_MAC_OFFSET, HELLO_REJECT_LEN, MIN_MTU,
+    client_hello_ids, peek_kind, Cid, ClientHello, HelloReject, PacketKind, RejectReason,
+    ServerHello, WireError, CLIENT_HELLO_LEN, CLIENT_HELLO_MAC_OFFSET, HELLO_REJECT_LEN, MIN_MTU,
     SERVER_HELLO_LEN, SERVER_HELLO_MAC_OFFSET, VERSION,
 };
 
@@ -109,10 +109,10 @@ fn server_hello_mac_input(
     m
 }
 
-fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
+fn random_cid() -> Cid {
+    let mut b = [0u8; 4];
     fill_random(&mut b);
-    u64::from_be_bytes(b)
+    Cid::from_be_bytes(b)
 }
 
 fn random32() -> [u8; 32] {
@@ -129,7 +129,7 @@ fn eq_ct(a: &[u8; 32], b: &[u8; 32]) -> bool {
 /// bytes, and a forged or garbled reply cannot disturb it.
 pub struct ClientHandshake {
     hello: [u8; CLIENT_HELLO_LEN],
-    cid: u64,
+    cid: Cid,
     random: [u8; 32],
     mtu: u16,
     // StaticSecret rather than EphemeralSecret: DH must be repeatable, or the first
@@ -140,7 +140,7 @@ pub struct ClientHandshake {
 /// Outcome of a successful client handshake.
 #[derive(Debug)]
 pub struct ClientEstablished {
-    pub server_cid: u64,
+    pub server_cid: Cid,
     pub mtu: u16,
     /// send = c2s, recv = s2c
     pub keys: SessionKeys,
@@ -153,7 +153,7 @@ impl ClientHandshake {
         let mtu = mtu.max(MIN_MTU);
         let eph = StaticSecret::from(random32());
         let hello = ClientHello {
-            client_cid: random_u64(),
+            client_cid: random_cid(),
             client_random: random32(),
             client_eph: PublicKey::from(&eph).to_bytes(),
             mtu,
@@ -176,7 +176,7 @@ impl ClientHandshake {
         &self.hello
     }
 
-    pub fn client_cid(&self) -> u64 {
+    pub fn client_cid(&self) -> Cid {
         self.cid
     }
 
@@ -226,7 +226,7 @@ impl ClientHandshake {
             }
             PacketKind::HelloReject => {
                 let rj = HelloReject::decode(datagram)?;
-                if rj.client_cid != self.cid {
+                if rj.client_cid != u64::from(self.cid) {
                     return Err(HandshakeError::UnexpectedPacket);
                 }
                 // The echoed random is the reject's only authenticator.
@@ -243,8 +243,8 @@ impl ClientHandshake {
 /// Outcome of a verified ClientHello on the server.
 #[derive(Debug)]
 pub struct ServerAccept {
-    pub client_cid: u64,
-    pub server_cid: u64,
+    pub client_cid: Cid,
+    pub server_cid: Cid,
     pub client_random: [u8; 32],
     /// Negotiated: min(client's, server's limit).
     pub mtu: u16,
@@ -274,7 +274,7 @@ pub fn server_accept(
     let eph = StaticSecret::from(random32());
     let mut sh = ServerHello {
         client_cid: ch.client_cid,
-        server_cid: random_u64(),
+        server_cid: random_cid(),
         server_random: random32(),
         server_eph: PublicKey::from(&eph).to_bytes(),
         mtu: ch.mtu.min(max_mtu.max(MIN_MTU)),

@@ -13,7 +13,7 @@ use crate::conn::{BlockSink, BlockSource, Config, Connection, Event};
 use crate::crypto::Psk;
 use crate::endpoint::{Endpoint, Route};
 use crate::transfer::XferId;
-use crate::wire::AddrFamily;
+use crate::wire::{AddrFamily, Cid};
 
 /// One direction of the simulated path.
 #[derive(Debug, Clone)]
@@ -666,8 +666,8 @@ pub fn run(sc: &Scenario) -> SimResult {
         .collect();
     let mut server = Endpoint::new(sc.psk.clone(), sc.server.clone(), base);
     // Per server connection: its files, and the paths of what it receives.
-    let mut sfiles: HashMap<u64, MemFiles> = HashMap::new();
-    let mut server_paths: HashMap<(u64, XferId), String> = HashMap::new();
+    let mut sfiles: HashMap<Cid, MemFiles> = HashMap::new();
+    let mut server_paths: HashMap<(Cid, XferId), String> = HashMap::new();
     let mut server_store: HashMap<String, Vec<u8>> = clients
         .iter()
         .flat_map(|c| c.spec.downloads.iter().cloned())

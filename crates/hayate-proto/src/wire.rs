@@ -3,15 +3,19 @@
 
 use std::ops::Range;
 
-pub const VERSION: u8 = 1;
+/// 2: 4-byte cids and packet numbers in the sealed header, 6-byte block numbers.
+pub const VERSION: u8 = 2;
 pub const MAGIC: [u8; 3] = *b"HYT";
 pub const CLIENT_HELLO_LEN: usize = 1200;
 pub const SERVER_HELLO_LEN: usize = 120;
 pub const HELLO_REJECT_LEN: usize = 48;
-pub const SEALED_HEADER_LEN: usize = 17;
+/// kind u8, dest_cid u32, pn u32 (the low half of the packet number; see [`decode_pn`]).
+pub const SEALED_HEADER_LEN: usize = 9;
 pub const TAG_LEN: usize = 16;
-/// DATA frame header: type u8, xfer u32, block u64.
-pub const DATA_HEADER_LEN: usize = 13;
+/// DATA frame header: type u8, xfer u32, block u48.
+pub const DATA_HEADER_LEN: usize = 11;
+/// Block numbers must be below this (6 bytes on the wire): files up to ~400 PB.
+pub const BLOCK_LIMIT: u64 = 1 << 48;
 pub const MIN_MTU: u16 = 1280;
 /// Largest value a QUIC varint can carry.
 pub const MAX_VARINT: u64 = (1 << 62) - 1;
@@ -28,6 +32,9 @@ pub const FRAME_CTRL: u8 = 0x03;
 pub const FRAME_DATA: u8 = 0x04;
 pub const FRAME_LOSSMAP: u8 = 0x05;
 pub const FRAME_CLOSE: u8 = 0x06;
+
+/// Connection id: chosen by each side for the packets it receives, routed on before opening.
+pub type Cid = u32;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AddrFamily {
@@ -124,33 +131,53 @@ fn sealed_header(datagram: &[u8]) -> Result<&[u8; SEALED_HEADER_LEN], WireError>
 }
 
 /// Destination connection id of a sealed packet (used to route it before opening).
-pub fn sealed_dest_cid(datagram: &[u8]) -> Result<u64, WireError> {
+pub fn sealed_dest_cid(datagram: &[u8]) -> Result<Cid, WireError> {
     let h = sealed_header(datagram)?;
-    Ok(u64::from_be_bytes(h[1..9].try_into().expect("8 bytes")))
+    Ok(u32::from_be_bytes(h[1..5].try_into().expect("4 bytes")))
 }
 
-/// Packet number of a sealed packet (unauthenticated until the packet opens).
-pub fn sealed_pn(datagram: &[u8]) -> Result<u64, WireError> {
+/// The low 32 bits of a sealed packet's number (unauthenticated until the packet opens);
+/// [`decode_pn`] recovers the whole number.
+pub fn sealed_pn_bits(datagram: &[u8]) -> Result<u32, WireError> {
     let h = sealed_header(datagram)?;
-    Ok(u64::from_be_bytes(h[9..17].try_into().expect("8 bytes")))
+    Ok(u32::from_be_bytes(h[5..9].try_into().expect("4 bytes")))
 }
 
-/// Writes the 17-byte sealed header. Panics if `buf` is shorter than that (caller bug).
-pub fn write_sealed_header(buf: &mut [u8], dest_cid: u64, pn: u64) {
+/// The full packet number whose low 32 bits are `bits` and which lies closest to `expected`
+/// (one past the highest authenticated pn), as in RFC 9000 A.3. Half the space either side
+/// is far more than any reordering; a wrong guess only makes the packet fail to open.
+pub fn decode_pn(bits: u32, expected: u64) -> u64 {
+    const WIN: u64 = 1 << 32;
+    const HALF: u64 = WIN / 2;
+    let candidate = (expected & !(WIN - 1)) | u64::from(bits);
+    if candidate.saturating_add(HALF) <= expected && candidate < u64::MAX - WIN {
+        candidate + WIN
+    } else if candidate > expected.saturating_add(HALF) && candidate >= WIN {
+        candidate - WIN
+    } else {
+        candidate
+    }
+}
+
+/// Writes the sealed header: kind, `dest_cid` and the low 32 bits of `pn`. Panics if `buf`
+/// is shorter than `SEALED_HEADER_LEN` (caller bug).
+pub fn write_sealed_header(buf: &mut [u8], dest_cid: Cid, pn: u64) {
     let h = &mut buf[..SEALED_HEADER_LEN];
     h[0] = KIND_SEALED;
-    h[1..9].copy_from_slice(&dest_cid.to_be_bytes());
-    h[9..17].copy_from_slice(&pn.to_be_bytes());
+    h[1..5].copy_from_slice(&dest_cid.to_be_bytes());
+    h[5..9].copy_from_slice(&(pn as u32).to_be_bytes());
 }
 
 /// Writes a DATA frame header at the start of `buf`; the caller places the payload right
 /// after it (`buf[DATA_HEADER_LEN..]`) without an intermediate copy. Panics if `buf` is
-/// shorter than `DATA_HEADER_LEN` (caller bug).
+/// shorter than `DATA_HEADER_LEN` or `block >= BLOCK_LIMIT` (caller bugs: transfers of more
+/// blocks are refused when offered).
 pub fn write_data_header(buf: &mut [u8], xfer: u32, block: u64) {
+    assert!(block < BLOCK_LIMIT, "block {block} does not fit 6 bytes");
     let h = &mut buf[..DATA_HEADER_LEN];
     h[0] = FRAME_DATA;
     h[1..5].copy_from_slice(&xfer.to_be_bytes());
-    h[5..13].copy_from_slice(&block.to_be_bytes());
+    h[5..11].copy_from_slice(&block.to_be_bytes()[2..]);
 }
 
 /// Encoded size of `v` as a QUIC varint (8 for values too large to encode, which
@@ -574,6 +601,9 @@ impl Frame<'_> {
             Frame::Close { code, .. } if *code > MAX_VARINT => {
                 return Err(WireError::BadValue("varint out of range"))
             }
+            Frame::Data { block, .. } if *block >= BLOCK_LIMIT => {
+                return Err(WireError::BadValue("block number out of range"))
+            }
             _ => {}
         }
         if w.remaining() < self.encoded_len() {
@@ -599,7 +629,7 @@ impl Frame<'_> {
             } => {
                 w.put_u8(FRAME_DATA)?;
                 w.put_u32(*xfer)?;
-                w.put_u64(*block)?;
+                w.put_bytes(&block.to_be_bytes()[2..])?;
                 w.put_bytes(payload)
             }
             Frame::Close { code, reason } => {
@@ -671,7 +701,9 @@ impl<'a> FrameIter<'a> {
             }
             FRAME_DATA => {
                 let xfer = r.get_u32()?;
-                let block = r.get_u64()?;
+                let mut b = [0u8; 8];
+                b[2..].copy_from_slice(r.get_bytes(6)?);
+                let block = u64::from_be_bytes(b);
                 Ok(Frame::Data {
                     xfer,
                     block,
@@ -759,6 +791,16 @@ fn u64_at(d: &[u8], at: usize) -> u64 {
     u64::from_be_bytes(d[at..at + 8].try_into().expect("8 bytes"))
 }
 
+/// A cid in its 8-byte hello slot (v1 had 64-bit cids; the slot stays so every version's
+/// hello can be echoed in a HelloReject).
+fn cid_at(d: &[u8], at: usize) -> Result<Cid, WireError> {
+    Cid::try_from(u64_at(d, at)).map_err(|_| WireError::BadValue("cid wider than 32 bits"))
+}
+
+fn put_cid(b: &mut [u8], at: usize, cid: Cid) {
+    b[at..at + 8].copy_from_slice(&u64::from(cid).to_be_bytes());
+}
+
 fn arr32_at(d: &[u8], at: usize) -> [u8; 32] {
     d[at..at + 32].try_into().expect("32 bytes")
 }
@@ -773,7 +815,7 @@ fn check_mtu(mtu: u16) -> Result<u16, WireError> {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientHello {
-    pub client_cid: u64,
+    pub client_cid: Cid,
     pub client_random: [u8; 32],
     pub client_eph: [u8; 32],
     pub mtu: u16,
@@ -784,7 +826,7 @@ impl ClientHello {
     pub fn encode(&self) -> [u8; CLIENT_HELLO_LEN] {
         let mut b = [0u8; CLIENT_HELLO_LEN];
         write_hello_prefix(&mut b, KIND_CLIENT_HELLO);
-        b[5..13].copy_from_slice(&self.client_cid.to_be_bytes());
+        put_cid(&mut b, 5, self.client_cid);
         b[13..45].copy_from_slice(&self.client_random);
         b[45..77].copy_from_slice(&self.client_eph);
         b[77..79].copy_from_slice(&self.mtu.to_be_bytes());
@@ -800,7 +842,7 @@ impl ClientHello {
             return Err(WireError::BadValue("non-zero hello padding"));
         }
         Ok(ClientHello {
-            client_cid: u64_at(d, 5),
+            client_cid: cid_at(d, 5)?,
             client_random: arr32_at(d, 13),
             client_eph: arr32_at(d, 45),
             mtu: check_mtu(u16_at(d, 77))?,
@@ -821,8 +863,8 @@ pub fn client_hello_ids(d: &[u8]) -> Option<(u64, [u8; 32])> {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerHello {
-    pub client_cid: u64,
-    pub server_cid: u64,
+    pub client_cid: Cid,
+    pub server_cid: Cid,
     pub server_random: [u8; 32],
     pub server_eph: [u8; 32],
     pub mtu: u16,
@@ -833,8 +875,8 @@ impl ServerHello {
     pub fn encode(&self) -> [u8; SERVER_HELLO_LEN] {
         let mut b = [0u8; SERVER_HELLO_LEN];
         write_hello_prefix(&mut b, KIND_SERVER_HELLO);
-        b[5..13].copy_from_slice(&self.client_cid.to_be_bytes());
-        b[13..21].copy_from_slice(&self.server_cid.to_be_bytes());
+        put_cid(&mut b, 5, self.client_cid);
+        put_cid(&mut b, 13, self.server_cid);
         b[21..53].copy_from_slice(&self.server_random);
         b[53..85].copy_from_slice(&self.server_eph);
         b[85..87].copy_from_slice(&self.mtu.to_be_bytes());
@@ -850,8 +892,8 @@ impl ServerHello {
             return Err(WireError::BadValue("non-zero reserved byte"));
         }
         Ok(ServerHello {
-            client_cid: u64_at(d, 5),
-            server_cid: u64_at(d, 13),
+            client_cid: cid_at(d, 5)?,
+            server_cid: cid_at(d, 13)?,
             server_random: arr32_at(d, 21),
             server_eph: arr32_at(d, 53),
             mtu: check_mtu(u16_at(d, 85))?,
@@ -898,8 +940,16 @@ impl HelloReject {
         b
     }
 
+    /// Any version's reject is read (its layout is the same in every version), so a client
+    /// can say which version a newer server wants.
     pub fn decode(d: &[u8]) -> Result<Self, WireError> {
-        check_hello_prefix(d, HELLO_REJECT_LEN, KIND_HELLO_REJECT)?;
+        check_len(d, HELLO_REJECT_LEN)?;
+        if d[..3] != MAGIC {
+            return Err(WireError::BadMagic);
+        }
+        if d[3] != KIND_HELLO_REJECT {
+            return Err(WireError::UnknownKind(d[3]));
+        }
         Ok(HelloReject {
             client_cid: u64_at(d, 5),
             client_random: arr32_at(d, 13),

@@ -21,8 +21,8 @@ fn transfer(tx: &PacketKey, rx: &PacketKey, pn: u64, msg: &[u8]) -> Option<Vec<u
     let mut buf = vec![0u8; SEALED_HEADER_LEN + msg.len() + TAG_LEN];
     write_sealed_header(&mut buf, 42, pn);
     buf[SEALED_HEADER_LEN..SEALED_HEADER_LEN + msg.len()].copy_from_slice(msg);
-    let n = tx.seal(&mut buf, msg.len());
-    rx.open(&mut buf[..n]).ok().map(|p| p.to_vec())
+    let n = tx.seal(&mut buf, msg.len(), pn);
+    rx.open(&mut buf[..n], pn).ok().map(|p| p.to_vec())
 }
 
 fn accept(p: &Psk, hello: &[u8], max_mtu: u16) -> ServerAccept {
@@ -115,9 +115,9 @@ fn tampered_server_hello_is_refused_and_genuine_one_still_works() {
             t[i] ^= bit;
             let r = c.handle(&p, &t);
             assert!(r.is_err(), "byte {i} bit {bit:#x} accepted");
-            // Fields the MAC covers (beyond the cid the client matches first) fail as BadMac
-            // unless decoding already refuses them.
-            if (13..85).contains(&i) || i >= SERVER_HELLO_MAC_OFFSET {
+            // Fields the MAC covers (beyond the cid the client matches first, and the server
+            // cid's zero high half that decoding refuses) fail as BadMac.
+            if (17..85).contains(&i) || i >= SERVER_HELLO_MAC_OFFSET {
                 assert!(matches!(r, Err(HandshakeError::BadMac)), "byte {i}: {r:?}");
             }
         }
@@ -148,7 +148,7 @@ fn server_hello_for_another_hello_is_refused() {
     ));
     // Same cid spliced in: the MAC (over our hello) still fails.
     let mut spliced = s2.reply;
-    spliced[5..13].copy_from_slice(&c1.client_cid().to_be_bytes());
+    spliced[5..13].copy_from_slice(&u64::from(c1.client_cid()).to_be_bytes());
     assert!(matches!(
         c1.handle(&p, &spliced),
         Err(HandshakeError::BadMac)
@@ -168,7 +168,7 @@ fn forged_rejects_are_ignored() {
     ));
     // Our cid but a guessed random.
     let forged = HelloReject {
-        client_cid: c.client_cid(),
+        client_cid: u64::from(c.client_cid()),
         client_random: [0; 32],
         reason: RejectReason::AuthFailed,
         max_version: 1,
@@ -263,7 +263,10 @@ fn malformed_client_hellos() {
     low_mtu[77..79].copy_from_slice(&1279u16.to_be_bytes());
     assert!(malformed(&low_mtu));
     // MAC-covered bytes: any flip is BadMac.
-    for i in [5, 13, 44, 45, 76, 78, 1168, 1199] {
+    let mut wide_cid = h.to_vec();
+    wide_cid[5] ^= 0x01;
+    assert!(malformed(&wide_cid));
+    for i in [12, 13, 44, 45, 76, 78, 1168, 1199] {
         let mut t = h.to_vec();
         t[i] ^= 0x01;
         assert!(
@@ -280,22 +283,22 @@ fn unsupported_version_gets_a_version_reject() {
     let p = psk(8);
     let c = ClientHandshake::new(&p, 1500);
     let mut h = c.hello().to_vec();
-    h[4] = 2;
+    h[4] = 3;
     assert!(matches!(
         server_accept(&p, &h, 1500),
-        Err(HandshakeError::UnsupportedVersion(2))
+        Err(HandshakeError::UnsupportedVersion(3))
     ));
     assert_eq!(
         ClientHello::decode(&h),
-        Err(WireError::UnsupportedVersion(2))
+        Err(WireError::UnsupportedVersion(3))
     );
     assert_eq!(
         client_hello_ids(&h),
-        Some((c.client_cid(), h[13..45].try_into().unwrap()))
+        Some((u64::from(c.client_cid()), h[13..45].try_into().unwrap()))
     );
     let rj = hello_reject(&h, RejectReason::VersionUnsupported).unwrap();
     let parsed = HelloReject::decode(&rj).unwrap();
-    assert_eq!(parsed.max_version, 1);
+    assert_eq!(parsed.max_version, 2);
     assert!(matches!(
         c.handle(&p, &rj),
         Err(HandshakeError::Rejected(RejectReason::VersionUnsupported))
@@ -310,15 +313,15 @@ fn client_hello_layout_is_byte_exact() {
     assert_eq!(h.len(), 1200);
     assert_eq!(&h[0..3], b"HYT");
     assert_eq!(h[3], 0x01);
-    assert_eq!(h[4], 0x01);
-    assert_eq!(h[5..13], c.client_cid().to_be_bytes());
+    assert_eq!(h[4], 0x02);
+    assert_eq!(h[5..13], u64::from(c.client_cid()).to_be_bytes());
     assert_eq!(h[77..79], [0x23, 0x45]);
     assert!(h[79..1168].iter().all(|&b| b == 0));
     let tag = hmac::sign(&hello_key(&p), &h[..1168]);
     assert_eq!(&h[1168..], tag.as_ref());
 
     let ch = ClientHello {
-        client_cid: 0x0102_0304_0506_0708,
+        client_cid: 0x0506_0708,
         client_random: [0xaa; 32],
         client_eph: [0xbb; 32],
         mtu: 0x1234,
@@ -326,21 +329,28 @@ fn client_hello_layout_is_byte_exact() {
     };
     let b = ch.encode();
     assert_eq!(b.len(), CLIENT_HELLO_LEN);
-    assert_eq!(&b[..5], b"HYT\x01\x01");
-    assert_eq!(b[5..13], [1, 2, 3, 4, 5, 6, 7, 8]);
+    assert_eq!(&b[..5], b"HYT\x01\x02");
+    assert_eq!(b[5..13], [0, 0, 0, 0, 5, 6, 7, 8]);
     assert_eq!(b[13..45], [0xaa; 32]);
     assert_eq!(b[45..77], [0xbb; 32]);
     assert_eq!(b[77..79], [0x12, 0x34]);
     assert!(b[79..1168].iter().all(|&x| x == 0));
     assert_eq!(b[1168..1200], [0xcc; 32]);
     assert_eq!(ClientHello::decode(&b).unwrap(), ch);
+    // A cid of more than 32 bits (version 1 had 64) is refused.
+    let mut wide = b;
+    wide[8] = 1;
+    assert_eq!(
+        ClientHello::decode(&wide),
+        Err(WireError::BadValue("cid wider than 32 bits"))
+    );
 }
 
 #[test]
 fn server_hello_and_reject_layouts_are_byte_exact() {
     let sh = ServerHello {
-        client_cid: 0x0102_0304_0506_0708,
-        server_cid: 0x1112_1314_1516_1718,
+        client_cid: 0x0506_0708,
+        server_cid: 0x1516_1718,
         server_random: [0xaa; 32],
         server_eph: [0xbb; 32],
         mtu: 0x1234,
@@ -348,9 +358,9 @@ fn server_hello_and_reject_layouts_are_byte_exact() {
     };
     let b = sh.encode();
     assert_eq!(b.len(), 120);
-    assert_eq!(&b[..5], b"HYT\x02\x01");
-    assert_eq!(b[5..13], [1, 2, 3, 4, 5, 6, 7, 8]);
-    assert_eq!(b[13..21], [0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18]);
+    assert_eq!(&b[..5], b"HYT\x02\x02");
+    assert_eq!(b[5..13], [0, 0, 0, 0, 5, 6, 7, 8]);
+    assert_eq!(b[13..21], [0, 0, 0, 0, 0x15, 0x16, 0x17, 0x18]);
     assert_eq!(b[21..53], [0xaa; 32]);
     assert_eq!(b[53..85], [0xbb; 32]);
     assert_eq!(b[85..87], [0x12, 0x34]);
@@ -359,6 +369,9 @@ fn server_hello_and_reject_layouts_are_byte_exact() {
     assert_eq!(ServerHello::decode(&b).unwrap(), sh);
     let mut r = b;
     r[87] = 1;
+    assert!(ServerHello::decode(&r).is_err());
+    let mut r = b;
+    r[16] = 1;
     assert!(ServerHello::decode(&r).is_err());
 
     let rj = HelloReject {
@@ -369,20 +382,24 @@ fn server_hello_and_reject_layouts_are_byte_exact() {
     };
     let b = rj.encode();
     assert_eq!(b.len(), 48);
-    assert_eq!(&b[..5], b"HYT\x04\x01");
+    assert_eq!(&b[..5], b"HYT\x04\x02");
     assert_eq!(b[5..13], [1, 2, 3, 4, 5, 6, 7, 8]);
     assert_eq!(b[13..45], [0xaa; 32]);
     assert_eq!(b[45], 3);
     assert_eq!(b[46..48], [1, 2]);
     assert_eq!(HelloReject::decode(&b).unwrap(), rj);
+    // Any version's reject is read: a newer server can say what it wants.
+    let mut newer = b;
+    newer[4] = 9;
+    assert_eq!(HelloReject::decode(&newer).unwrap(), rj);
 
     // A real reply has the same shape.
     let p = psk(10);
     let c = ClientHandshake::new(&p, 1500);
     let s = accept(&p, c.hello(), 1500);
-    assert_eq!(&s.reply[..5], b"HYT\x02\x01");
-    assert_eq!(s.reply[5..13], c.client_cid().to_be_bytes());
-    assert_eq!(s.reply[13..21], s.server_cid.to_be_bytes());
+    assert_eq!(&s.reply[..5], b"HYT\x02\x02");
+    assert_eq!(s.reply[5..13], u64::from(c.client_cid()).to_be_bytes());
+    assert_eq!(s.reply[13..21], u64::from(s.server_cid).to_be_bytes());
     assert_eq!(s.reply[87], 0);
 }
 

@@ -4,8 +4,14 @@
 
 use hayate_proto::cc::RateConfig;
 use hayate_proto::sim::{self, LinkParams, RateStep, ReceiverParams, Scenario};
+use hayate_proto::wire::{block_size, AddrFamily};
 
 const MBIT: u64 = 1_000_000 / 8;
+
+/// File bytes per 1500-byte packet on the wire: the simulator's link counts whole packets.
+fn payload_share() -> f64 {
+    block_size(1500, AddrFamily::V4) as f64 / 1500.0
+}
 
 fn data(len: usize) -> Vec<u8> {
     (0..len)
@@ -91,8 +97,8 @@ fn converges_to_the_bottleneck_with_a_short_queue() {
     for (rtt, seed) in [(20, 1), (100, 2), (250, 3)] {
         let r = run_upload(100 * MBIT, rtt, 0.0, 1.0, 60_000_000, seed);
         let steady = steady_rate(&r);
-        // Payload share of the wire: 1426 of 1500 bytes; then 95 % of that.
-        let capacity = 100.0 * MBIT as f64 * 1426.0 / 1500.0;
+        // Payload share of the wire; then 95 % of that.
+        let capacity = 100.0 * MBIT as f64 * payload_share();
         assert!(
             steady >= 0.95 * capacity,
             "rtt {rtt}: {:.1} of {:.1} Mbit/s",
@@ -118,7 +124,7 @@ fn converges_to_the_bottleneck_with_a_short_queue() {
 fn reaches_the_link_rate_within_a_second_and_ten_round_trips() {
     for (rtt, bytes, seed) in [(100, 200_000_000, 51), (250, 400_000_000, 52)] {
         let r = run_upload(1000 * MBIT, rtt, 0.0, 1.0, bytes, seed);
-        let capacity = 1000.0 * MBIT as f64 * 1426.0 / 1500.0;
+        let capacity = 1000.0 * MBIT as f64 * payload_share();
         let first = r
             .server_rx_trace
             .iter()
@@ -140,7 +146,7 @@ fn reaches_the_link_rate_within_a_second_and_ten_round_trips() {
 fn a_short_path_is_kept_full() {
     let r = run_upload(300 * MBIT, 10, 0.0, 1.0, 300_000_000, 41);
     let steady = steady_rate(&r);
-    let capacity = 300.0 * MBIT as f64 * 1426.0 / 1500.0;
+    let capacity = 300.0 * MBIT as f64 * payload_share();
     assert!(
         steady >= 0.95 * capacity,
         "{:.1} of {:.1} Mbit/s",
@@ -154,7 +160,7 @@ fn random_loss_is_treated_as_noise() {
     for (loss, seed) in [(0.001, 4), (0.01, 5), (0.03, 6), (0.05, 7)] {
         let r = run_upload(100 * MBIT, 100, loss, 1.0, 60_000_000, seed);
         let steady = steady_rate(&r);
-        let capacity = 100.0 * MBIT as f64 * 1426.0 / 1500.0 * (1.0 - loss);
+        let capacity = 100.0 * MBIT as f64 * payload_share() * (1.0 - loss);
         let trace = trace_mbit(&r);
         assert!(
             steady >= 0.95 * capacity,
@@ -172,7 +178,7 @@ fn random_loss_is_treated_as_noise() {
 fn shallow_buffer_costs_little() {
     let r = run_upload(100 * MBIT, 100, 0.0, 0.1, 40_000_000, 8);
     let steady = steady_rate(&r);
-    let capacity = 100.0 * MBIT as f64 * 1426.0 / 1500.0;
+    let capacity = 100.0 * MBIT as f64 * payload_share();
     assert!(steady >= 0.9 * capacity, "{:.1} Mbit/s", steady / 1.25e5);
     let retx = r.client.data_packets_retransmitted as f64 / r.client.data_packets_sent as f64;
     assert!(retx < 0.03, "retransmitted {retx:.3}");
@@ -189,7 +195,7 @@ fn a_buffer_shorter_than_the_queue_target_is_not_overrun() {
         let rate = 300 * MBIT;
         let r = run_upload(rate, 10, loss, 0.1, (rate * 6) as usize, seed);
         let steady = steady_rate(&r);
-        let capacity = rate as f64 * 1426.0 / 1500.0 * (1.0 - loss);
+        let capacity = rate as f64 * payload_share() * (1.0 - loss);
         let retx = r.client.data_packets_retransmitted as f64 / r.client.data_packets_sent as f64;
         eprintln!(
             "loss {loss}: {:.1} of {:.1} Mbit/s, retransmitted {:.2} %, queue drops {}",
@@ -239,7 +245,7 @@ fn host_stalls_are_not_congestion() {
         let rate = rate_mbit * MBIT;
         let r = stalled_upload(rate, 0.0, (500, stall_ms, 0), 12, seed);
         let steady = steady_rate(&r);
-        let capacity = rate as f64 * 1426.0 / 1500.0;
+        let capacity = rate as f64 * payload_share();
         let trace = trace_mbit(&r);
         assert!(
             steady >= 0.9 * capacity,
@@ -263,7 +269,7 @@ fn bursty_host_stalls_do_not_fool_startup() {
         let rate = 500 * MBIT;
         let r = stalled_upload(rate, loss, (every_ms, stall_ms, 10), 8, seed);
         let steady = steady_rate(&r);
-        let capacity = rate as f64 * 1426.0 / 1500.0 * (1.0 - loss);
+        let capacity = rate as f64 * payload_share() * (1.0 - loss);
         let retx = r.client.data_packets_retransmitted as f64 / r.client.data_packets_sent as f64;
         let trace = trace_mbit(&r);
         eprintln!(
@@ -303,7 +309,7 @@ fn a_stalling_sender_keeps_the_link_full() {
         let r = sim::run(&sc);
         assert!(r.ok, "{:?}", r.error);
         let steady = steady_rate(&r);
-        let capacity = rate as f64 * 1426.0 / 1500.0;
+        let capacity = rate as f64 * payload_share();
         let retx = r.client.data_packets_retransmitted as f64 / r.client.data_packets_sent as f64;
         eprintln!(
             "seed {seed}: {:.1} of {:.1} Mbit/s, retransmitted {:.2} %",
@@ -336,7 +342,7 @@ fn follows_a_rate_step_down() {
     assert!(r.ok, "{:?}", r.error);
     // Within ~1 s (20 RTT) the delivered rate is the new bottleneck, and the queue drained.
     let after = r.server_rx_trace[40..60].iter().sum::<u64>() as f64 / 2.0;
-    let capacity = 30.0 * MBIT as f64 * 1426.0 / 1500.0;
+    let capacity = 30.0 * MBIT as f64 * payload_share();
     assert!(
         after >= 0.9 * capacity,
         "{:.1} Mbit/s after the step",
@@ -422,7 +428,7 @@ fn two_flows(rate_mbit: u64, rtt_ms: u64, loss: f64, after_s: u64, mb: usize, se
         .step_by(10)
         .map(|s| jain(&[mean_of(a, s, s + 10), mean_of(b, s, s + 10)]))
         .fold(1.0f64, f64::min);
-    let capacity = (rate_mbit * MBIT) as f64 * 1426.0 / 1500.0 * (1.0 - loss);
+    let capacity = (rate_mbit * MBIT) as f64 * payload_share() * (1.0 - loss);
     let util = (rates[0] + rates[1]) / capacity;
     let retx: Vec<f64> = r
         .clients
@@ -516,7 +522,7 @@ fn slow_receiver(rx_rate: u64, buffer: u64, seed: u64) -> (f64, f64) {
 fn follows_a_receiver_slower_than_the_link() {
     // 40 Mbit/s of datagrams on a 100 Mbit/s path; what arrives of it is payload.
     let rx = 40 * MBIT;
-    let payload = mbit(rx as f64) * 1426.0 / 1500.0;
+    let payload = mbit(rx as f64) * payload_share();
     for (buffer, seed) in [(256_000, 21), (4_000_000, 22)] {
         let (steady, retx) = slow_receiver(rx, buffer, seed);
         assert!(

@@ -4,6 +4,7 @@
 use hayate_proto::cc::RateConfig;
 use hayate_proto::crypto::Psk;
 use hayate_proto::sim::{self, LinkParams, Rng, Scenario};
+use hayate_proto::wire::{block_size, AddrFamily};
 
 fn data(seed: u64, len: usize) -> Vec<u8> {
     let mut r = Rng::new(seed);
@@ -52,7 +53,8 @@ fn clean_path_upload_and_download() {
 
 #[test]
 fn edge_sizes() {
-    for (i, len) in [0usize, 1, 1425, 1426, 1427, 2 * 1426, 100_001]
+    let bs = block_size(1500, AddrFamily::V4);
+    for (i, len) in [0usize, 1, bs - 1, bs, bs + 1, 2 * bs, 100_001]
         .into_iter()
         .enumerate()
     {

@@ -121,7 +121,7 @@ fn last_frame() -> impl Strategy<Value = Owned> {
         Just(Owned::Padding),
         (
             any::<u32>(),
-            any::<u64>(),
+            0..BLOCK_LIMIT,
             prop::collection::vec(any::<u8>(), 0..300)
         )
             .prop_map(|(x, b, p)| Owned::Data(x, b, p)),
@@ -202,7 +202,7 @@ proptest! {
         }
         let _ = peek_kind(&bytes);
         let _ = sealed_dest_cid(&bytes);
-        let _ = sealed_pn(&bytes);
+        let _ = sealed_pn_bits(&bytes);
         let _ = ClientHello::decode(&bytes);
         let _ = ServerHello::decode(&bytes);
         let _ = HelloReject::decode(&bytes);
@@ -317,7 +317,7 @@ proptest! {
     }
 
     #[test]
-    fn data_header_matches_frame_encoding(xfer in any::<u32>(), block in any::<u64>(), payload in prop::collection::vec(any::<u8>(), 0..100)) {
+    fn data_header_matches_frame_encoding(xfer in any::<u32>(), block in 0..BLOCK_LIMIT, payload in prop::collection::vec(any::<u8>(), 0..100)) {
         let mut a = vec![0u8; DATA_HEADER_LEN + payload.len()];
         write_data_header(&mut a, xfer, block);
         a[DATA_HEADER_LEN..].copy_from_slice(&payload);
@@ -327,13 +327,13 @@ proptest! {
     }
 
     #[test]
-    fn seal_open_round_trip(key in any::<[u8; 32]>(), cid in any::<u64>(), pn in any::<u64>(),
+    fn seal_open_round_trip(key in any::<[u8; 32]>(), cid in any::<u32>(), pn in any::<u64>(),
                             plain in prop::collection::vec(any::<u8>(), 0..1400)) {
         let k = PacketKey::new(&key);
         let mut buf = vec![0u8; SEALED_HEADER_LEN + plain.len() + TAG_LEN + 7];
         write_sealed_header(&mut buf, cid, pn);
         buf[SEALED_HEADER_LEN..SEALED_HEADER_LEN + plain.len()].copy_from_slice(&plain);
-        let n = k.seal(&mut buf, plain.len());
+        let n = k.seal(&mut buf, plain.len(), pn);
         prop_assert_eq!(n, SEALED_HEADER_LEN + plain.len() + TAG_LEN);
         let pkt = &mut buf[..n];
         if plain.len() >= 16 {
@@ -341,8 +341,10 @@ proptest! {
         }
         prop_assert_eq!(peek_kind(pkt), Ok(PacketKind::Sealed));
         prop_assert_eq!(sealed_dest_cid(pkt), Ok(cid));
-        prop_assert_eq!(sealed_pn(pkt), Ok(pn));
-        prop_assert_eq!(&*k.open(pkt).unwrap(), &plain[..]);
+        prop_assert_eq!(sealed_pn_bits(pkt), Ok(pn as u32));
+        prop_assert_eq!(decode_pn(pn as u32, pn.saturating_add(1)), pn);
+        prop_assert!(k.open(&mut pkt.to_vec(), pn ^ (1 << 32)).is_err(), "the nonce holds the whole pn");
+        prop_assert_eq!(&*k.open(pkt, pn).unwrap(), &plain[..]);
     }
 }
 
@@ -357,22 +359,22 @@ proptest! {
         let mut sealed = vec![0u8; SEALED_HEADER_LEN + plain.len() + TAG_LEN];
         write_sealed_header(&mut sealed, 7, pn);
         sealed[SEALED_HEADER_LEN..SEALED_HEADER_LEN + plain.len()].copy_from_slice(&plain);
-        k.seal(&mut sealed, plain.len());
+        k.seal(&mut sealed, plain.len(), pn);
         for bit in 0..sealed.len() * 8 {
             let mut p = sealed.clone();
             p[bit / 8] ^= 1 << (bit % 8);
-            prop_assert_eq!(k.open(&mut p).map(|_| ()), Err(CryptoError::Auth), "bit {}", bit);
+            prop_assert_eq!(k.open(&mut p, pn).map(|_| ()), Err(CryptoError::Auth), "bit {}", bit);
         }
         let mut p = sealed.clone();
-        prop_assert!(PacketKey::new(&other).open(&mut p).is_err());
+        prop_assert!(PacketKey::new(&other).open(&mut p, pn).is_err());
         // dropping or adding bytes at the end fails too
         let mut p = sealed.clone();
-        prop_assert!(k.open(&mut p[..sealed.len() - 1]).is_err());
+        prop_assert!(k.open(&mut p[..sealed.len() - 1], pn).is_err());
         let mut p = sealed.clone();
         p.push(0);
-        prop_assert!(k.open(&mut p).is_err());
+        prop_assert!(k.open(&mut p, pn).is_err());
         let mut p = sealed.clone();
-        prop_assert!(k.open(&mut p).is_ok());
+        prop_assert!(k.open(&mut p, pn).is_ok());
     }
 
     /// Old pns at the far edge of the window must not leak into the bits of new ones.
@@ -650,8 +652,8 @@ fn ack_eliciting() {
 fn sizes_and_kinds() {
     assert_eq!(udp_payload_limit(1500, AddrFamily::V4), 1472);
     assert_eq!(udp_payload_limit(1500, AddrFamily::V6), 1452);
-    assert_eq!(block_size(1500, AddrFamily::V4), 1472 - 17 - 16 - 13);
-    assert_eq!(block_size(MIN_MTU, AddrFamily::V6), 1280 - 48 - 46);
+    assert_eq!(block_size(1500, AddrFamily::V4), 1472 - 9 - 16 - 11);
+    assert_eq!(block_size(MIN_MTU, AddrFamily::V6), 1280 - 48 - 36);
     // A full DATA packet is exactly the UDP payload limit.
     for fam in [AddrFamily::V4, AddrFamily::V6] {
         for mtu in [MIN_MTU, 1500, 9000, u16::MAX] {
@@ -664,9 +666,9 @@ fn sizes_and_kinds() {
     assert!(udp_payload_limit(MIN_MTU, AddrFamily::V6) >= CLIENT_HELLO_LEN);
 
     assert_eq!(peek_kind(&[]), Err(WireError::Truncated));
-    assert_eq!(peek_kind(&[3; 32]), Err(WireError::Truncated));
-    assert_eq!(peek_kind(&[3; 33]), Ok(PacketKind::Sealed));
-    assert_eq!(sealed_pn(&[3; 32]), Err(WireError::Truncated));
+    assert_eq!(peek_kind(&[3; 24]), Err(WireError::Truncated));
+    assert_eq!(peek_kind(&[3; 25]), Ok(PacketKind::Sealed));
+    assert_eq!(sealed_pn_bits(&[3; 24]), Err(WireError::Truncated));
     assert_eq!(peek_kind(b"HY"), Err(WireError::Truncated));
     assert_eq!(peek_kind(b"XYZ\x01"), Err(WireError::BadMagic));
     assert_eq!(peek_kind(b"HYT\x01"), Ok(PacketKind::ClientHello));
@@ -676,23 +678,66 @@ fn sizes_and_kinds() {
     assert_eq!(peek_kind(b"HYT\x09"), Err(WireError::UnknownKind(9)));
 
     let mut h = [0u8; 40];
-    write_sealed_header(&mut h, 0x0102_0304_0506_0708, 0x1112_1314_1516_1718);
-    assert_eq!(
-        h[..17],
-        [3, 1, 2, 3, 4, 5, 6, 7, 8, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18]
-    );
-    assert_eq!(sealed_dest_cid(&h), Ok(0x0102_0304_0506_0708));
-    assert_eq!(sealed_pn(&h), Ok(0x1112_1314_1516_1718));
+    write_sealed_header(&mut h, 0x0102_0304, 0x1112_1314_1516_1718);
+    assert_eq!(h[..9], [3, 1, 2, 3, 4, 0x15, 0x16, 0x17, 0x18]);
+    assert_eq!(sealed_dest_cid(&h), Ok(0x0102_0304));
+    assert_eq!(sealed_pn_bits(&h), Ok(0x1516_1718));
+
+    let mut d = [0u8; DATA_HEADER_LEN];
+    write_data_header(&mut d, 0x0a0b_0c0d, 0x0102_0304_0506);
+    assert_eq!(d, [4, 0x0a, 0x0b, 0x0c, 0x0d, 1, 2, 3, 4, 5, 6]);
+    let big = Frame::Data {
+        xfer: 1,
+        block: BLOCK_LIMIT,
+        payload: &[],
+    };
+    let mut b = [0u8; 32];
+    assert!(matches!(
+        big.encode(&mut Writer::new(&mut b)),
+        Err(WireError::BadValue(_))
+    ));
+}
+
+#[test]
+#[should_panic]
+fn data_header_panics_on_a_block_beyond_six_bytes() {
+    write_data_header(&mut [0u8; DATA_HEADER_LEN], 1, BLOCK_LIMIT);
+}
+
+/// RFC 9000 A.3's worked example, the edges of the 32-bit window, and the start.
+#[test]
+fn packet_numbers_are_recovered_from_their_low_half() {
+    assert_eq!(decode_pn(0, 0), 0);
+    assert_eq!(decode_pn(5, 0), 5);
+    // A reordered packet from before a wrap, and one from after it.
+    let w = 1u64 << 32;
+    assert_eq!(decode_pn(0xffff_fff0, w + 3), w - 16);
+    assert_eq!(decode_pn(3, w - 16), w + 3);
+    // Up to half the window either side of the expected pn.
+    let e = 7 * w + 100;
+    assert_eq!(decode_pn((e + w / 2) as u32, e), e + w / 2);
+    assert_eq!(decode_pn((e - w / 2 + 1) as u32, e), e - w / 2 + 1);
+    // Near the top of the space nothing overflows.
+    assert_eq!(decode_pn(u32::MAX, u64::MAX), u64::MAX);
+    assert_eq!(decode_pn(0, u64::MAX), u64::MAX - u64::from(u32::MAX));
+}
+
+proptest! {
+    #[test]
+    fn decode_pn_inverts_truncation_near_the_expected(expected in 0u64..1 << 62, d in -(1i64 << 31) + 1..1i64 << 31) {
+        let pn = expected.saturating_add_signed(d);
+        prop_assert_eq!(decode_pn(pn as u32, expected), pn);
+    }
 }
 
 #[test]
 fn seal_uses_pn_nonce_and_header_aad() {
     let k = PacketKey::new(&[7; 32]);
-    let seal = |cid: u64, pn: u64| {
+    let seal = |cid: u32, pn: u64| {
         let mut b = [0u8; SEALED_HEADER_LEN + 4 + TAG_LEN];
         write_sealed_header(&mut b, cid, pn);
-        b[17..21].copy_from_slice(b"abcd");
-        k.seal(&mut b, 4);
+        b[9..13].copy_from_slice(b"abcd");
+        k.seal(&mut b, 4, pn);
         b
     };
     // Different pn: different ciphertext (nonce); different cid alone: same ciphertext
@@ -700,15 +745,18 @@ fn seal_uses_pn_nonce_and_header_aad() {
     let a = seal(1, 1);
     let b = seal(1, 2);
     let c = seal(2, 1);
-    assert_ne!(a[17..21], b[17..21]);
-    assert_eq!(a[17..21], c[17..21]);
-    assert_ne!(a[21..], c[21..]);
-    // A packet moved to another pn does not open.
+    assert_ne!(a[9..13], b[9..13]);
+    assert_eq!(a[9..13], c[9..13]);
+    assert_ne!(a[13..], c[13..]);
+    // A packet moved to another pn does not open, in the header or only in the high half
+    // the receiver infers.
     let mut moved = a;
-    moved[9..17].copy_from_slice(&2u64.to_be_bytes());
-    assert!(k.open(&mut moved).is_err());
-    let mut short = [3u8; 32];
-    assert_eq!(k.open(&mut short), Err(CryptoError::TooShort));
+    moved[5..9].copy_from_slice(&2u32.to_be_bytes());
+    assert!(k.open(&mut moved, 2).is_err());
+    assert!(k.open(&mut a.clone(), 1 + (1 << 32)).is_err());
+    assert!(k.open(&mut a.clone(), 1).is_ok());
+    let mut short = [3u8; 24];
+    assert_eq!(k.open(&mut short, 0), Err(CryptoError::TooShort));
 }
 
 #[test]
@@ -716,7 +764,7 @@ fn seal_uses_pn_nonce_and_header_aad() {
 fn seal_panics_on_small_buffer() {
     let k = PacketKey::new(&[7; 32]);
     let mut b = [0u8; SEALED_HEADER_LEN + 10 + TAG_LEN - 1];
-    k.seal(&mut b, 10);
+    k.seal(&mut b, 10, 0);
 }
 
 #[test]

@@ -142,7 +142,8 @@ fn roundtrip_one_byte() {
 
 #[test]
 fn roundtrip_odd_size_just_over_three_blocks() {
-    roundtrip(1426 * 3 + 7, &[]);
+    let bs = hayate_proto::wire::block_size(1500, hayate_proto::wire::AddrFamily::V4);
+    roundtrip(bs as u64 * 3 + 7, &[]);
 }
 
 #[test]

@@ -26,7 +26,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use hayate_proto::crypto::Psk;
-use hayate_proto::wire::AddrFamily;
+use hayate_proto::wire::{AddrFamily, Cid};
 use hayate_proto::{
     BlockSink, BlockSource, Config, Connection, Endpoint, Event, Route, Stats, XferId,
 };
@@ -688,7 +688,7 @@ pub fn run_server(
     let mut test = Test::new(&opts, true);
     let _ = crate::clock::set_timer_slack_ns(1);
     let mut ep = Endpoint::new(opts.psk.clone(), opts.proto.clone(), Instant::now());
-    let mut cid: Option<u64> = None;
+    let mut cid: Option<Cid> = None;
     let mut rbufs = RecvBufs::new(32);
     let mut batch = SendBatch::new(65536, 64);
     let accept_by = start + Duration::from_secs(10);

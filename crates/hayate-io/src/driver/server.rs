@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use hayate_proto::control::{flags, EntryKind as WireKind, MetaEntry, MetaOp};
 use hayate_proto::crypto::Psk;
+use hayate_proto::wire::Cid;
 use hayate_proto::{
     BlockSink, BlockSource, Config, Connection, Endpoint, Event, FileOffer, Route, XferId,
 };
@@ -185,7 +186,7 @@ struct Server {
     root: Root,
     shown_root: String,
     ep: Endpoint,
-    files: HashMap<u64, SessionFiles>,
+    files: HashMap<Cid, SessionFiles>,
     ever_connected: bool,
 }
 
@@ -299,7 +300,7 @@ impl Server {
     /// rerun before its old session timed out): the old receive gives way, keeping its
     /// resume state, and the new one takes over. Then the offer is handled again, waiting a
     /// little if another process holds the file.
-    fn supersede(&mut self, cid: u64, ev: Event, log: Log<'_>) {
+    fn supersede(&mut self, cid: Cid, ev: Event, log: Log<'_>) {
         let Event::Offered { path, .. } = &ev else {
             return;
         };
@@ -405,7 +406,7 @@ fn on_event(
     retry: bool,
 ) -> Option<Event> {
     match ev {
-        Event::Connected => log(&format!("{addr}: session {:016x} established", c.my_cid())),
+        Event::Connected => log(&format!("{addr}: session {:08x} established", c.my_cid())),
         Event::Offered {
             xfer,
             ref path,

@@ -24,7 +24,7 @@ use crate::KeyArgs;
 
 pub const DEFAULT_PORT: u16 = 5300;
 /// Version of the ssh banner and protocol this build speaks.
-const BANNER_VERSION: u32 = 1;
+const BANNER_VERSION: u32 = hayate_proto::wire::VERSION as u32;
 
 #[derive(Args, Debug)]
 pub struct CpArgs {

@@ -140,7 +140,7 @@ fn run_stdio(a: ServeArgs, stop: StopFlag) -> anyhow::Result<i32> {
     let mut banner_out = std::fs::File::from(chan_out.try_clone()?);
     let mut announce = |port: u16, psk: &hayate_proto::crypto::Psk| {
         let b = Banner {
-            version: 1,
+            version: u32::from(hayate_proto::wire::VERSION),
             port,
             key: *psk.as_bytes(),
             addr,
