@@ -6,15 +6,25 @@ pub struct RttEstimator {
     srtt: Option<u64>,
     rttvar: u64,
     latest: u64,
+    /// The least sample of each stretch of `MIN_RTT_WINDOW_US / MIN_RTT_BUCKETS` (when it
+    /// began, the least sample), oldest first, covering the last window.
+    buckets: [(u64, u64); MIN_RTT_BUCKETS],
+    n_buckets: usize,
+    /// The least of those: the windowed minimum.
     min: u64,
-    /// Windowed min: the minimum is forgotten slowly so a route change can raise it.
-    min_stamp: u64,
 }
 
 /// Before any sample: a conservative guess for a long path.
 pub const INITIAL_RTT_US: u64 = 200_000;
-/// How long a minimum RTT sample stays authoritative.
+/// How long a minimum RTT sample stays authoritative: long enough that a flow's queue
+/// empties at least once within it, short enough that a route change raising the RTT is
+/// believed within seconds.
 const MIN_RTT_WINDOW_US: u64 = 10_000_000;
+/// The window is forgotten in these steps. When the minimum expires, the next is the least
+/// sample of the rest of the window, not whatever sample comes next (one taken while a
+/// queue stood would raise the base RTT by that queue, and the rate controller would take
+/// the queue for part of the path).
+const MIN_RTT_BUCKETS: usize = 5;
 
 impl Default for RttEstimator {
     fn default() -> Self {
@@ -22,8 +32,9 @@ impl Default for RttEstimator {
             srtt: None,
             rttvar: INITIAL_RTT_US / 2,
             latest: INITIAL_RTT_US,
+            buckets: [(0, u64::MAX); MIN_RTT_BUCKETS],
+            n_buckets: 0,
             min: u64::MAX,
-            min_stamp: 0,
         }
     }
 }
@@ -32,10 +43,7 @@ impl RttEstimator {
     pub fn on_sample(&mut self, now_us: u64, rtt_us: u64) {
         let rtt = rtt_us.max(1);
         self.latest = rtt;
-        if rtt <= self.min || now_us.saturating_sub(self.min_stamp) > MIN_RTT_WINDOW_US {
-            self.min = rtt;
-            self.min_stamp = now_us;
-        }
+        self.track_min(now_us, rtt);
         match self.srtt {
             None => {
                 self.srtt = Some(rtt);
@@ -47,6 +55,30 @@ impl RttEstimator {
                 self.srtt = Some((7 * s + rtt) / 8);
             }
         }
+    }
+
+    fn track_min(&mut self, now_us: u64, rtt: u64) {
+        const SPAN: u64 = MIN_RTT_WINDOW_US / MIN_RTT_BUCKETS as u64;
+        let n = self.n_buckets;
+        match self.buckets[..n].last_mut() {
+            Some((start, m)) if now_us.saturating_sub(*start) < SPAN => *m = (*m).min(rtt),
+            _ => {
+                // A new stretch; the oldest falls out of the window once all are in use.
+                if n == MIN_RTT_BUCKETS {
+                    self.buckets.rotate_left(1);
+                    self.buckets[n - 1] = (now_us, rtt);
+                } else {
+                    self.buckets[n] = (now_us, rtt);
+                    self.n_buckets += 1;
+                }
+            }
+        }
+        let n = self.n_buckets;
+        self.min = self.buckets[..n]
+            .iter()
+            .map(|&(_, m)| m)
+            .min()
+            .unwrap_or(u64::MAX);
     }
 
     pub fn has_sample(&self) -> bool {
@@ -94,5 +126,30 @@ mod tests {
         assert!((49_000..53_000).contains(&r.srtt()));
         assert_eq!(r.min(), 50_000);
         assert!(r.pto() >= r.srtt());
+    }
+
+    /// An old minimum is forgotten within the window, and the next one is the least of the
+    /// samples still in it, not the sample that happens to come when the old one expires.
+    #[test]
+    fn the_minimum_expires_to_the_least_recent_sample() {
+        let mut r = RttEstimator::default();
+        r.on_sample(0, 100_000);
+        for i in 1..=900u64 {
+            r.on_sample(i * 10_000, 110_000);
+        }
+        assert_eq!(r.min(), 100_000);
+        // A queue stands from 9 s on: when the 100 ms sample expires, the base is still
+        // the 110 ms of the last few seconds.
+        for i in 901..=1100u64 {
+            r.on_sample(i * 10_000, 140_000);
+        }
+        assert_eq!(r.min(), 110_000);
+        // Once those age out too, the path's RTT has risen (a route change).
+        for i in 1101..=2200u64 {
+            r.on_sample(i * 10_000, 140_000);
+        }
+        assert_eq!(r.min(), 140_000);
+        r.on_sample(22_010_000, 120_000);
+        assert_eq!(r.min(), 120_000);
     }
 }
