@@ -141,18 +141,30 @@ fn reaches_the_link_rate_within_a_second_and_ten_round_trips() {
 }
 
 /// A short path (10 ms): the queue target's 2 ms floor is a fifth of the RTT, and the probes
-/// that reach it must not be taken for a big queue (that kept this path at 81 %).
+/// that reach it must not be taken for a big queue (that kept this path at 81 %). The queue
+/// a probe leaves is drained gently (over 30 ms, not one round trip): draining it in one
+/// round trip left the link 30 % under-filled for the round trip the drain's end waits for
+/// (96.8-98.0 % here).
 #[test]
 fn a_short_path_is_kept_full() {
-    let r = run_upload(300 * MBIT, 10, 0.0, 1.0, 300_000_000, 41);
-    let steady = steady_rate(&r);
-    let capacity = 300.0 * MBIT as f64 * payload_share();
-    assert!(
-        steady >= 0.95 * capacity,
-        "{:.1} of {:.1} Mbit/s",
-        steady / 1.25e5,
-        capacity / 1.25e5
-    );
+    for (loss, seed) in [(0.0, 41), (0.01, 42)] {
+        let rate = 500 * MBIT;
+        let r = run_upload(rate, 10, loss, 1.0, (rate * 6) as usize, seed);
+        let steady = steady_rate(&r);
+        let capacity = rate as f64 * payload_share() * (1.0 - loss);
+        eprintln!(
+            "loss {loss}: {:.1} of {:.1} Mbit/s",
+            steady / 1.25e5,
+            capacity / 1.25e5
+        );
+        assert!(
+            steady >= 0.985 * capacity,
+            "loss {loss}: {:.1} of {:.1} Mbit/s; trace {}",
+            steady / 1.25e5,
+            capacity / 1.25e5,
+            trace_mbit(&r)
+        );
+    }
 }
 
 #[test]
