@@ -248,6 +248,38 @@ fn stalled_upload(
     r
 }
 
+/// On a short path a stall of 20 ms is two round trips: the first ACK after it shows a queue
+/// and a delivery rate over the stall, and a round may hold little else. A share read off
+/// that cut a 1 Gbit/s flow to 22 Mbit/s on the harness, and it took seconds to grow back.
+#[test]
+fn a_stall_on_a_short_path_is_not_read_as_a_share() {
+    let rate = 500 * MBIT;
+    let mut sc = Scenario::new(81);
+    (sc.forward, sc.reverse) = path(rate, 10, 0.0, 1.0);
+    sc.forward.stall_every_us = 250_000;
+    sc.forward.stall_us = 20_000;
+    sc.forward.stall_release_speedup = 2;
+    adaptive(&mut sc);
+    sc.uploads = vec![("f".into(), data((rate * 4) as usize))];
+    let r = sim::run(&sc);
+    assert!(r.ok, "{:?}", r.error);
+    let steady = steady_rate(&r);
+    let capacity = rate as f64 * payload_share();
+    eprintln!(
+        "{:.1} of {:.1} Mbit/s; trace {}",
+        steady / 1.25e5,
+        capacity / 1.25e5,
+        trace_mbit(&r)
+    );
+    assert!(
+        steady >= 0.8 * capacity,
+        "{:.1} of {:.1} Mbit/s; trace {}",
+        steady / 1.25e5,
+        capacity / 1.25e5,
+        trace_mbit(&r)
+    );
+}
+
 /// A busy host (a descheduled VM, emulator or router) holds the path for tens of ms now and
 /// then and lets the backlog go at once: the delay jumps and falls back within the stall,
 /// unlike a queue the flow builds. Those spikes must not be taken for congestion.

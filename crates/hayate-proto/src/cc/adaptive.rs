@@ -517,8 +517,15 @@ impl Adaptive {
             }
             Mode::ProbeBw => {
                 self.phase = match self.phase {
-                    Phase::Grow(_) if standing && self.round_rx_n > 0 => {
+                    Phase::Grow(_)
+                        if standing
+                            && self.round_samples >= GROW_QUEUE_SAMPLES
+                            && self.round_rx_n + self.last_round_n >= 3 =>
+                    {
                         // A queue stood all round: the path got slower, or another flow grew.
+                        // Not on a round or two of samples: after a host stall of 20 ms the
+                        // first ACK shows a queue and a delivery over the stall, and a share
+                        // read off that one sample cut a 1 Gbit/s flow to 22 Mbit/s.
                         self.queue_found();
                         Phase::Drain(1)
                     }
