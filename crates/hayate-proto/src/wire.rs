@@ -245,6 +245,11 @@ impl<'a> Writer<'a> {
         self.put_bytes(&v.to_be_bytes())
     }
 
+    /// The low 6 bytes of `v` (the caller checks that it fits).
+    pub fn put_u48(&mut self, v: u64) -> Result<(), WireError> {
+        self.put_bytes(&v.to_be_bytes()[2..])
+    }
+
     pub fn put_varint(&mut self, v: u64) -> Result<(), WireError> {
         if v > MAX_VARINT {
             return Err(WireError::BadValue("varint out of range"));
@@ -305,6 +310,12 @@ impl<'a> Reader<'a> {
 
     pub fn get_u64(&mut self) -> Result<u64, WireError> {
         Ok(u64::from_be_bytes(self.array()?))
+    }
+
+    pub fn get_u48(&mut self) -> Result<u64, WireError> {
+        let mut b = [0u8; 8];
+        b[2..].copy_from_slice(&self.array::<6>()?);
+        Ok(u64::from_be_bytes(b))
     }
 
     pub fn get_varint(&mut self) -> Result<u64, WireError> {
@@ -629,7 +640,7 @@ impl Frame<'_> {
             } => {
                 w.put_u8(FRAME_DATA)?;
                 w.put_u32(*xfer)?;
-                w.put_bytes(&block.to_be_bytes()[2..])?;
+                w.put_u48(*block)?;
                 w.put_bytes(payload)
             }
             Frame::Close { code, reason } => {
@@ -701,9 +712,7 @@ impl<'a> FrameIter<'a> {
             }
             FRAME_DATA => {
                 let xfer = r.get_u32()?;
-                let mut b = [0u8; 8];
-                b[2..].copy_from_slice(r.get_bytes(6)?);
-                let block = u64::from_be_bytes(b);
+                let block = r.get_u48()?;
                 Ok(Frame::Data {
                     xfer,
                     block,
@@ -764,15 +773,21 @@ fn check_len(d: &[u8], len: usize) -> Result<(), WireError> {
 
 /// Magic, kind and version of a hello of exactly `len` bytes.
 fn check_hello_prefix(d: &[u8], len: usize, kind: u8) -> Result<(), WireError> {
+    check_hello_shape(d, len, kind)?;
+    if d[4] != VERSION {
+        return Err(WireError::UnsupportedVersion(d[4]));
+    }
+    Ok(())
+}
+
+/// Length, magic and kind, whatever the version.
+fn check_hello_shape(d: &[u8], len: usize, kind: u8) -> Result<(), WireError> {
     check_len(d, len)?;
     if d[..3] != MAGIC {
         return Err(WireError::BadMagic);
     }
     if d[3] != kind {
         return Err(WireError::UnknownKind(d[3]));
-    }
-    if d[4] != VERSION {
-        return Err(WireError::UnsupportedVersion(d[4]));
     }
     Ok(())
 }
@@ -943,13 +958,7 @@ impl HelloReject {
     /// Any version's reject is read (its layout is the same in every version), so a client
     /// can say which version a newer server wants.
     pub fn decode(d: &[u8]) -> Result<Self, WireError> {
-        check_len(d, HELLO_REJECT_LEN)?;
-        if d[..3] != MAGIC {
-            return Err(WireError::BadMagic);
-        }
-        if d[3] != KIND_HELLO_REJECT {
-            return Err(WireError::UnknownKind(d[3]));
-        }
+        check_hello_shape(d, HELLO_REJECT_LEN, KIND_HELLO_REJECT)?;
         Ok(HelloReject {
             client_cid: u64_at(d, 5),
             client_random: arr32_at(d, 13),
