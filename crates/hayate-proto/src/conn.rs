@@ -217,7 +217,9 @@ pub struct Connection {
     // Sending packets to the peer.
     next_pn: u64,
     sent_base: u64,
-    sent_times: VecDeque<u64>,
+    /// Per packet number from `sent_base`: when it was sent, and the pacer's sending time
+    /// lost to the host by then (see [`Feedback::send_stall_bytes`]).
+    sent_times: VecDeque<(u64, u64)>,
     largest_acked: Option<u64>,
     rtt: RttEstimator,
     cc: Box<dyn RateControl>,
@@ -880,7 +882,12 @@ impl Connection {
             ..Default::default()
         };
         if a.largest_pn < self.next_pn && self.largest_acked.is_none_or(|l| a.largest_pn > l) {
+            let prev = self.largest_acked.and_then(|l| self.sent_record(l));
             self.largest_acked = Some(a.largest_pn);
+            if let (Some((_, stalled)), Some((_, before))) = (self.sent_record(a.largest_pn), prev)
+            {
+                fb.send_stall_bytes = stalled.saturating_sub(before);
+            }
             if let Some(sent) = self.sent_time(a.largest_pn) {
                 let raw = rx_at_us.saturating_sub(sent);
                 let rtt = if raw > a.ack_delay_us {
@@ -926,6 +933,10 @@ impl Connection {
     }
 
     fn sent_time(&self, pn: u64) -> Option<u64> {
+        self.sent_record(pn).map(|(at, _)| at)
+    }
+
+    fn sent_record(&self, pn: u64) -> Option<(u64, u64)> {
         if pn < self.sent_base {
             return None;
         }
@@ -952,7 +963,7 @@ impl Connection {
                     .and_then(|i| times.get(i as usize)),
                 largest_time,
             ) {
-                (Some(&t), Some(lt)) => t + reorder_us <= lt,
+                (Some(&(t, _)), Some(lt)) => t + reorder_us <= lt,
                 _ => true,
             }
         };
@@ -1616,7 +1627,7 @@ impl Connection {
     }
 
     fn record_sent(&mut self, now_us: u64) {
-        self.sent_times.push_back(now_us);
+        self.sent_times.push_back((now_us, self.pacer.lost_bytes()));
         if self.sent_times.len() > MAX_SENT_HISTORY {
             self.sent_times.pop_front();
             self.sent_base += 1;

@@ -31,6 +31,9 @@ pub struct Feedback {
     pub lost_bytes: u64,
     /// Receiver's backlog (received, not yet written) in bytes.
     pub rx_queue: u64,
+    /// Sending time (bytes at the pacing rate) the sender's host took from it while it sent
+    /// the packets this ACK newly covers: their delivery rate is the sender's, not the path's.
+    pub send_stall_bytes: u64,
     /// Datagrams the receiver's OS dropped since the previous ACK.
     pub rx_drops: u64,
     /// Data bytes sent but not yet known delivered or lost.
