@@ -213,6 +213,11 @@ pub struct Adaptive {
     round_samples: u32,
     /// Least queueing delay seen this round, µs.
     round_min_queue_us: u64,
+    /// The same of the path's queue alone; the receiver's largest backlog this round and
+    /// its latest (µs, see `backlog_melting`).
+    round_min_path_queue_us: u64,
+    round_max_lag_us: u64,
+    lag_us: u64,
     loss_ewma: f64,
     /// The path's random loss: lost over settled (delivered or lost) bytes reported in rounds
     /// after calm rounds (sending at most the estimate, so nothing of theirs overflowed a
@@ -320,6 +325,9 @@ impl Adaptive {
             round_queue_hits: 0,
             round_samples: 0,
             round_min_queue_us: u64::MAX,
+            round_min_path_queue_us: u64::MAX,
+            round_max_lag_us: 0,
+            lag_us: 0,
             loss_ewma: 0.0,
             random_lost: 0.0,
             random_settled: 0.0,
@@ -437,6 +445,14 @@ impl Adaptive {
     /// those bursts as congestion (on a 10 ms path every few round trips).
     fn queue_target_us(&self) -> u64 {
         (self.min_rtt_us / 20).clamp(2_000, 25_000)
+    }
+
+    /// The receiver's backlog is well under its peak of this round: its host stalled (for
+    /// 300 ms on the harness) and now catches up faster than data comes in. A receiver
+    /// slower than the link keeps a backlog that grows or stands; this one is no reason to
+    /// slow down (read as one, it cut a 1 Gbit/s flow to 126 Mbit/s).
+    fn backlog_melting(&self) -> bool {
+        self.lag_us + self.queue_target_us() < self.round_max_lag_us
     }
 
     /// Bytes whose fate (delivered or lost) this round's feedback reported.
@@ -586,7 +602,12 @@ impl Adaptive {
         }
         let queue_building =
             self.round_samples > 0 && self.round_queue_hits * 2 > self.round_samples;
-        let standing = self.round_samples > 0 && self.round_min_queue_us > self.queue_target_us();
+        let round_queue = if self.backlog_melting() {
+            self.round_min_path_queue_us
+        } else {
+            self.round_min_queue_us
+        };
+        let standing = self.round_samples > 0 && round_queue > self.queue_target_us();
 
         // Delivered is what the round before sent, a round trip later: a lone flow that
         // overshoots gets about half of it through, a newcomer next to a flow that fills
@@ -693,6 +714,8 @@ impl Adaptive {
         self.round_queue_hits = 0;
         self.round_samples = 0;
         self.round_min_queue_us = u64::MAX;
+        self.round_min_path_queue_us = u64::MAX;
+        self.round_max_lag_us = 0;
         self.round_start_us = now_us;
         self.round_calm = true;
     }
@@ -735,6 +758,9 @@ impl RateControl for Adaptive {
             self.queue_delay_us =
                 self.path_queue_us + fb.rx_lag_us.saturating_sub(RX_LAG_ALLOWANCE_US);
             self.round_min_queue_us = self.round_min_queue_us.min(self.queue_delay_us);
+            self.round_min_path_queue_us = self.round_min_path_queue_us.min(self.path_queue_us);
+            self.lag_us = fb.rx_lag_us;
+            self.round_max_lag_us = self.round_max_lag_us.max(fb.rx_lag_us);
             self.round_samples += 1;
             let target = self.queue_target_us();
             // Sample by sample only the path's queue counts: the receiver's backlog jumps
@@ -964,6 +990,40 @@ mod tests {
             b.on_feedback(&fb(now, 62_000, 50_000, cap / 10));
         }
         assert!(b.bottleneck() < cap / 2, "estimate {}", b.bottleneck());
+    }
+
+    /// The receiver's host stops for 300 ms, then reads its backlog twice as fast as data
+    /// comes in: a backlog that melts is a receiver keeping up, no reason to slow down (read as
+    /// a slow receiver it cut a 1 Gbit/s flow to 126 Mbit/s on the harness). A backlog that
+    /// stands is one.
+    #[test]
+    fn a_receiver_catching_up_is_not_a_slow_receiver() {
+        let cap = 50_000_000u64;
+        for (melts, seed_lag) in [(true, 300_000u64), (false, 100_000)] {
+            let mut a = Adaptive::new(None, 0);
+            let mut now = policed(&mut a, cap, 0, 400);
+            assert_eq!(a.name(), "probe");
+            now += 300_000;
+            let mut lag = seed_lag;
+            for _ in 0..30 {
+                now += 5_000;
+                let rate = a.pacing_rate().unwrap();
+                a.on_sent(now, rate * 5_000 / 1_000_000);
+                a.on_feedback(&Feedback {
+                    rx_lag_us: lag,
+                    ..fb(now, 50_000, 50_000, cap)
+                });
+                if melts {
+                    lag -= 5_000;
+                }
+            }
+            if melts {
+                assert_eq!(a.name(), "probe", "a melting backlog slowed the sender");
+                assert!(a.pacing_rate().unwrap() as f64 >= 0.9 * cap as f64);
+            } else {
+                assert_eq!(a.name(), "yield", "a standing backlog went unheeded");
+            }
+        }
     }
 
     /// A round's losses are the fates of what was sent a round trip earlier: a round in
