@@ -1045,27 +1045,23 @@ mod tests {
         a.on_sent(now, 250_000);
         a.on_feedback(&fb(now, 50_000, 50_000, 50_000_000));
         assert_eq!(a.name(), "probe");
-        // The next round hears of 2.5 MB sent before the stall, 3 % of it lost, as usual.
-        for _ in 0..10 {
-            now += 5_000;
-            a.on_sent(now, 250_000);
-            a.on_feedback(&Feedback {
-                delivered: 242_500,
-                lost_bytes: 7_500,
-                ..fb(now, 50_000, 50_000, 50_000_000)
-            });
-        }
+        // A round of feedback telling of 2.5 MB sent before, `lost` of every 250 kB lost.
+        let round = |a: &mut Adaptive, now: &mut u64, lost: u64| {
+            for _ in 0..10 {
+                *now += 5_000;
+                a.on_sent(*now, 250_000);
+                a.on_feedback(&Feedback {
+                    delivered: 250_000 - lost,
+                    lost_bytes: lost,
+                    ..fb(*now, 50_000, 50_000, 50_000_000)
+                });
+            }
+        };
+        // The round after the stall hears of 3 % lost, as usual.
+        round(&mut a, &mut now, 7_500);
         assert_eq!(a.name(), "probe", "3 % loss read as overflow");
         // Four times the random loss is overflow.
-        for _ in 0..10 {
-            now += 5_000;
-            a.on_sent(now, 250_000);
-            a.on_feedback(&Feedback {
-                delivered: 220_000,
-                lost_bytes: 30_000,
-                ..fb(now, 50_000, 50_000, 50_000_000)
-            });
-        }
+        round(&mut a, &mut now, 30_000);
         assert_eq!(a.name(), "yield");
     }
 
