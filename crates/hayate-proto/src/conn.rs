@@ -884,11 +884,10 @@ impl Connection {
         if a.largest_pn < self.next_pn && self.largest_acked.is_none_or(|l| a.largest_pn > l) {
             let prev = self.largest_acked.and_then(|l| self.sent_record(l));
             self.largest_acked = Some(a.largest_pn);
-            if let (Some((_, stalled)), Some((_, before))) = (self.sent_record(a.largest_pn), prev)
-            {
-                fb.send_stall_bytes = stalled.saturating_sub(before);
-            }
-            if let Some(sent) = self.sent_time(a.largest_pn) {
+            if let Some((sent, stalled)) = self.sent_record(a.largest_pn) {
+                if let Some((_, before)) = prev {
+                    fb.send_stall_bytes = stalled.saturating_sub(before);
+                }
                 let raw = rx_at_us.saturating_sub(sent);
                 let rtt = if raw > a.ack_delay_us {
                     raw - a.ack_delay_us

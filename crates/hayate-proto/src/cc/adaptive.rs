@@ -595,10 +595,7 @@ impl Adaptive {
             self.random_settled = RANDOM_LOSS_DECAY * self.random_settled + settled as f64;
         }
         if (self.round_samples > 0 && !self.draining()) || self.bw_rounds.is_empty() {
-            self.bw_rounds.push(self.round_sample());
-            if self.bw_rounds.len() > BW_WINDOW {
-                self.bw_rounds.remove(0);
-            }
+            self.push_bw_round(self.round_sample());
         }
         let queue_building =
             self.round_samples > 0 && self.round_queue_hits * 2 > self.round_samples;
@@ -687,12 +684,17 @@ impl Adaptive {
     /// estimate (the means of the rounds lag a rate that doubled within them: a 100 ms path
     /// then drained to 0.55 of the link and took a second to grow back).
     fn leave_startup(&mut self) {
-        let recent = self.recent_rate();
-        self.bw_rounds.push(recent);
+        self.push_bw_round(self.recent_rate());
+        self.recent.clear();
+        self.mode = Mode::Drain;
+    }
+
+    /// Remembers a round's delivery rate among the last `BW_WINDOW`.
+    fn push_bw_round(&mut self, rate: u64) {
+        self.bw_rounds.push(rate);
         if self.bw_rounds.len() > BW_WINDOW {
             self.bw_rounds.remove(0);
         }
-        self.mode = Mode::Drain;
     }
 
     /// Clears this round's tallies for the next one, from `now_us`.
@@ -850,8 +852,6 @@ impl RateControl for Adaptive {
             if self.mode == Mode::Startup {
                 let span = (self.min_rtt_us / 4).max(4_000) as f64;
                 self.recent.push(w, sample as f64, span);
-            } else {
-                self.recent.clear();
             }
             if fb.rtt_us.is_some() && !self.queue_gone(self.path_queue_us) {
                 self.round_q_sum += rx as f64 * w;
@@ -872,7 +872,10 @@ impl RateControl for Adaptive {
             self.last_round_q_w = 0.0;
             self.round_rx_n = 1;
             match self.mode {
-                Mode::Startup => self.mode = Mode::Drain,
+                Mode::Startup => {
+                    self.recent.clear();
+                    self.mode = Mode::Drain;
+                }
                 Mode::Drain => {}
                 Mode::ProbeBw => self.phase = Phase::Grow(0),
             }
