@@ -31,8 +31,8 @@
 //! at most what the flow sends, so the burst a draining queue delivers does not undo a yield.
 //!
 //! A newcomer's startup does not stop at the queue the flows already there keep: while its
-//! deliveries are most of what it sent a round trip earlier the path is still taking more,
-//! and it keeps doubling (the others yield to the queue it adds) until that stops.
+//! deliveries still grow by a quarter per round trip the path is still taking more, and it
+//! keeps doubling (the others yield to the queue it adds) until that stops.
 //!
 //! What the sender sent while its host held it (a busy VM stops it for tens of ms) arrives
 //! as a trickle a round trip later: those delivery samples are the sender's, not the path's,
@@ -59,9 +59,6 @@ const DRAIN_GAIN: f64 = 0.75;
 /// rises smoothly with the deliveries (see `RecentRate`), more when it steps once a round:
 /// that held the ramp to 1.5 times per round trip.
 const STARTUP_IN_FLIGHT_BDPS: f64 = 1.5;
-/// Startup ignores a queue while its deliveries are at least this share of what it sent a
-/// round earlier (see `startup_path_took`).
-const STARTUP_TOOK: f64 = 0.8;
 /// Leaving a queue behind: at most this many rounds.
 const MAX_DRAIN_ROUNDS: u32 = 3;
 /// Pacing gain (of the share just found) while a queue found by growing drains: one minus
@@ -199,10 +196,6 @@ pub struct Adaptive {
     now_us: u64,
     /// What the last round really sent, bytes/s (this round's deliveries answer it).
     prev_sent_rate: u64,
-    /// Startup: the last round's deliveries were most of what the round before it sent, so
-    /// the path still takes what we send, and a queue is someone else's (a flow already on
-    /// the path keeps one while it probes), not our overshoot.
-    startup_path_took: bool,
     round_sent: u64,
     /// Bytes this round's feedback reported lost, and delivered: the fates of what was sent
     /// about a round trip earlier (not of `round_sent`, nor of the last round's: a sender
@@ -318,7 +311,6 @@ impl Adaptive {
             round_start_us: 0,
             now_us: 0,
             prev_sent_rate: 0,
-            startup_path_took: false,
             round_sent: 0,
             round_lost: 0,
             round_delivered: 0,
@@ -492,18 +484,20 @@ impl Adaptive {
         q_us as f64 <= DRAIN_FLOOR * self.queue_target_us() as f64
     }
 
-    /// The path still carries more of what we send, whatever queue others keep: this
-    /// round's deliveries so far are half again the last round's, or the last round's were
-    /// most of what we sent before it.
+    /// The path still carries more of what we send, whatever queue others keep: the last
+    /// round's deliveries grew by a quarter (BBR's full-pipe test), or this round's so far
+    /// are half again the last round's. A newcomer's deliveries grow like that as long as
+    /// the flows already there yield to it; a lone flow's stop growing once it passes the
+    /// bottleneck.
     /// Not when this round loses far more than random loss does: that is our overshoot
     /// overflowing a short buffer.
     fn startup_still_growing(&self) -> bool {
-        let last = self.bw_rounds.last().copied().unwrap_or(0);
-        if last > 0 && self.round_sample() as f64 >= 1.5 * last as f64 {
-            return true;
-        }
         let lost = self.round_lost as f64 / self.round_settled().max(1) as f64;
-        self.startup_path_took && lost <= (3.0 * self.loss_ewma).max(0.05)
+        if lost > (3.0 * self.loss_ewma).max(0.05) {
+            return false;
+        }
+        let last = self.bw_rounds.last().copied().unwrap_or(0);
+        self.plateau_rounds == 0 || (last > 0 && self.round_sample() as f64 >= 1.5 * last as f64)
     }
 
     /// How long the queue must stay over the grow phase's limit before it counts. A host or
@@ -606,13 +600,6 @@ impl Adaptive {
         };
         let standing = self.round_samples > 0 && round_queue > self.queue_target_us();
 
-        // Delivered is what the round before sent, a round trip later: a lone flow that
-        // overshoots gets about half of it through, a newcomer next to a flow that fills
-        // the path (and yields to it) nearly all.
-        // The mean, not the largest sample: a busy receiver's samples bunch and read high.
-        self.startup_path_took = self.mode == Mode::Startup
-            && self.round_rx_n > 0
-            && self.rx_mean() >= STARTUP_TOOK * self.prev_sent_rate as f64;
         let bw = self.bottleneck();
         match self.mode {
             Mode::Startup => {
@@ -789,9 +776,10 @@ impl RateControl for Adaptive {
             // Once it stood a while: after a host stall the held ACKs come in together, the
             // first ones far late, and three of them ended a 1 Gbit/s, 250 ms search at 47
             // Mbit/s (growing from there took 7 s in the simulator).
-            // Unless what we get through still grows by half per round: then the queue is
-            // someone else's (flows already on the path keep one while they probe), and
-            // leaving now would strand a newcomer at a sliver.
+            // Unless what we get through still grows by a quarter per round: then the queue
+            // is someone else's (flows already on the path keep one while they probe), and
+            // leaving now would strand a newcomer at a sliver (on a 10 ms path: a sixth of
+            // the link, and equal increments took tens of seconds to even that out).
             if self.mode == Mode::Startup
                 && self.queued_samples >= 3
                 && fb.now_us - self.queued_since_us >= self.grow_queue_persist_us()
