@@ -795,12 +795,15 @@ impl RateControl for Adaptive {
                 self.queue_found();
             }
         }
-        if self.draining() && fb.rtt_us.is_some() && self.queue_gone(self.queue_delay_us) {
+        let any_drain = self.draining() || self.mode == Mode::Drain;
+        if any_drain && fb.rtt_us.is_some() && self.queue_gone(self.queue_delay_us) {
             // The queue is (nearly) out: grow again now, not at the end of a round (a round
             // more of draining left the link idle for most of it: a 10 ms path lost 5-8 %
-            // of the link to that). Growing starts a round of its own: what arrives now
-            // was sent while draining, and what a draining queue delivers (more to the flow
-            // that had more in it) is no one's share.
+            // of the link to that; startup's drain, at three quarters of the link, lost up
+            // to a round trip of a quarter of it). Growing starts a round of its own: what
+            // arrives now was sent while draining, and what a draining queue delivers (more
+            // to the flow that had more in it) is no one's share.
+            self.mode = Mode::ProbeBw;
             self.phase = Phase::Grow(0);
             self.last_round_sum = 0.0;
             self.last_round_w = 0.0;
@@ -934,6 +937,27 @@ mod tests {
             (0.8 * cap as f64..1.2 * cap as f64).contains(&r),
             "rate {r}"
         );
+    }
+
+    /// Startup's drain ends as soon as an RTT sample shows the queue gone, as the grow
+    /// phase's does, not at the end of a round (the rest of which ran at three quarters of
+    /// the link).
+    #[test]
+    fn startup_drain_ends_when_the_queue_is_gone() {
+        let cap = 50_000_000u64;
+        let mut a = Adaptive::new(None, 0);
+        let mut now = 0;
+        while a.mode() == Mode::Startup {
+            now = policed(&mut a, cap, now, 1);
+            assert!(now < 5_000_000, "startup never ended");
+        }
+        assert_eq!(a.mode(), Mode::Drain);
+        now += 5_000;
+        a.on_feedback(&fb(now, 80_000, 50_000, cap));
+        assert_eq!(a.mode(), Mode::Drain, "left with the queue still there");
+        now += 5_000;
+        a.on_feedback(&fb(now, 50_000, 50_000, cap));
+        assert_eq!(a.mode(), Mode::ProbeBw);
     }
 
     /// Sends at the pacing rate for `steps` of 5 ms through a policer that lets `cap` through
