@@ -105,6 +105,8 @@ pub enum Event {
         path: String,
         flags: u32,
     },
+    /// The receiver took our offer and chose where the file goes (an `INTO_DIR` offer).
+    Placed { xfer: XferId, path: String },
     /// The peer refused or aborted a transfer.
     Rejected { xfer: XferId, reason: String },
     /// The receiver declined our offer without error (`NO_CLOBBER`, `UPDATE`).
@@ -539,11 +541,24 @@ impl Connection {
 
     /// Accept an `Offered` file; `have` lists block ranges already present (resume).
     pub fn accept(&mut self, xfer: XferId, have: &[(u64, u64)]) {
+        self.accept_at(xfer, have, None);
+    }
+
+    /// [`accept`](Self::accept), telling the sender where the file goes (the answer to an
+    /// [`flags::INTO_DIR`](crate::control::flags::INTO_DIR) offer).
+    pub fn accept_at(&mut self, xfer: XferId, have: &[(u64, u64)], path: Option<&str>) {
         if let Some(inc) = self.incoming.get_mut(&xfer) {
             inc.accepted = true;
             inc.mark_have(have);
+            if let Some(p) = path {
+                inc.path = p.to_string();
+            }
             let have = inc.have_ranges();
-            self.ctrl_tx.push(&Ctrl::Ready { xfer, have });
+            self.ctrl_tx.push(&Ctrl::Ready {
+                xfer,
+                have,
+                path: path.map(str::to_string),
+            });
             self.check_incoming_complete(xfer);
         }
     }
@@ -1135,12 +1150,15 @@ impl Connection {
                     self.stats.dropped_unexpected += 1;
                 }
             }
-            Ctrl::Ready { xfer, have } => {
+            Ctrl::Ready { xfer, have, path } => {
                 if let Some(o) = self.outgoing.get_mut(&xfer) {
                     if !o.ready {
                         o.ready = true;
                         o.mark_have(&have);
                         self.hash_work = true;
+                        if let Some(path) = path {
+                            self.events.push_back(Event::Placed { xfer, path });
+                        }
                     }
                 }
             }

@@ -28,6 +28,8 @@ pub enum Ctrl {
     Ready {
         xfer: u32,
         have: Vec<(u64, u64)>,
+        /// Where the file goes, when the receiver chose it (an `INTO_DIR` offer).
+        path: Option<String>,
     },
     Reject {
         xfer: u32,
@@ -81,6 +83,10 @@ pub mod flags {
     pub const NO_CLOBBER: u32 = 2;
     /// Skip a destination whose content is already identical (BLAKE3 of the whole file).
     pub const UPDATE: u32 = 4;
+    /// The offered path is `DIR/NAME`: the file goes there if `DIR` is a directory, else it
+    /// is `DIR` itself (`cp FILE DEST`). The receiver decides, and says where in `Ready`:
+    /// the sender saves the round trip of asking first.
+    pub const INTO_DIR: u32 = 8;
 }
 
 /// File-system requests carried by `Ctrl::Meta`.
@@ -307,6 +313,12 @@ mod tests {
             Ctrl::Ready {
                 xfer: 2,
                 have: vec![(0, 10), (20, 30)],
+                path: None,
+            },
+            Ctrl::Ready {
+                xfer: 3,
+                have: Vec::new(),
+                path: Some("d/f".into()),
             },
             Ctrl::Sent {
                 xfer: 2,

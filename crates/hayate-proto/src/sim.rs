@@ -545,6 +545,7 @@ impl Client {
                 Event::GetRequested { .. }
                 | Event::MetaRequested { .. }
                 | Event::MetaReplied { .. }
+                | Event::Placed { .. }
                 | Event::Bye => {}
                 Event::Closed { error } => {
                     if error.is_some() {

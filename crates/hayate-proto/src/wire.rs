@@ -4,7 +4,8 @@
 use std::ops::Range;
 
 /// 2: 4-byte cids and packet numbers in the sealed header, 6-byte block numbers.
-pub const VERSION: u8 = 2;
+/// 3: `Ready` says where an `INTO_DIR` offer's file goes.
+pub const VERSION: u8 = 3;
 pub const MAGIC: [u8; 3] = *b"HYT";
 pub const CLIENT_HELLO_LEN: usize = 1200;
 pub const SERVER_HELLO_LEN: usize = 120;

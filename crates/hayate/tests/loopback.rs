@@ -261,6 +261,35 @@ fn two_sources_with_one_destination_are_refused() {
     assert_eq!(tree(fx.tmp.path()), before, "something was written");
 }
 
+/// `cp F DEST` with one file: the server decides between `DEST/F` (a directory) and `DEST`
+/// (anything else), and the report names where the file went.
+#[test]
+fn one_file_goes_into_an_existing_remote_dir_or_becomes_the_path() {
+    let fx = Fx::new();
+    let src = fx.local.join("f.bin");
+    write_random(&src, 5000, 21);
+    fs::create_dir(fx.root.join("d")).unwrap();
+    fs::write(fx.root.join("old"), b"x").unwrap();
+    // A link to a directory is not one (lstat, as `cp -r` trees are looked at): replaced.
+    std::os::unix::fs::symlink("d", fx.root.join("ln")).unwrap();
+    for (dest, lands) in [
+        ("d", "d/f.bin"),
+        ("new", "new"),
+        ("old", "old"),
+        ("ln", "ln"),
+        ("d/g", "d/g"),
+    ] {
+        let up = fx.cp(&["--json".into(), s(&src), fx.url(dest)]);
+        up.assert_ok();
+        let j = up.json();
+        assert_eq!(j["files"][0]["dest"].as_str(), Some(lands), "{dest}: {j}");
+        let got = fx.root.join(lands);
+        assert!(!fs::symlink_metadata(&got).unwrap().is_symlink(), "{dest}");
+        assert_eq!(fs::read(&got).unwrap(), fs::read(&src).unwrap(), "{dest}");
+    }
+    assert_eq!(tree(&fx.root), ["d", "d/f.bin", "d/g", "ln", "new", "old"]);
+}
+
 #[test]
 fn download_into_existing_dir_keeps_the_name() {
     let fx = Fx::new();

@@ -269,6 +269,9 @@ struct Session<'a> {
     dirs_sent: bool,
     bytes_total: u64,
     finished_bytes: u64,
+    /// The one file of this upload is offered as `DEST/NAME` with `INTO_DIR`: the server
+    /// picks between that and `DEST`, sparing the round trip of looking at `DEST` first.
+    into_dir: bool,
 }
 
 impl Session<'_> {
@@ -289,6 +292,10 @@ impl Session<'_> {
     /// First requests, once the session is up.
     fn start(&mut self, conn: &mut Connection) {
         match self.job {
+            Job::Upload { sources, dest } if self.can_place_into_dir(sources, dest) => {
+                self.into_dir = true;
+                self.plan_upload(conn, None);
+            }
             Job::Upload { dest, .. } => {
                 let id = conn.meta(MetaOp::List {
                     path: dest.clone(),
@@ -352,12 +359,22 @@ impl Session<'_> {
         self.pending.insert(id, Pending::Op(i));
     }
 
+    /// One regular file to a destination that may or may not be a directory (`cp F DEST`),
+    /// a plain copy (`--no-clobber` and `--update` answer with a skip, which names no path).
+    fn can_place_into_dir(&self, sources: &[PathBuf], dest: &str) -> bool {
+        self.opts_flags & (flags::NO_CLOBBER | flags::UPDATE) == 0
+            && sources.len() == 1
+            && !dest.is_empty()
+            && !dest.ends_with('/')
+            && std::fs::metadata(&sources[0]).is_ok_and(|m| m.is_file())
+    }
+
     fn plan_upload(&mut self, conn: &mut Connection, dest_kind: Option<WireKind>) {
         let Job::Upload { sources, dest } = self.job else {
             return;
         };
         let several = sources.len() > 1;
-        let dest_is_dir = dest_kind == Some(WireKind::Dir);
+        let dest_is_dir = dest_kind == Some(WireKind::Dir) || self.into_dir;
         let into_dir = several || dest.is_empty() || dest.ends_with('/') || dest_is_dir;
         if into_dir && !dest_is_dir && !dest.is_empty() {
             if dest_kind.is_some() {
@@ -640,12 +657,13 @@ impl Session<'_> {
             } else {
                 None
             };
+            let into_dir = if self.into_dir { flags::INTO_DIR } else { 0 };
             let x = conn.send_file_ext(&FileOffer {
                 path: &r.remote,
                 size: m.len(),
                 mode: m.mode(),
                 mtime: m.mtime(),
-                flags: fl,
+                flags: fl | into_dir,
                 hash,
             });
             Some((
@@ -746,6 +764,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
         dirs_sent: false,
         bytes_total: 0,
         finished_bytes: 0,
+        into_dir: false,
     };
     let report = |s: Session<'_>, stats: Stats, error: Option<String>, via_stream: bool| Report {
         files: s.results,
@@ -1011,6 +1030,11 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
                         if let Some(p) = a.part {
                             p.abandon();
                         }
+                    }
+                }
+                Event::Placed { xfer, path } => {
+                    if let Some(a) = files.act.get(&xfer) {
+                        s.results[a.idx].remote = path;
                     }
                 }
                 Event::GetRequested { .. } | Event::Bye | Event::MetaRequested { .. } => {}

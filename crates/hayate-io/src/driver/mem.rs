@@ -501,7 +501,7 @@ impl Test {
             Event::MetaRequested { id, .. } => {
                 conn.meta_reply(id, Err("no file system in a hayate perf test".into()));
             }
-            Event::MetaReplied { .. } | Event::Bye => {}
+            Event::MetaReplied { .. } | Event::Placed { .. } | Event::Bye => {}
             Event::Closed { error } => return error,
         }
         None

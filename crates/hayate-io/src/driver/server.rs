@@ -263,6 +263,7 @@ impl Server {
                     c.handle_timeout(now);
                 }
                 while let Some(ev) = c.poll_event() {
+                    let ev = place_into_dir(&self.root, ev);
                     if let Some(busy) = on_event(&self.root, c, f, ev, addr, log, false) {
                         busy_offers.push((cid, busy));
                     }
@@ -381,6 +382,47 @@ fn abandon(f: SessionFiles, log: Log<'_>) {
 
 /// Opens the temp file for an upload. With `wait`, a temp file another process still holds
 /// (the far side of a killed copy, not yet gone) is waited for briefly.
+/// An `INTO_DIR` offer of `DIR/NAME` names `DIR/NAME` if `DIR` is a directory (not a link
+/// to one: as the client's own look at the destination, by lstat), else `DIR` itself. The
+/// flag stays set, so that `Ready` tells the client which.
+fn place_into_dir(root: &Root, ev: Event) -> Event {
+    match ev {
+        Event::Offered {
+            xfer,
+            path,
+            size,
+            mode,
+            mtime,
+            flags: fl,
+            hash,
+        } if fl & flags::INTO_DIR != 0 => {
+            let trimmed = path.trim_end_matches('/');
+            let path = match trimmed.rsplit_once('/') {
+                Some((dir, _)) if !dir.is_empty() => {
+                    let is_dir = root.stat(dir).is_ok_and(|e| e.kind == EntryKind::Dir);
+                    if is_dir {
+                        path
+                    } else {
+                        dir.to_string()
+                    }
+                }
+                // No directory part: nothing to choose.
+                _ => path,
+            };
+            Event::Offered {
+                xfer,
+                path,
+                size,
+                mode,
+                mtime,
+                flags: fl,
+                hash,
+            }
+        }
+        ev => ev,
+    }
+}
+
 fn open_part(root: &Root, path: &str, size: u64, wait: bool) -> Result<PartFile, FsError> {
     let mut tries = 0;
     loop {
@@ -436,6 +478,7 @@ fn on_event(
                 return None;
             }
             let have = resumable(&part, size, mtime, c.block_size() as u64);
+            let placed = (flags & flags::INTO_DIR != 0).then(|| path.clone());
             f.inc.insert(
                 xfer,
                 Incoming {
@@ -449,7 +492,7 @@ fn on_event(
                     no_space: false,
                 },
             );
-            c.accept(xfer, &have);
+            c.accept_at(xfer, &have, placed.as_deref());
         }
         Event::GetRequested { xfer, path, flags } => match root.open_read(&path) {
             Ok((file, meta)) => {
@@ -551,7 +594,7 @@ fn on_event(
         Event::Skipped { xfer, .. } => {
             f.out.remove(&xfer);
         }
-        Event::Bye | Event::MetaReplied { .. } => {}
+        Event::Bye | Event::MetaReplied { .. } | Event::Placed { .. } => {}
         Event::Closed { error } => {
             let s = c.stats();
             match error {
