@@ -581,7 +581,10 @@ impl Adaptive {
     fn end_round(&mut self, now_us: u64) {
         let settled = self.round_settled();
         let loss = self.round_lost as f64 / settled.max(1) as f64;
-        if settled > 0 {
+        // A search round that loses far more than the path did so far is its overshoot
+        // overflowing a short buffer (see `startup_still_growing`), not the path's loss.
+        let overshoot = self.mode == Mode::Startup && loss > (3.0 * self.loss_ewma).max(0.05);
+        if settled > 0 && !overshoot {
             self.loss_ewma = 0.75 * self.loss_ewma + 0.25 * loss;
         }
         if self.last_round_calm && settled > 0 {
