@@ -380,49 +380,28 @@ fn abandon(f: SessionFiles, log: Log<'_>) {
     }
 }
 
-/// Opens the temp file for an upload. With `wait`, a temp file another process still holds
-/// (the far side of a killed copy, not yet gone) is waited for briefly.
 /// An `INTO_DIR` offer of `DIR/NAME` names `DIR/NAME` if `DIR` is a directory (not a link
 /// to one: as the client's own look at the destination, by lstat), else `DIR` itself. The
 /// flag stays set, so that `Ready` tells the client which.
-fn place_into_dir(root: &Root, ev: Event) -> Event {
-    match ev {
-        Event::Offered {
-            xfer,
-            path,
-            size,
-            mode,
-            mtime,
-            flags: fl,
-            hash,
-        } if fl & flags::INTO_DIR != 0 => {
-            let trimmed = path.trim_end_matches('/');
-            let path = match trimmed.rsplit_once('/') {
-                Some((dir, _)) if !dir.is_empty() => {
-                    let is_dir = root.stat(dir).is_ok_and(|e| e.kind == EntryKind::Dir);
-                    if is_dir {
-                        path
-                    } else {
-                        dir.to_string()
-                    }
+fn place_into_dir(root: &Root, mut ev: Event) -> Event {
+    if let Event::Offered {
+        path, flags: fl, ..
+    } = &mut ev
+    {
+        if *fl & flags::INTO_DIR != 0 {
+            // A path without a directory part leaves nothing to choose.
+            if let Some((dir, _)) = path.trim_end_matches('/').rsplit_once('/') {
+                if !dir.is_empty() && !root.stat(dir).is_ok_and(|e| e.kind == EntryKind::Dir) {
+                    *path = dir.to_string();
                 }
-                // No directory part: nothing to choose.
-                _ => path,
-            };
-            Event::Offered {
-                xfer,
-                path,
-                size,
-                mode,
-                mtime,
-                flags: fl,
-                hash,
             }
         }
-        ev => ev,
     }
+    ev
 }
 
+/// Opens the temp file for an upload. With `wait`, a temp file another process still holds
+/// (the far side of a killed copy, not yet gone) is waited for briefly.
 fn open_part(root: &Root, path: &str, size: u64, wait: bool) -> Result<PartFile, FsError> {
     let mut tries = 0;
     loop {
