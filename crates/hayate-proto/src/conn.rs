@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use crate::cc::{Feedback, RateConfig, RateControl};
-use crate::control::{Ctrl, CtrlRecv, CtrlSend, MetaEntry, MetaOp};
+use crate::control::{flags, Ctrl, CtrlRecv, CtrlSend, MetaEntry, MetaOp};
 use crate::crypto::{Psk, ReplayWindow, SessionKeys};
 use crate::handshake::{ClientHandshake, HandshakeError};
 use crate::pacer::Pacer;
@@ -182,6 +182,11 @@ enum State {
 }
 
 /// ACK cadence: every 32 data packets, or 5 ms after the first unacknowledged one.
+/// A sender sends at most this much of its offered files before the receiver's `Ready`
+/// (saving the round trip of waiting for it), and a receiver keeps up to twice as much
+/// until it has accepted the files: what does not fit is sent again.
+const EAGER_BYTES: u64 = 2 << 20;
+const STASH_BYTES: usize = 2 * EAGER_BYTES as usize;
 const ACK_EVERY: u32 = 32;
 const ACK_DELAY_US: u64 = 5_000;
 /// Sent-packet times kept for RTT and reordering decisions.
@@ -209,6 +214,8 @@ pub struct Connection {
     ack_deadline: Option<u64>,
     ack_now: bool,
     rx_bytes: u64,
+    /// Some incoming file holds blocks that came before it was accepted.
+    stash_pending: bool,
     /// Arrival time of the last data counted in `rx_bytes`, µs.
     rx_bytes_at_us: u64,
     rx_queue: u64,
@@ -299,6 +306,7 @@ impl Connection {
             ack_deadline: None,
             ack_now: false,
             rx_bytes: 0,
+            stash_pending: false,
             rx_bytes_at_us: 0,
             rx_queue: 0,
             rx_drops: 0,
@@ -654,6 +662,8 @@ impl Connection {
             return;
         }
         let mut o = Outgoing::new(xfer, f.path.to_string(), layout);
+        // Not when the receiver may well answer with a skip: what went out would be wasted.
+        o.eager = f.flags & (flags::NO_CLOBBER | flags::UPDATE) == 0;
         o.finish_empty_hash();
         self.outgoing.insert(xfer, o);
         self.ctrl_tx.push(&Ctrl::Offer {
@@ -712,7 +722,9 @@ impl Connection {
                     // Transfers queued before the handshake learned the block size now.
                     for o in self.outgoing.values_mut() {
                         o.layout = Layout::new(o.layout.size, self.block_size);
+                        let eager = o.eager;
                         *o = Outgoing::new(o.id, o.path.clone(), o.layout);
+                        o.eager = eager;
                         o.finish_empty_hash();
                     }
                     self.events.push_back(Event::Connected);
@@ -800,6 +812,9 @@ impl Connection {
             self.largest_rx = Some((pn, rx_at_us));
         }
 
+        if self.stash_pending {
+            self.flush_stashes(sink);
+        }
         let mut eliciting = false;
         let mut has_data = false;
         let mut fb: Option<Feedback> = None;
@@ -1013,38 +1028,104 @@ impl Connection {
             self.stats.duplicate_blocks_received += 1;
             return;
         };
-        if !inc.accepted {
+        let verdict = inc.check(block, payload.len());
+        if verdict == DataVerdict::Invalid {
+            self.stats.dropped_malformed += 1;
             return;
         }
-        match inc.check(block, payload.len()) {
-            DataVerdict::Invalid => {
-                self.stats.dropped_malformed += 1;
+        if !inc.accepted {
+            // Sent with the offer: kept until it is accepted, within `STASH_BYTES`.
+            if verdict == DataVerdict::New && !inc.stash.contains_key(&block) {
+                let stashed: usize = self.incoming.values().map(|i| i.stash_bytes).sum();
+                if stashed + payload.len() <= STASH_BYTES {
+                    let inc = self.incoming.get_mut(&xfer).expect("looked up");
+                    inc.stash.insert(block, payload.to_vec());
+                    inc.stash_bytes += payload.len();
+                    self.stash_pending = true;
+                    // Delivered now, as far as the sender's rate is concerned.
+                    self.rx_bytes += payload.len() as u64;
+                    self.rx_bytes_at_us = self.rx_bytes_at_us.max(rx_at_us);
+                }
+            } else {
+                self.stats.duplicate_blocks_received += 1;
             }
-            DataVerdict::Duplicate => self.stats.duplicate_blocks_received += 1,
-            DataVerdict::New => {
-                let offset = inc.layout.offset(block);
-                match sink.write(xfer, offset, payload) {
-                    Ok(()) => {
-                        inc.on_written(block, payload.len());
-                        self.rx_bytes += payload.len() as u64;
-                        self.rx_bytes_at_us = self.rx_bytes_at_us.max(rx_at_us);
-                        self.stats.data_bytes_received += payload.len() as u64;
-                        self.check_incoming_complete(xfer);
-                    }
-                    Err(e) => {
-                        let reason = format!("cannot write {}: {e}", inc.path);
-                        self.incoming.remove(&xfer);
-                        self.ctrl_tx.push(&Ctrl::Failed {
-                            xfer,
-                            reason: reason.clone(),
-                        });
-                        self.events
-                            .push_back(Event::IncomingFailed { xfer, reason });
-                        let _ = now;
-                    }
+            return;
+        }
+        if verdict == DataVerdict::Duplicate {
+            self.stats.duplicate_blocks_received += 1;
+            return;
+        }
+        if self.write_block(xfer, block, payload, sink) {
+            self.rx_bytes += payload.len() as u64;
+            self.rx_bytes_at_us = self.rx_bytes_at_us.max(rx_at_us);
+        }
+        let _ = now;
+    }
+
+    /// Writes a new block of an accepted file; false if the write failed (the transfer is
+    /// then failed and the sender told).
+    fn write_block(
+        &mut self,
+        xfer: XferId,
+        block: u64,
+        payload: &[u8],
+        sink: &mut dyn BlockSink,
+    ) -> bool {
+        let Some(inc) = self.incoming.get_mut(&xfer) else {
+            return false;
+        };
+        let offset = inc.layout.offset(block);
+        match sink.write(xfer, offset, payload) {
+            Ok(()) => {
+                inc.on_written(block, payload.len());
+                self.stats.data_bytes_received += payload.len() as u64;
+                self.check_incoming_complete(xfer);
+                true
+            }
+            Err(e) => {
+                let reason = format!("cannot write {}: {e}", inc.path);
+                self.incoming.remove(&xfer);
+                self.ctrl_tx.push(&Ctrl::Failed {
+                    xfer,
+                    reason: reason.clone(),
+                });
+                self.events
+                    .push_back(Event::IncomingFailed { xfer, reason });
+                false
+            }
+        }
+    }
+
+    /// Writes the blocks that came before their files were accepted, for those accepted since.
+    fn flush_stashes(&mut self, sink: &mut dyn BlockSink) {
+        let ids: Vec<XferId> = self
+            .incoming
+            .iter()
+            .filter(|(_, i)| i.accepted && !i.stash.is_empty())
+            .map(|(x, _)| *x)
+            .collect();
+        for xfer in ids {
+            let Some(inc) = self.incoming.get_mut(&xfer) else {
+                continue;
+            };
+            let stash = std::mem::take(&mut inc.stash);
+            inc.stash_bytes = 0;
+            for (block, data) in stash {
+                let fresh = self
+                    .incoming
+                    .get(&xfer)
+                    .is_some_and(|i| i.check(block, data.len()) == DataVerdict::New);
+                if !fresh {
+                    // The receiver had it already (resume), or the transfer failed.
+                    self.stats.duplicate_blocks_received += 1;
+                    continue;
+                }
+                if !self.write_block(xfer, block, &data, sink) {
+                    break;
                 }
             }
         }
+        self.stash_pending = self.incoming.values().any(|i| !i.stash.is_empty());
     }
 
     fn check_incoming_complete(&mut self, xfer: XferId) {
@@ -1281,11 +1362,23 @@ impl Connection {
     }
 
     fn has_data_to_send(&self) -> bool {
+        let eager_room = self.eager_room();
         !self.window_full()
-            && self
-                .outgoing
-                .values()
-                .any(|o| o.ready && (o.has_retx() || o.peek_new().is_some()))
+            && self.outgoing.values().any(|o| {
+                (o.ready && o.has_retx())
+                    || ((o.ready || (o.eager && eager_room)) && o.peek_new().is_some())
+            })
+    }
+
+    /// Offered files not yet answered may take more data: under `EAGER_BYTES` went out so far.
+    fn eager_room(&self) -> bool {
+        let sent: u64 = self
+            .outgoing
+            .values()
+            .filter(|o| !o.ready)
+            .map(|o| o.sent_bytes)
+            .sum();
+        sent < EAGER_BYTES
     }
 
     /// The rate controller's in-flight cap is reached: wait for feedback.
@@ -1520,8 +1613,9 @@ impl Connection {
             }
         }
         if pick.is_none() {
+            let eager_room = self.eager_room();
             for o in self.outgoing.values() {
-                if o.ready {
+                if o.ready || (o.eager && eager_room) {
                     if let Some(b) = o.peek_new() {
                         pick = Some((o.id, b, false));
                         break;

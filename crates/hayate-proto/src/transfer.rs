@@ -1,7 +1,7 @@
 //! Per-file state on each side of a transfer: what the sender knows is delivered, lost or in
 //! flight, and what the receiver holds (its loss map).
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 
 use crate::bitset::Bitset;
 use crate::wire::LossMapFrame;
@@ -51,6 +51,8 @@ pub struct Outgoing {
     pub layout: Layout,
     /// The receiver said Ready: data may flow.
     pub ready: bool,
+    /// Its first blocks may go with the offer, before `Ready` (a skip is unlikely).
+    pub eager: bool,
     acked: Bitset,
     /// Lowest block not yet acknowledged.
     cum: u64,
@@ -93,6 +95,7 @@ impl Outgoing {
             path,
             layout,
             ready: false,
+            eager: false,
             acked: Bitset::new(layout.blocks()),
             cum: 0,
             next_new: 0,
@@ -327,6 +330,9 @@ pub struct Incoming {
     /// `IncomingComplete` has been emitted.
     pub completed: bool,
     pub bytes_received: u64,
+    /// Blocks that came with the offer, before it was accepted: written once it is.
+    pub stash: BTreeMap<u64, Vec<u8>>,
+    pub stash_bytes: usize,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -352,6 +358,8 @@ impl Incoming {
             expected_hash: None,
             completed: false,
             bytes_received: 0,
+            stash: BTreeMap::new(),
+            stash_bytes: 0,
         }
     }
 

@@ -229,3 +229,36 @@ fn download_rate_follows_the_clients_wish() {
     let secs = r.elapsed_us as f64 / 1e6;
     assert!((0.95..1.3).contains(&secs), "took {secs} s");
 }
+
+/// Data goes with the offer, before the receiver's Ready: the first blocks arrive half a
+/// round trip after the handshake, not a round trip and a half. Kept until the receiver has
+/// accepted, none of them is lost or sent twice.
+#[test]
+fn first_blocks_go_with_the_offer() {
+    let mut sc = Scenario::new(14);
+    let one_way = LinkParams {
+        delay_us: 100_000,
+        ..LinkParams::default()
+    };
+    sc.forward = one_way.clone();
+    sc.reverse = one_way;
+    sc.client.rate = RateConfig::Fixed(10_000_000);
+    sc.server.rate = RateConfig::Fixed(10_000_000);
+    sc.uploads = vec![("up".into(), data(5, 3_000_000))];
+    sc.downloads = vec![("down".into(), data(6, 3_000_000))];
+    let r = check(&sc);
+    let first = |t: &[u64]| t.iter().position(|&b| b > 0);
+    // Handshake done at 200 ms; offer and data reach the server at 300 ms. Waiting for
+    // Ready, they would reach it at 500 ms.
+    assert_eq!(
+        first(&r.server_rx_trace),
+        Some(3),
+        "{:?}",
+        r.server_rx_trace
+    );
+    // The Get reaches the server at 300 ms, its offer and data the client at 400 ms.
+    let down = &r.clients[0].rx_trace;
+    assert_eq!(first(down), Some(4), "{down:?}");
+    assert_eq!(r.client.data_packets_retransmitted, 0);
+    assert_eq!(r.server.data_packets_retransmitted, 0);
+}
