@@ -43,11 +43,21 @@ fn wait_readable_until_times_out_on_time_and_wakes_on_data() {
     let rx = UdpSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let tx = UdpSocket::bind("127.0.0.1:0".parse().unwrap()).unwrap();
     set_timer_slack_ns(1).unwrap();
-    let deadline = Instant::now() + Duration::from_millis(5);
-    assert!(!wait_readable_until(&rx, deadline).unwrap());
-    let late = Instant::now() - deadline;
+    // The median of several: a shared VM now and then stops for a few ms (one CI run woke
+    // 7.8 ms late), which says nothing about the timeout itself.
+    let mut late: Vec<Duration> = (0..7)
+        .map(|_| {
+            let deadline = Instant::now() + Duration::from_millis(5);
+            assert!(!wait_readable_until(&rx, deadline).unwrap());
+            Instant::now() - deadline
+        })
+        .collect();
+    late.sort();
     eprintln!("wait_readable_until timeout late by {late:?}");
-    assert!(late < Duration::from_millis(1), "late {late:?}");
+    assert!(
+        late[late.len() / 2] < Duration::from_millis(1),
+        "late {late:?}"
+    );
 
     let dest = rx.local_addr().unwrap();
     let sender = std::thread::spawn(move || {
