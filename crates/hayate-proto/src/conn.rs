@@ -181,12 +181,12 @@ enum State {
     Closed,
 }
 
-/// ACK cadence: every 32 data packets, or 5 ms after the first unacknowledged one.
 /// A sender sends at most this much of its offered files before the receiver's `Ready`
 /// (saving the round trip of waiting for it), and a receiver keeps up to twice as much
 /// until it has accepted the files: what does not fit is sent again.
 const EAGER_BYTES: u64 = 2 << 20;
 const STASH_BYTES: usize = 2 * EAGER_BYTES as usize;
+/// ACK cadence: every 32 data packets, or 5 ms after the first unacknowledged one.
 const ACK_EVERY: u32 = 32;
 const ACK_DELAY_US: u64 = 5_000;
 /// Sent-packet times kept for RTT and reordering decisions.
@@ -1362,11 +1362,10 @@ impl Connection {
     }
 
     fn has_data_to_send(&self) -> bool {
-        let eager_room = self.eager_room();
         !self.window_full()
             && self.outgoing.values().any(|o| {
                 (o.ready && o.has_retx())
-                    || ((o.ready || (o.eager && eager_room)) && o.peek_new().is_some())
+                    || ((o.ready || (o.eager && self.eager_room())) && o.peek_new().is_some())
             })
     }
 
@@ -1613,9 +1612,10 @@ impl Connection {
             }
         }
         if pick.is_none() {
-            let eager_room = self.eager_room();
+            // Only files still waiting for `Ready` ask whether there is eager room (a sum over
+            // them): the steady state, every file answered, never pays for it.
             for o in self.outgoing.values() {
-                if o.ready || (o.eager && eager_room) {
+                if o.ready || (o.eager && self.eager_room()) {
                     if let Some(b) = o.peek_new() {
                         pick = Some((o.id, b, false));
                         break;

@@ -883,12 +883,12 @@ impl RateControl for Adaptive {
     fn in_flight_cap(&self) -> Option<u64> {
         // Twice the bandwidth-delay product (plus room for bursts): enough to keep the pipe
         // full through ACK jitter, bounded so a stalled receiver is not flooded.
-        // The base RTT, not the smoothed one: a standing queue must not widen the cap.
         // None before the first sample: the first flight (data sent with an offer, before
         // any ACK) is bounded by the pacing rate and the connection's eager limit.
         if self.min_rtt_us == 0 {
             return None;
         }
+        // The base RTT, not the smoothed one: a standing queue must not widen the cap.
         let rtt = self.min_rtt_us.max(1_000);
         let (bw, bdps) = if self.mode == Mode::Startup {
             // While searching, the round that finds the limit sends at twice what the path
