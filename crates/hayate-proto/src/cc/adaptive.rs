@@ -104,6 +104,8 @@ const SHARE_MOVING: f64 = 0.9;
 const CONVERGE_GAIN: f64 = 0.95;
 /// Shares remembered for that, one per drain.
 const SHARE_HISTORY: usize = 4;
+/// Shares are moving when this many remembered ones are that far from the new one.
+const SHARES_APART: usize = 2;
 /// A queue over this fraction of the path's minimum RTT, and over `BIG_QUEUE_TARGETS` queue
 /// targets (on a short path the target's floor is a fifth of the RTT, and growing stops only
 /// past 1.5 of it: a third of the RTT there is an ordinary probe, and yielding 0.7 to it
@@ -229,9 +231,11 @@ pub struct Adaptive {
     /// `grow_queue_persist_us`), and when the first came.
     queued_samples: u32,
     queued_since_us: u64,
-    /// Consecutive RTT samples above the grow phase's limit, and when the first came.
+    /// Consecutive RTT samples above the grow phase's limit, when the first came, and the
+    /// least queue (`path_queue_us`, `queue_delay_us`) among them.
     grow_queued_samples: u32,
     grow_queued_since_us: u64,
+    grow_queued_floor_us: (u64, u64),
     /// Our shares at the last drains, newest last.
     shares: Vec<u64>,
     /// Queueing delay, µs: on the path (latest RTT − min RTT, `path_queue_us`) plus the
@@ -332,6 +336,7 @@ impl Adaptive {
             queued_since_us: 0,
             grow_queued_samples: 0,
             grow_queued_since_us: 0,
+            grow_queued_floor_us: (0, 0),
             shares: Vec::new(),
             queue_delay_us: 0,
             path_queue_us: 0,
@@ -527,7 +532,12 @@ impl Adaptive {
     /// if it keeps falling, or the queue is far too long); drain under that. "Meanwhile" is
     /// this round and the one before: a shared host stalls for tens of ms now and then, and
     /// a share read off such a stall alone would throw most of the rate away.
-    fn queue_found(&mut self) {
+    ///
+    /// `(path_q_us, q_us)`: the least queue (on the path; with the receiver's backlog) while
+    /// it was found, not the latest sample's. A sender whose host held it reads the ACKs
+    /// that waited meanwhile as a queue that jumped (35 ms on the harness's 100 ms path,
+    /// where 8 had stood): sized by that, the cut was the big queue's, 0.7 of the link.
+    fn queue_found(&mut self, (path_q_us, q_us): (u64, u64)) {
         let w = self.round_rx_w + self.last_round_w;
         let qw = self.round_q_w + self.last_round_q_w;
         let mut share = if qw >= self.min_rtt_us as f64 / 4.0 {
@@ -548,20 +558,10 @@ impl Adaptive {
         // what was sent (a flow at 1.4 times the link lost a quarter of it that way).
         let l = self.random_loss().unwrap_or(self.loss_ewma);
         share = (share as f64 / (1.0 - l.min(MAX_LOSS_COMPENSATION))) as u64;
-        // Shares that keep moving mean flows are still sorting out who gets what: a deeper
-        // cut then evens them out faster (equal increments give back the
-        // same amount to each, so the cut's cost falls on the larger). Steady shares, a
-        // lone flow's or flows already even, keep the shallow cut and the link full.
-        let hi = self.shares.iter().copied().max().unwrap_or(0) as f64;
-        let lo = self.shares.iter().copied().min().unwrap_or(0) as f64;
-        let s = share as f64;
-        let mut gain = SHARE_GAIN;
-        if !self.shares.is_empty() && (s < SHARE_MOVING * hi || SHARE_MOVING * s > lo) {
-            gain = CONVERGE_GAIN;
-        }
+        let mut gain = self.share_gain(share);
         let big = (self.min_rtt_us as f64 * BIG_QUEUE)
             .max(self.queue_target_us() as f64 * BIG_QUEUE_TARGETS);
-        if self.path_queue_us as f64 > big {
+        if path_q_us as f64 > big {
             gain = BIG_QUEUE_GAIN;
         }
         self.shares.push(share);
@@ -574,8 +574,30 @@ impl Adaptive {
         // Under it by as much as the queue holds, so that it empties in about a round trip
         // (not more: a queue drained too far leaves the link idle), or `MIN_DRAIN_SPAN_US`.
         let span = self.min_rtt_us.max(MIN_DRAIN_SPAN_US) as f64;
-        self.drain_gain = (1.0 - self.queue_delay_us as f64 / span)
-            .clamp(MIN_QUEUE_DRAIN_GAIN, MAX_QUEUE_DRAIN_GAIN);
+        self.drain_gain =
+            (1.0 - q_us as f64 / span).clamp(MIN_QUEUE_DRAIN_GAIN, MAX_QUEUE_DRAIN_GAIN);
+    }
+
+    /// What of a share just found becomes the estimate. Shares that keep moving mean flows
+    /// are still sorting out who gets what: a deeper cut then evens them out faster (equal
+    /// increments give back the same amount to each, so the cut's cost falls on the
+    /// larger). Steady shares, a lone flow's or flows already even, keep the shallow cut and
+    /// the link full. Moving means apart from more than one remembered share: one odd
+    /// reading (a host's hiccup while the queue stood) would otherwise make the next
+    /// `SHARE_HISTORY` cuts deep too (a lone flow on the harness's 100 ms path then spent
+    /// most drains at 0.95 of the link).
+    fn share_gain(&self, share: u64) -> f64 {
+        let s = share as f64;
+        let apart = self
+            .shares
+            .iter()
+            .filter(|&&h| s < SHARE_MOVING * h as f64 || SHARE_MOVING * s > h as f64)
+            .count();
+        if !self.shares.is_empty() && apart >= SHARES_APART.min(self.shares.len()) {
+            CONVERGE_GAIN
+        } else {
+            SHARE_GAIN
+        }
     }
 
     fn end_round(&mut self, now_us: u64) {
@@ -635,13 +657,17 @@ impl Adaptive {
                         // Not on a round or two of samples: after a host stall of 20 ms the
                         // first ACK shows a queue and a delivery over the stall, and a share
                         // read off that one sample cut a 1 Gbit/s flow to 22 Mbit/s.
-                        self.queue_found();
+                        self.queue_found((self.round_min_path_queue_us, round_queue));
                         Phase::Drain(1)
                     }
                     Phase::Grow(_) if self.overflowing() => {
                         // The increment was lost, not queued: a buffer too short to show a
                         // queue. What got through is the share.
-                        self.queue_found();
+                        let floor = (
+                            self.round_min_path_queue_us.min(self.path_queue_us),
+                            self.round_min_queue_us.min(self.queue_delay_us),
+                        );
+                        self.queue_found(floor);
                         Phase::Drain(1)
                     }
                     Phase::Grow(k)
@@ -770,8 +796,11 @@ impl RateControl for Adaptive {
             if self.path_queue_us as f64 > GROW_QUEUE * target as f64 {
                 if self.grow_queued_samples == 0 {
                     self.grow_queued_since_us = fb.now_us;
+                    self.grow_queued_floor_us = (u64::MAX, u64::MAX);
                 }
                 self.grow_queued_samples += 1;
+                let (p, q) = self.grow_queued_floor_us;
+                self.grow_queued_floor_us = (p.min(self.path_queue_us), q.min(self.queue_delay_us));
             } else {
                 self.grow_queued_samples = 0;
             }
@@ -795,7 +824,7 @@ impl RateControl for Adaptive {
                 && self.grow_queued_samples >= GROW_QUEUE_SAMPLES
                 && fb.now_us - self.grow_queued_since_us >= self.grow_queue_persist_us()
             {
-                self.queue_found();
+                self.queue_found(self.grow_queued_floor_us);
             }
         }
         let any_drain = self.draining() || self.mode == Mode::Drain;
@@ -1119,6 +1148,56 @@ mod tests {
             step(&mut a, &mut now, 5_000, 290_000);
         }
         assert_ne!(a.mode(), Mode::Startup);
+    }
+
+    /// One odd share among steady ones (a host's hiccup while the queue stood) is not shares
+    /// moving: the cuts after it stay shallow. A share far from the others, or shares that
+    /// keep falling, are.
+    #[test]
+    fn one_odd_share_is_not_shares_moving() {
+        let mut a = Adaptive::new(None, 0);
+        a.shares = vec![60_000_000, 60_000_000, 52_000_000, 60_000_000];
+        assert_eq!(a.share_gain(60_000_000), SHARE_GAIN);
+        a.shares = vec![60_000_000; 4];
+        assert_eq!(a.share_gain(52_000_000), CONVERGE_GAIN);
+        a.shares = vec![100, 92, 85, 78];
+        assert_eq!(a.share_gain(72), CONVERGE_GAIN);
+        a.shares = vec![50];
+        assert_eq!(a.share_gain(60), CONVERGE_GAIN);
+        a.shares.clear();
+        assert_eq!(a.share_gain(60), SHARE_GAIN);
+    }
+
+    /// A queue found while growing is sized by what stood all along, not by the last
+    /// sample: after the sender's host held it, the ACKs that waited meanwhile read as a
+    /// queue that jumped, and a cut sized by that one was the big queue's (0.7 of the link).
+    /// A queue that is that big all along still gets the big cut.
+    #[test]
+    fn a_queue_is_sized_by_what_stood_not_by_a_late_ack() {
+        let cap = 50_000_000u64;
+        for (queues, big) in [([6_000, 6_000, 25_000], false), ([25_000; 3], true)] {
+            let mut a = Adaptive::new(None, 0);
+            a.mode = Mode::ProbeBw;
+            a.phase = Phase::Grow(3);
+            a.rate = cap;
+            a.bw_rounds = vec![cap];
+            let mut now = 1_000_000;
+            a.start_round(now);
+            // 50 ms path: growing stops at a queue of 3.75 ms that stands 12.5 ms; a big
+            // queue is over 16.7 ms. The last sample comes after 20 ms of nothing.
+            for (q, dt) in queues.into_iter().zip([5_000, 5_000, 20_000]) {
+                now += dt;
+                a.on_sent(now, cap * dt / 1_000_000);
+                a.on_feedback(&fb(now, 50_000 + q, 50_000, cap));
+            }
+            assert_eq!(a.name(), "yield", "{queues:?}: no queue found");
+            let est = a.bottleneck() as f64 / cap as f64;
+            if big {
+                assert!(est < 0.75, "{queues:?}: estimate {est:.3} of the link");
+            } else {
+                assert!(est > 0.9, "{queues:?}: estimate {est:.3} of the link");
+            }
+        }
     }
 
     #[test]
