@@ -47,6 +47,8 @@ pub enum FsError {
     NotFound(String),
     #[error("not a regular file: {0}")]
     NotAFile(String),
+    #[error("is a directory: {0}")]
+    IsADirectory(String),
     #[error("permission denied: {0}")]
     PermissionDenied(String),
     #[error("{0}: another transfer is writing this file right now")]
@@ -119,8 +121,10 @@ impl Root {
         // is still the same inode.
         let probe = self.at(&path, OFlags::PATH, rel)?;
         let st = rfs::fstat(&probe).map_err(|e| errno_error(e, rel))?;
-        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
-            return Err(FsError::NotAFile(rel.to_string()));
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::RegularFile => {}
+            FileType::Directory => return Err(FsError::IsADirectory(rel.to_string())),
+            _ => return Err(FsError::NotAFile(rel.to_string())),
         }
         let fd = self.at(&path, OFlags::RDONLY | OFlags::NOCTTY, rel)?;
         let file = File::from(fd);

@@ -105,7 +105,10 @@ fn invalid_and_missing_paths() {
     assert!(matches!(e, FsError::NotFound(_)), "{e:?}");
     assert_eq!(e.to_string(), "no such file or directory: nope/missing.txt");
     assert_no_leak(&e, dir.path());
-    assert!(matches!(root.open_read("sub"), Err(FsError::NotAFile(_))));
+    assert!(matches!(
+        root.open_read("sub"),
+        Err(FsError::IsADirectory(_))
+    ));
     assert!(matches!(
         root.open_read("hello.txt/x"),
         Err(FsError::InvalidPath(_))

@@ -243,6 +243,18 @@ fn remote_basename(p: &str) -> String {
         .to_string()
 }
 
+/// Where download source `i` goes: into `dest` if that is a directory (or there are several
+/// sources), else `dest` itself.
+fn download_base(sources: &[String], dest: &Path, i: usize) -> PathBuf {
+    let into_dir = sources.len() > 1 || dest.is_dir();
+    let name = remote_basename(&sources[i]);
+    if into_dir && !name.is_empty() {
+        dest.join(&name)
+    } else {
+        dest.to_path_buf()
+    }
+}
+
 fn local_basename(p: &Path) -> Option<String> {
     let name = match p.file_name() {
         Some(n) => n.to_owned(),
@@ -302,6 +314,20 @@ impl Session<'_> {
                     recursive: false,
                 });
                 self.pending.insert(id, Pending::DestStat);
+            }
+            Job::Download { sources, dest } if sources.len() == 1 && !self.recursive => {
+                // One file: ask for it at once, sparing the round trip of listing it first.
+                // The server's offer says how big it is; its refusal, why not (a directory,
+                // say).
+                let base = download_base(sources, dest, 0);
+                let i = self.push(FileResult::new(
+                    Kind::File,
+                    false,
+                    base,
+                    sources[0].clone(),
+                    0,
+                ));
+                self.queue.push_back(i);
             }
             Job::Download { sources, .. } => {
                 for (i, s) in sources.iter().enumerate() {
@@ -527,13 +553,7 @@ impl Session<'_> {
             return;
         };
         let src = &sources[i];
-        let into_dir = sources.len() > 1 || dest.is_dir();
-        let name = remote_basename(src);
-        let base = if into_dir && !name.is_empty() {
-            dest.join(&name)
-        } else {
-            dest.clone()
-        };
+        let base = download_base(sources, dest, i);
         let Some(root) = entries.first() else {
             self.fail(Kind::File, false, base, src.clone(), "empty listing".into());
             return;
@@ -1182,4 +1202,64 @@ fn open_source(path: &Path) -> Result<(File, std::fs::Metadata), String> {
         return Err("not a regular file".into());
     }
     Ok((f, m))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(job: &Job, recursive: bool) -> Session<'_> {
+        Session {
+            opts_flags: 0,
+            recursive,
+            job,
+            local: None,
+            results: Vec::new(),
+            queue: VecDeque::new(),
+            pending: HashMap::new(),
+            dirs: Vec::new(),
+            dirs_sent: false,
+            bytes_total: 0,
+            finished_bytes: 0,
+            into_dir: false,
+        }
+    }
+
+    /// `cp HOST:FILE DEST` asks for the file at once; listing it first cost a round trip
+    /// before the first byte. Several sources, or `-r`, are listed first (a tree needs it).
+    #[test]
+    fn one_download_is_asked_for_without_listing_it_first() {
+        let conn = || {
+            Connection::client(
+                Config::default(),
+                &Psk::from_bytes([7; 32]),
+                AddrFamily::V4,
+                Instant::now(),
+            )
+        };
+        let dest = PathBuf::from("/nonexistent/hayate-test/out.bin");
+        let one = Job::Download {
+            sources: vec!["dir/f.bin".into()],
+            dest: dest.clone(),
+        };
+        let mut s = session(&one, false);
+        s.start(&mut conn());
+        assert!(s.pending.is_empty(), "listed the one source first");
+        assert_eq!(s.queue.len(), 1);
+        assert_eq!(s.results[0].remote, "dir/f.bin");
+        assert_eq!(s.results[0].local, dest);
+
+        let mut s = session(&one, true);
+        s.start(&mut conn());
+        assert_eq!(s.pending.len(), 1, "-r must list the source");
+        assert!(s.queue.is_empty());
+
+        let two = Job::Download {
+            sources: vec!["a".into(), "b".into()],
+            dest,
+        };
+        let mut s = session(&two, false);
+        s.start(&mut conn());
+        assert_eq!(s.pending.len(), 2);
+    }
 }

@@ -501,7 +501,14 @@ fn on_event(
             }
             Err(e) => {
                 log(&format!("{addr}: refused download: {e}"));
-                c.reject(xfer, &e.to_string());
+                // A client asks for one source without listing it first: this is where
+                // `cp HOST:DIR .` learns it needed `-r`.
+                let hint = if matches!(e, FsError::IsADirectory(_)) {
+                    " (use -r)"
+                } else {
+                    ""
+                };
+                c.reject(xfer, &format!("{e}{hint}"));
             }
         },
         Event::MetaRequested { id, op } => {
