@@ -286,7 +286,24 @@ struct Session<'a> {
     into_dir: bool,
 }
 
-impl Session<'_> {
+impl<'a> Session<'a> {
+    fn new(job: &'a Job, opts_flags: u32, recursive: bool) -> Self {
+        Session {
+            opts_flags,
+            recursive,
+            job,
+            local: None,
+            results: Vec::new(),
+            queue: VecDeque::new(),
+            pending: HashMap::new(),
+            dirs: Vec::new(),
+            dirs_sent: false,
+            bytes_total: 0,
+            finished_bytes: 0,
+            into_dir: false,
+        }
+    }
+
     fn preserve(&self) -> bool {
         self.opts_flags & flags::PRESERVE != 0
     }
@@ -772,20 +789,7 @@ fn new_conn(cfg: &Config, psk: &Psk, peer: SocketAddr, now: Instant) -> Connecti
 /// Runs the whole job. Never panics on I/O trouble: everything ends up in the report.
 pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Report {
     let start = Instant::now();
-    let mut s = Session {
-        opts_flags: opts.flags,
-        recursive: opts.recursive,
-        job: &job,
-        local: None,
-        results: Vec::new(),
-        queue: VecDeque::new(),
-        pending: HashMap::new(),
-        dirs: Vec::new(),
-        dirs_sent: false,
-        bytes_total: 0,
-        finished_bytes: 0,
-        into_dir: false,
-    };
+    let mut s = Session::new(&job, opts.flags, opts.recursive);
     let report = |s: Session<'_>, stats: Stats, error: Option<String>, via_stream: bool| Report {
         files: s.results,
         seconds: start.elapsed().as_secs_f64(),
@@ -1208,23 +1212,6 @@ fn open_source(path: &Path) -> Result<(File, std::fs::Metadata), String> {
 mod tests {
     use super::*;
 
-    fn session(job: &Job, recursive: bool) -> Session<'_> {
-        Session {
-            opts_flags: 0,
-            recursive,
-            job,
-            local: None,
-            results: Vec::new(),
-            queue: VecDeque::new(),
-            pending: HashMap::new(),
-            dirs: Vec::new(),
-            dirs_sent: false,
-            bytes_total: 0,
-            finished_bytes: 0,
-            into_dir: false,
-        }
-    }
-
     /// `cp HOST:FILE DEST` asks for the file at once; listing it first cost a round trip
     /// before the first byte. Several sources, or `-r`, are listed first (a tree needs it).
     #[test]
@@ -1242,14 +1229,14 @@ mod tests {
             sources: vec!["dir/f.bin".into()],
             dest: dest.clone(),
         };
-        let mut s = session(&one, false);
+        let mut s = Session::new(&one, 0, false);
         s.start(&mut conn());
         assert!(s.pending.is_empty(), "listed the one source first");
         assert_eq!(s.queue.len(), 1);
         assert_eq!(s.results[0].remote, "dir/f.bin");
         assert_eq!(s.results[0].local, dest);
 
-        let mut s = session(&one, true);
+        let mut s = Session::new(&one, 0, true);
         s.start(&mut conn());
         assert_eq!(s.pending.len(), 1, "-r must list the source");
         assert!(s.queue.is_empty());
@@ -1258,7 +1245,7 @@ mod tests {
             sources: vec!["a".into(), "b".into()],
             dest,
         };
-        let mut s = session(&two, false);
+        let mut s = Session::new(&two, 0, false);
         s.start(&mut conn());
         assert_eq!(s.pending.len(), 2);
     }
