@@ -22,6 +22,9 @@ use crate::clock::poll_fd;
 /// (the kernel builds the batch as one IP packet of at most 64 KiB before segmenting it).
 pub const MAX_UDP_PAYLOAD: usize = 65_507;
 
+/// The longest a GRO super-buffer's segments take to arrive: one poll of the NIC's queue
+/// (64 full-size frames at 1 Gbit/s take 0.8 ms).
+const GRO_SPAN_MAX: Duration = Duration::from_millis(2);
 /// Size of each receive buffer: one datagram, or one GRO super-buffer (at most 64 KiB).
 pub const RECV_BUF_SIZE: usize = 65_536;
 
@@ -452,11 +455,14 @@ impl RecvBufs {
                     now
                 };
                 // A GRO super-buffer carries the first segment's timestamp only; the others
-                // came later, at the latest now. Spread them from the first to now: the newest
-                // (whose arrival dates an ACK) is never dated early, which would make RTTs
-                // read short and spoil the minimum RTT.
+                // came later, within the one poll of the NIC that merged them. Spread them
+                // from the first over at most `GRO_SPAN_MAX` (until now if that is sooner):
+                // the newest (whose arrival dates an ACK) is then not dated early, which would
+                // make RTTs read short and spoil the minimum RTT; nor, when the buffer waited
+                // for a busy receiver, dated at the read, which hid the wait from the ACK and
+                // made it read as a queue on the path (10 ms at 1 Gbit/s).
                 let n = m.len.div_ceil(m.stride.max(1)).max(1) as u32;
-                let span = now.saturating_duration_since(first);
+                let span = now.saturating_duration_since(first).min(GRO_SPAN_MAX);
                 buf[..m.len]
                     .chunks_mut(m.stride)
                     .enumerate()

@@ -121,6 +121,32 @@ fn gro_coalesces_on_loopback() {
     assert_eq!(bufs.datagrams().count(), 40);
 }
 
+/// A GRO super-buffer read late: its segments arrived together, long before the read, and
+/// each one says so (dated at the read, the newest told an ACK its wait was none).
+#[test]
+fn a_late_gro_buffer_dates_every_segment_by_its_arrival() {
+    let tx = UdpSocket::bind(lo()).unwrap();
+    let rx = UdpSocket::bind(lo()).unwrap();
+    std::thread::sleep(Duration::from_millis(50)); // receive timestamps on (see below)
+    let data = payload(40, 1400, 1400);
+    tx.send_batch(rx.local_addr().unwrap(), &data, 1400)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(60));
+    rx.wait_readable(Some(Duration::from_secs(1))).unwrap();
+    let mut bufs = RecvBufs::new(4);
+    assert_eq!(rx.recv_batch(&mut bufs).unwrap(), 40);
+    let read = Instant::now();
+    let late: Vec<Duration> = bufs
+        .datagrams_at()
+        .map(|(_, at, _)| read.saturating_duration_since(at))
+        .collect();
+    assert_eq!(late.len(), 40);
+    assert!(
+        late.iter().all(|&w| w >= Duration::from_millis(50)),
+        "waits before the read {late:?}"
+    );
+}
+
 #[test]
 fn sendmmsg_fallback_without_gso() {
     let tx = UdpSocket::bind(lo()).unwrap();

@@ -1081,7 +1081,9 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
             conn.bye();
             bye_at = Some(now);
         }
-        while let Some(n) = conn.poll_transmit(now, links.slot(), &mut files) {
+        // The clock now, not the loop's (see the server's loop): ACKs say how long data
+        // waited here, and send times stamp when a datagram really left.
+        while let Some(n) = conn.poll_transmit(Instant::now(), links.slot(), &mut files) {
             links.commit(peer, n);
         }
         links.flush();
