@@ -1173,6 +1173,19 @@ mod tests {
         assert_eq!(a.share_gain(60), SHARE_GAIN);
     }
 
+    /// A flow growing (a few rounds in) from an estimate of `cap` bytes/s, at the start of a
+    /// round; and the time.
+    fn growing_at(cap: u64) -> (Adaptive, u64) {
+        let mut a = Adaptive::new(None, 0);
+        a.mode = Mode::ProbeBw;
+        a.phase = Phase::Grow(3);
+        a.rate = cap;
+        a.bw_rounds = vec![cap];
+        let now = 1_000_000;
+        a.start_round(now);
+        (a, now)
+    }
+
     /// A queue found while growing is sized by what stood all along, not by the last
     /// sample: after the sender's host held it, the ACKs that waited meanwhile read as a
     /// queue that jumped, and a cut sized by that one was the big queue's (0.7 of the link).
@@ -1181,13 +1194,7 @@ mod tests {
     fn a_queue_is_sized_by_what_stood_not_by_a_late_ack() {
         let cap = 50_000_000u64;
         for (queues, big) in [([6_000, 6_000, 25_000], false), ([25_000; 3], true)] {
-            let mut a = Adaptive::new(None, 0);
-            a.mode = Mode::ProbeBw;
-            a.phase = Phase::Grow(3);
-            a.rate = cap;
-            a.bw_rounds = vec![cap];
-            let mut now = 1_000_000;
-            a.start_round(now);
+            let (mut a, mut now) = growing_at(cap);
             // 50 ms path: growing stops at a queue of 3.75 ms that stands 12.5 ms; a big
             // queue is over 16.7 ms. The last sample comes after 20 ms of nothing.
             for (q, dt) in queues.into_iter().zip([5_000, 5_000, 20_000]) {
@@ -1211,13 +1218,7 @@ mod tests {
     #[test]
     fn one_drain_cuts_the_estimate_by_half_at_most() {
         let cap = 50_000_000u64;
-        let mut a = Adaptive::new(None, 0);
-        a.mode = Mode::ProbeBw;
-        a.phase = Phase::Grow(3);
-        a.rate = cap;
-        a.bw_rounds = vec![cap];
-        let mut now = 1_000_000;
-        a.start_round(now);
+        let (mut a, mut now) = growing_at(cap);
         // A queue that stands (6 ms on a 50 ms path) while a twentieth of the link arrives.
         for _ in 0..6 {
             now += 5_000;
