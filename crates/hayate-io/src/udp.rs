@@ -14,6 +14,7 @@ use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use hayate_proto::ReceiverState;
 use quinn_udp::{Transmit, UdpSocketState};
 
 use crate::clock::poll_fd;
@@ -44,6 +45,7 @@ mod sockopt {
     pub const SO_SNDBUFFORCE: libc::c_int = 32;
     pub const SO_RCVBUFFORCE: libc::c_int = 33;
     pub const SO_RXQ_OVFL: libc::c_int = 40;
+    pub const SO_MEMINFO: libc::c_int = 55;
     pub const SUPPORTED: bool = true;
 }
 #[cfg(any(target_arch = "mips", target_arch = "mips64", target_arch = "sparc64"))]
@@ -51,6 +53,7 @@ mod sockopt {
     pub const SO_SNDBUFFORCE: libc::c_int = -1;
     pub const SO_RCVBUFFORCE: libc::c_int = -1;
     pub const SO_RXQ_OVFL: libc::c_int = -1;
+    pub const SO_MEMINFO: libc::c_int = -1;
     pub const SUPPORTED: bool = false;
 }
 
@@ -318,6 +321,43 @@ impl UdpSocket {
             read && (err || revents & libc::POLLIN != 0),
             write && (err || revents & libc::POLLOUT != 0),
         ))
+    }
+
+    /// `(waiting, size)` of the receive buffer, in the kernel's accounting (each datagram
+    /// counts with its buffer overhead, as when the kernel decides to drop): `SO_MEMINFO`'s
+    /// `rmem_alloc` and `rcvbuf`. `None` where the kernel does not tell (Linux < 4.11).
+    pub fn receive_buffer_fill(&self) -> Option<(u64, u64)> {
+        if !sockopt::SUPPORTED {
+            return None;
+        }
+        let mut info = [0u32; 2];
+        let mut len = std::mem::size_of_val(&info) as libc::socklen_t;
+        // SAFETY: `info` is writable for `len` bytes; the kernel writes at most that many.
+        let rc = unsafe {
+            libc::getsockopt(
+                self.io.as_raw_fd(),
+                libc::SOL_SOCKET,
+                sockopt::SO_MEMINFO,
+                info.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let (used, size) = (
+            info[libc::SK_MEMINFO_RMEM_ALLOC as usize],
+            info[libc::SK_MEMINFO_RCVBUF as usize],
+        );
+        (rc == 0 && len as usize == std::mem::size_of_val(&info) && size > 0)
+            .then_some((u64::from(used), u64::from(size)))
+    }
+
+    /// The receive buffer's fill and drops, for the peer's rate controller.
+    pub fn receiver_state(&self) -> ReceiverState {
+        let (buffered, buffer) = self.receive_buffer_fill().unwrap_or((0, 0));
+        ReceiverState {
+            buffered,
+            buffer,
+            os_drops: self.kernel_drops(),
+        }
     }
 
     /// Datagrams the kernel dropped on this socket's receive queue so far (buffer full etc.).

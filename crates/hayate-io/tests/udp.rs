@@ -295,3 +295,27 @@ fn arrival_time_is_the_kernels_not_the_reads() {
         read.saturating_duration_since(at)
     );
 }
+
+/// The receive buffer's fill is what the peer's rate controller weighs a receiver's backlog
+/// by: it must rise with datagrams waiting and fall back once they are read.
+#[test]
+fn receive_buffer_fill_follows_what_waits() {
+    let tx = UdpSocket::bind(lo()).unwrap();
+    let rx = UdpSocket::bind(lo()).unwrap();
+    let (idle, size) = rx.receive_buffer_fill().expect("SO_MEMINFO on Linux");
+    assert_eq!(idle, 0);
+    assert!(size >= rx.recv_buffer_size() as u64 / 2, "size {size}");
+    let data = payload(100, 1400, 1400);
+    for d in data.chunks(1400) {
+        tx.send_to(rx.local_addr().unwrap(), d).unwrap();
+    }
+    rx.wait_readable(Some(Duration::from_secs(1))).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let (waiting, _) = rx.receive_buffer_fill().unwrap();
+    // Each datagram counts with its buffer overhead.
+    assert!(waiting >= 100 * 1400, "{waiting} bytes waiting");
+    let st = rx.receiver_state();
+    assert_eq!((st.buffered, st.buffer), (waiting, size));
+    assert_eq!(recv_n(&rx, 100).len(), 100);
+    assert_eq!(rx.receive_buffer_fill().unwrap().0, 0);
+}

@@ -218,7 +218,8 @@ pub struct Connection {
     stash_pending: bool,
     /// Arrival time of the last data counted in `rx_bytes`, µs.
     rx_bytes_at_us: u64,
-    rx_queue: u64,
+    rx_buffered: u64,
+    rx_buffer: u64,
     rx_drops: u64,
     rx_drops_base: Option<u64>,
     last_rx_us: u64,
@@ -259,6 +260,18 @@ pub struct Connection {
     /// Every feedback and the rate it led to, when asked for (tuning the controller on real
     /// paths needs what it saw, not only what it did).
     cc_trace: Option<Vec<CcTraceRow>>,
+}
+
+/// What the I/O shell knows of this host's receive path (see
+/// [`Connection::set_receiver_state`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReceiverState {
+    /// Bytes waiting in the socket's receive buffer, and the buffer's size, as the kernel
+    /// counts them (per-datagram overhead included); `buffer` 0: unknown.
+    pub buffered: u64,
+    pub buffer: u64,
+    /// Datagrams the OS dropped because that buffer was full, counted since the socket opened.
+    pub os_drops: u64,
 }
 
 /// One feedback as the rate controller saw it, and what it decided.
@@ -308,7 +321,8 @@ impl Connection {
             rx_bytes: 0,
             stash_pending: false,
             rx_bytes_at_us: 0,
-            rx_queue: 0,
+            rx_buffered: 0,
+            rx_buffer: 0,
             rx_drops: 0,
             rx_drops_base: None,
             last_rx_us: 0,
@@ -451,13 +465,15 @@ impl Connection {
         self.events.pop_front()
     }
 
-    /// The I/O shell reports the receiver-side facts the rate controller wants.
-    pub fn set_receiver_state(&mut self, backlog_bytes: u64, os_drops: u64) {
-        self.rx_queue = backlog_bytes;
+    /// The I/O shell reports the receiver-side facts the peer's rate controller wants; the
+    /// next ACK carries them.
+    pub fn set_receiver_state(&mut self, st: ReceiverState) {
+        self.rx_buffer = st.buffer;
+        self.rx_buffered = if st.buffer > 0 { st.buffered } else { 0 };
         // The socket's counter runs for its whole life (a server's spans many sessions):
         // report only the drops since this session first looked.
-        let base = *self.rx_drops_base.get_or_insert(os_drops);
-        self.rx_drops = os_drops.saturating_sub(base);
+        let base = *self.rx_drops_base.get_or_insert(st.os_drops);
+        self.rx_drops = st.os_drops.saturating_sub(base);
     }
 
     // ----- application requests -----
@@ -955,7 +971,8 @@ impl Connection {
         } else {
             self.prev_ack_rx = Some((a.rx_bytes, a.rx_time_us));
         }
-        fb.rx_queue = a.rx_queue;
+        fb.rx_buffered = a.rx_buffered;
+        fb.rx_buffer = a.rx_buffer;
         fb.rx_drops = a.rx_drops.saturating_sub(self.peer_drops);
         self.peer_drops = self.peer_drops.max(a.rx_drops);
         fb
@@ -1560,7 +1577,8 @@ impl Connection {
             } else {
                 now_us
             },
-            rx_queue: self.rx_queue,
+            rx_buffered: self.rx_buffered,
+            rx_buffer: self.rx_buffer,
             rx_drops: self.rx_drops,
         };
         Frame::Ack(ack).encode(w).expect("an ACK always fits");
@@ -1783,9 +1801,13 @@ mod tests {
         let psk = Psk::from_bytes([7; 32]);
         let mut c = Connection::client(Config::default(), &psk, AddrFamily::V4, Instant::now());
         // A long-lived socket had dropped 1000 datagrams before this session.
-        c.set_receiver_state(0, 1000);
+        let drops = |os_drops| ReceiverState {
+            os_drops,
+            ..ReceiverState::default()
+        };
+        c.set_receiver_state(drops(1000));
         assert_eq!(c.rx_drops, 0);
-        c.set_receiver_state(0, 1005);
+        c.set_receiver_state(drops(1005));
         assert_eq!(c.rx_drops, 5);
     }
 

@@ -22,7 +22,8 @@ pub mod transfer;
 pub mod wire;
 
 pub use conn::{
-    BlockSink, BlockSource, CcTraceRow, Config, Connection, Event, FileOffer, Side, Stats,
+    BlockSink, BlockSource, CcTraceRow, Config, Connection, Event, FileOffer, ReceiverState, Side,
+    Stats,
 };
 pub use endpoint::{Endpoint, Route};
 pub use transfer::XferId;

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::cc::RateConfig;
-use crate::conn::{BlockSink, BlockSource, Config, Connection, Event};
+use crate::conn::{BlockSink, BlockSource, Config, Connection, Event, ReceiverState};
 use crate::crypto::Psk;
 use crate::endpoint::{Endpoint, Route};
 use crate::transfer::XferId;
@@ -75,8 +75,13 @@ pub struct RateStep {
 pub struct ReceiverParams {
     /// Bytes per second (whole datagrams plus IP/UDP headers) the application takes in.
     pub rate: u64,
-    /// Socket receive buffer, bytes.
+    /// Socket receive buffer, bytes (datagrams plus IP/UDP headers).
     pub buffer_bytes: u64,
+    /// The application is descheduled for `stall_us` every `stall_every_us` on average (0:
+    /// never); meanwhile datagrams wait in the buffer, and it catches up at four times the
+    /// pace they came in (a receiver on a busy 2-core host).
+    pub stall_every_us: u64,
+    pub stall_us: u64,
 }
 
 /// One more client of the same server, sharing the bottleneck with the scenario's own client.
@@ -360,8 +365,10 @@ struct Net {
     rng: Rng,
     /// [client → server, server → client], shared by all clients
     links: [Link; 2],
-    /// The server's receive buffer (see [`ReceiverParams`]).
+    /// The server's receive buffer (see [`ReceiverParams`]), its size and the bytes in it.
     socket: Option<Link>,
+    socket_size: u64,
+    socket_bytes: u64,
     /// (arrival µs, seq), earliest first
     wire: BinaryHeap<Reverse<(u64, u64)>>,
     /// seq → (destination, bytes, corrupted)
@@ -398,8 +405,13 @@ impl Net {
         let Some(sock) = &mut self.socket else {
             unreachable!("only with a receiver model");
         };
-        match sock.send(now, d.len() + 28, &mut self.rng).first() {
+        let len = d.len() as u64 + 28;
+        if self.socket_bytes + len > self.socket_size {
+            return false;
+        }
+        match sock.send(now, len as usize, &mut self.rng).first() {
             Some(&at) => {
+                self.socket_bytes += len;
                 self.push(at, Dest::ServerApp(from, now), d, bad);
                 true
             }
@@ -625,14 +637,21 @@ pub fn run(sc: &Scenario) -> SimResult {
     let mut net = Net {
         rng: Rng::new(sc.seed),
         links: [link(&sc.forward), link(&sc.reverse)],
+        // The buffer's fill is `socket_bytes`: a stalled application holds datagrams the
+        // link's own queue no longer counts.
         socket: sc.server_receiver.as_ref().map(|r| {
             link(&LinkParams {
                 delay_us: 0,
                 rate: Some(r.rate),
-                queue_bytes: r.buffer_bytes,
+                queue_bytes: u64::MAX,
+                stall_every_us: r.stall_every_us,
+                stall_us: r.stall_us,
+                stall_release_speedup: 4,
                 ..LinkParams::default()
             })
         }),
+        socket_size: sc.server_receiver.as_ref().map_or(0, |r| r.buffer_bytes),
+        socket_bytes: 0,
         wire: BinaryHeap::new(),
         inflight: HashMap::new(),
         seq: 0,
@@ -701,7 +720,10 @@ pub fn run(sc: &Scenario) -> SimResult {
                 }
                 Dest::Server(_) | Dest::ServerApp(..) => {
                     let (from, arrived) = match to {
-                        Dest::ServerApp(from, arrived) => (from, arrived),
+                        Dest::ServerApp(from, arrived) => {
+                            net.socket_bytes -= d.len() as u64 + 28;
+                            (from, arrived)
+                        }
                         Dest::Server(from) => (from, now),
                         Dest::Client(_) => unreachable!(),
                     };
@@ -817,7 +839,11 @@ pub fn run(sc: &Scenario) -> SimResult {
                 continue;
             };
             if net.socket.is_some() {
-                c.set_receiver_state(0, os_drops);
+                c.set_receiver_state(ReceiverState {
+                    buffered: net.socket_bytes,
+                    buffer: net.socket_size,
+                    os_drops,
+                });
             }
             if c.poll_timeout(at(now)).is_some_and(|t| us_of(t) <= now) {
                 c.handle_timeout(at(now));

@@ -5,7 +5,7 @@ use std::ops::Range;
 
 /// 2: 4-byte cids and packet numbers in the sealed header, 6-byte block numbers.
 /// 3: `Ready` says where an `INTO_DIR` offer's file goes.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 pub const MAGIC: [u8; 3] = *b"HYT";
 pub const CLIENT_HELLO_LEN: usize = 1200;
 pub const SERVER_HELLO_LEN: usize = 120;
@@ -355,19 +355,23 @@ pub struct AckFrame {
     pub ctrl_offset: u64,
     pub rx_bytes: u64,
     pub rx_time_us: u64,
-    pub rx_queue: u64,
+    /// Bytes waiting in the receiver's socket buffer, and the buffer's size, both as the
+    /// kernel counts them (overhead included; size 0: unknown).
+    pub rx_buffered: u64,
+    pub rx_buffer: u64,
     pub rx_drops: u64,
 }
 
 impl AckFrame {
-    fn fields(&self) -> [u64; 7] {
+    fn fields(&self) -> [u64; 8] {
         [
             self.largest_pn,
             self.ack_delay_us,
             self.ctrl_offset,
             self.rx_bytes,
             self.rx_time_us,
-            self.rx_queue,
+            self.rx_buffered,
+            self.rx_buffer,
             self.rx_drops,
         ]
     }
@@ -683,11 +687,11 @@ impl<'a> FrameIter<'a> {
             }
             FRAME_PING => Ok(Frame::Ping),
             FRAME_ACK => {
-                let mut f = [0u64; 7];
+                let mut f = [0u64; 8];
                 for v in &mut f {
                     *v = r.get_varint()?;
                 }
-                let [largest_pn, ack_delay_us, ctrl_offset, rx_bytes, rx_time_us, rx_queue, rx_drops] =
+                let [largest_pn, ack_delay_us, ctrl_offset, rx_bytes, rx_time_us, rx_buffered, rx_buffer, rx_drops] =
                     f;
                 Ok(Frame::Ack(AckFrame {
                     largest_pn,
@@ -695,7 +699,8 @@ impl<'a> FrameIter<'a> {
                     ctrl_offset,
                     rx_bytes,
                     rx_time_us,
-                    rx_queue,
+                    rx_buffered,
+                    rx_buffer,
                     rx_drops,
                 }))
             }

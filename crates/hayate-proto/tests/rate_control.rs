@@ -598,6 +598,8 @@ fn slow_receiver(rx_rate: u64, buffer: u64, seed: u64) -> (f64, f64) {
     sc.server_receiver = Some(ReceiverParams {
         rate: rx_rate,
         buffer_bytes: buffer,
+        stall_every_us: 0,
+        stall_us: 0,
     });
     sc.uploads = vec![("f".into(), data(30_000_000))];
     let r = sim::run(&sc);

@@ -53,14 +53,15 @@ fn varint() -> impl Strategy<Value = u64> {
 }
 
 fn ack() -> impl Strategy<Value = AckFrame> {
-    prop::array::uniform7(varint()).prop_map(|f| AckFrame {
+    prop::array::uniform8(varint()).prop_map(|f| AckFrame {
         largest_pn: f[0],
         ack_delay_us: f[1],
         ctrl_offset: f[2],
         rx_bytes: f[3],
         rx_time_us: f[4],
-        rx_queue: f[5],
-        rx_drops: f[6],
+        rx_buffered: f[5],
+        rx_buffer: f[6],
+        rx_drops: f[7],
     })
 }
 

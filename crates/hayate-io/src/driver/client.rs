@@ -915,7 +915,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
             session_error = Some("the ssh channel closed".into());
             conn.close(now, 1, "channel closed");
         }
-        conn.set_receiver_state(0, links.kernel_drops());
+        conn.set_receiver_state(links.receiver_state());
         if conn.poll_timeout(now).is_some_and(|t| t <= now) {
             conn.handle_timeout(now);
         }

@@ -9,6 +9,8 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::time::Instant;
 
+use hayate_proto::ReceiverState;
+
 use super::SendBatch;
 use crate::clock::wait_any_until;
 use crate::udp::{RecvBufs, UdpSocket};
@@ -234,9 +236,12 @@ impl Links {
         }
     }
 
-    /// Datagrams lost before we could read them: the kernel's receive-queue drops.
-    pub fn kernel_drops(&self) -> u64 {
-        self.udp.as_ref().map_or(0, |s| s.kernel_drops())
+    /// What the peer's rate controller should know of this side's receive path: the UDP
+    /// socket's (a stream has TCP's own flow control).
+    pub fn receiver_state(&self) -> ReceiverState {
+        self.udp
+            .as_ref()
+            .map_or(ReceiverState::default(), |s| s.receiver_state())
     }
 
     pub fn stream_eof(&self) -> bool {

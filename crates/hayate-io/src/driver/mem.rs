@@ -620,7 +620,7 @@ pub fn run_client(
             }
         }
         test.note_delivery(before, now);
-        conn.set_receiver_state(0, sock.kernel_drops());
+        conn.set_receiver_state(sock.receiver_state());
         if conn.poll_timeout(now).is_some_and(|t| t <= now) {
             conn.handle_timeout(now);
         }
@@ -766,7 +766,7 @@ pub fn run_server(
         if let Some(c) = cid {
             let addr = ep.conn_addr(c).expect("listed");
             let conn = ep.conn_mut(c).expect("listed");
-            conn.set_receiver_state(0, sock.kernel_drops());
+            conn.set_receiver_state(sock.receiver_state());
             if conn.poll_timeout(now).is_some_and(|t| t <= now) {
                 conn.handle_timeout(now);
             }

@@ -253,12 +253,12 @@ impl Server {
             }
             let mut next = now + Duration::from_millis(200);
             let mut busy_offers = Vec::new();
-            let drops = links.kernel_drops();
+            let rx = links.receiver_state();
             for cid in self.ep.cids() {
                 let addr = self.ep.conn_addr(cid).expect("listed");
                 let f = self.files.entry(cid).or_default();
                 let c = self.ep.conn_mut(cid).expect("listed");
-                c.set_receiver_state(0, drops);
+                c.set_receiver_state(rx);
                 if c.poll_timeout(now).is_some_and(|t| t <= now) {
                     c.handle_timeout(now);
                 }

@@ -29,8 +29,10 @@ pub struct Feedback {
     /// Blocks newly declared lost by this feedback, and their bytes.
     pub lost_blocks: u64,
     pub lost_bytes: u64,
-    /// Receiver's backlog (received, not yet written) in bytes.
-    pub rx_queue: u64,
+    /// Bytes waiting in the receiver's socket buffer, and its size, as its kernel counts
+    /// them (overhead included; `rx_buffer` 0: unknown).
+    pub rx_buffered: u64,
+    pub rx_buffer: u64,
     /// Sending time (bytes at the pacing rate) the sender's host took from it while it sent
     /// the packets this ACK newly covers: their delivery rate is the sender's, not the path's.
     pub send_stall_bytes: u64,
