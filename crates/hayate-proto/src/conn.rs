@@ -1689,6 +1689,8 @@ impl Connection {
         }
         self.pacer.on_sent(total);
         self.cc.on_sent(now_us, total as u64);
+        // The rate may depend on what is in flight (see `RateControl::pacing_rate`).
+        self.pacer.set_rate(self.cc.pacing_rate());
         // Last new block out and hashed: announce the file's hash.
         self.maybe_announce(xfer);
         Some(total)

@@ -120,8 +120,36 @@ const INITIAL_RATE: u64 = 4_000_000;
 const MIN_RATE: u64 = 50_000;
 /// The receiver's lag (its backlog: how long the newest datagram it acknowledges waited
 /// for it) up to this counts as ordinary (ACKs are delayed up to 5 ms by design); past it,
-/// as a queue the sender keeps filling.
+/// as a queue the sender keeps filling. When the receiver does not say how full its socket
+/// buffer is.
 const RX_LAG_ALLOWANCE_US: u64 = 5_000;
+/// When it does: only the backlog over this share of its buffer counts. A busy host's
+/// receiver falls tens of ms behind and catches up (on the harness at 1 Gbit/s, a third of
+/// all ACKs waited over 20 ms in a 128 MiB buffer); draining that as a queue kept a 100 ms
+/// path at 82-89 % of the link, where a sender at a fixed pace got 95 %. A receiver slower
+/// than the link fills its buffer past this, and is followed as before.
+const RX_BUFFER_CALM: f64 = 0.25;
+/// What a receiver's buffer holds of data, per byte of the kernel's accounting (which counts
+/// each datagram with its overhead: a 1.5 KB datagram takes 2.3 KB).
+const RX_BUFFER_PAYLOAD: f64 = 0.5;
+/// In flight past the congestion cap, while the receiver's buffer has room for it: this
+/// long at the estimate, µs. A receiver whose host stops it for a while (150-300 ms on the
+/// harness) finds data waiting when it resumes, where a cap of two round trips of data
+/// stopped the sender after 20 ms on a 10 ms path and left the link idle.
+const RX_STALL_ROOM_US: u64 = 250_000;
+
+/// How much of the receiver's lag counts as queue, µs (see `RX_BUFFER_CALM`): the lag
+/// scales with the bytes waiting, so the part of it over the calm share.
+fn receiver_queue_us(fb: &Feedback) -> u64 {
+    if fb.rx_buffer == 0 {
+        return fb.rx_lag_us.saturating_sub(RX_LAG_ALLOWANCE_US);
+    }
+    let over = fb.rx_buffered as f64 - RX_BUFFER_CALM * fb.rx_buffer as f64;
+    if over <= 0.0 {
+        return 0;
+    }
+    (fb.rx_lag_us as f64 * over / fb.rx_buffered as f64) as u64
+}
 /// Random loss larger than this is not compensated (it is too much to be noise).
 const MAX_LOSS_COMPENSATION: f64 = 0.25;
 /// Weight each calm round's loss keeps in the path's random-loss estimate per newer calm round.
@@ -239,9 +267,13 @@ pub struct Adaptive {
     /// Our shares at the last drains, newest last.
     shares: Vec<u64>,
     /// Queueing delay, µs: on the path (latest RTT − min RTT, `path_queue_us`) plus the
-    /// receiver's backlog beyond `RX_LAG_ALLOWANCE_US`.
+    /// the receiver's backlog that counts (`receiver_queue_us`).
     queue_delay_us: u64,
     path_queue_us: u64,
+    /// What the receiver's socket buffer holds of data, bytes (0: unknown).
+    rx_room: u64,
+    /// In flight: as of the latest feedback, plus what was sent since.
+    in_flight: u64,
     min_rtt_us: u64,
     srtt_us: u64,
     rate: u64,
@@ -340,6 +372,8 @@ impl Adaptive {
             shares: Vec::new(),
             queue_delay_us: 0,
             path_queue_us: 0,
+            rx_room: 0,
+            in_flight: 0,
             min_rtt_us: 0,
             srtt_us: 0,
             rate: INITIAL_RATE,
@@ -743,6 +777,15 @@ impl Adaptive {
         self.round_calm = true;
     }
 
+    /// Past startup, in flight up to twice the bandwidth-delay product (plus room for
+    /// bursts) keeps the pipe full through ACK jitter. Of the base RTT, not the smoothed
+    /// one: a standing queue must not widen it.
+    fn congestion_cap(&self) -> u64 {
+        let rtt = self.min_rtt_us.max(1_000) as u128;
+        let bw = self.bottleneck().max(self.rate) as u128;
+        2 * (bw * rtt / 1_000_000) as u64 + 256 * 1024
+    }
+
     fn update_rate(&mut self) {
         let bw = self.bottleneck();
         if bw == 0 {
@@ -765,21 +808,30 @@ impl Adaptive {
 
 impl RateControl for Adaptive {
     fn pacing_rate(&self) -> Option<u64> {
+        // Past the congestion cap only what the receiver's buffer can take lets the sender
+        // on: its feedback is overdue (it stopped a while), so nothing says whether the
+        // path takes more. No probing then: a grow phase's increment kept up blind for 50
+        // ms overflowed a 10 ms path's buffer on the harness.
+        if self.mode == Mode::ProbeBw && self.in_flight > self.congestion_cap() {
+            return Some(self.rate.min(self.clamp(self.bottleneck() as f64)));
+        }
         Some(self.rate)
     }
 
     fn on_sent(&mut self, _now_us: u64, bytes: u64) {
         self.round_sent += bytes;
+        self.in_flight += bytes;
     }
 
     fn on_feedback(&mut self, fb: &Feedback) {
         self.now_us = fb.now_us;
+        self.in_flight = fb.in_flight;
+        self.rx_room = (fb.rx_buffer as f64 * RX_BUFFER_PAYLOAD) as u64;
         self.min_rtt_us = fb.min_rtt_us;
         self.srtt_us = fb.srtt_us;
         if let Some(rtt) = fb.rtt_us {
             self.path_queue_us = rtt.saturating_sub(fb.min_rtt_us);
-            self.queue_delay_us =
-                self.path_queue_us + fb.rx_lag_us.saturating_sub(RX_LAG_ALLOWANCE_US);
+            self.queue_delay_us = self.path_queue_us + receiver_queue_us(fb);
             self.round_min_queue_us = self.round_min_queue_us.min(self.queue_delay_us);
             self.round_min_path_queue_us = self.round_min_path_queue_us.min(self.path_queue_us);
             self.lag_us = fb.rx_lag_us;
@@ -915,8 +967,8 @@ impl RateControl for Adaptive {
     }
 
     fn in_flight_cap(&self) -> Option<u64> {
-        // Twice the bandwidth-delay product (plus room for bursts): enough to keep the pipe
-        // full through ACK jitter, bounded so a stalled receiver is not flooded.
+        // Bounded so a stalled receiver is not flooded: by the congestion cap, or by what
+        // the receiver's buffer is known to hold.
         // None before the first sample: the first flight (data sent with an offer, before
         // any ACK) is bounded by the pacing rate and the connection's eager limit.
         if self.min_rtt_us == 0 {
@@ -924,15 +976,21 @@ impl RateControl for Adaptive {
         }
         // The base RTT, not the smoothed one: a standing queue must not widen the cap.
         let rtt = self.min_rtt_us.max(1_000);
-        let (bw, bdps) = if self.mode == Mode::Startup {
+        let bytes_in = |bw: u64, us: u64| (bw as u128 * us as u128 / 1_000_000) as u64;
+        if self.mode == Mode::Startup {
             // While searching, the round that finds the limit sends at twice what the path
             // carries: a cap on what was delivered bounds the queue that round leaves, so a
             // 1-BDP buffer does not overflow before the signal gets back.
-            (self.bottleneck().max(INITIAL_RATE), STARTUP_IN_FLIGHT_BDPS)
-        } else {
-            (self.bottleneck().max(self.rate), 2.0)
-        };
-        Some((bdps * (bw as u128 * rtt as u128 / 1_000_000) as f64) as u64 + 256 * 1024)
+            let bw = self.bottleneck().max(INITIAL_RATE);
+            let cap = STARTUP_IN_FLIGHT_BDPS * bytes_in(bw, rtt) as f64;
+            return Some(cap as u64 + 256 * 1024);
+        }
+        let cap = self.congestion_cap();
+        // A receiver that stops for a while holds what comes meanwhile in its buffer (what
+        // is in flight is on the path or there): as much as that holds, within reason.
+        let bw = self.bottleneck().max(self.rate);
+        let room = self.rx_room.min(cap + bytes_in(bw, RX_STALL_ROOM_US));
+        Some(cap.max(room))
     }
 
     fn name(&self) -> &'static str {

@@ -43,7 +43,8 @@ pub struct Feedback {
 }
 
 pub trait RateControl: Send + std::fmt::Debug {
-    /// Pacing rate in bytes per second; `None` = send as fast as the host allows.
+    /// Pacing rate in bytes per second; `None` = send as fast as the host allows. Asked
+    /// after every feedback and every datagram sent.
     fn pacing_rate(&self) -> Option<u64>;
     fn on_sent(&mut self, _now_us: u64, _bytes: u64) {}
     fn on_feedback(&mut self, _fb: &Feedback) {}
