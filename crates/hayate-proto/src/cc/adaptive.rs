@@ -138,6 +138,18 @@ const RX_BUFFER_PAYLOAD: f64 = 0.5;
 /// stopped the sender after 20 ms on a 10 ms path and left the link idle.
 const RX_STALL_ROOM_US: u64 = 250_000;
 
+/// Bytes sent at `bw` bytes/s over `us`.
+fn bytes_in(bw: u64, us: u64) -> u64 {
+    (bw as u128 * us as u128 / 1_000_000) as u64
+}
+
+/// Past startup, in flight up to twice the bandwidth-delay product (plus room for bursts)
+/// keeps the pipe full through ACK jitter. Of the base RTT, not the smoothed one: a standing
+/// queue must not widen it.
+fn congestion_cap(bw: u64, min_rtt_us: u64) -> u64 {
+    2 * bytes_in(bw, min_rtt_us.max(1_000)) + 256 * 1024
+}
+
 /// How much of the receiver's lag counts as queue, µs (see `RX_BUFFER_CALM`): the lag
 /// scales with the bytes waiting, so the part of it over the calm share.
 fn receiver_queue_us(fb: &Feedback) -> u64 {
@@ -267,13 +279,17 @@ pub struct Adaptive {
     /// Our shares at the last drains, newest last.
     shares: Vec<u64>,
     /// Queueing delay, µs: on the path (latest RTT − min RTT, `path_queue_us`) plus the
-    /// the receiver's backlog that counts (`receiver_queue_us`).
+    /// receiver's backlog that counts (`receiver_queue_us`).
     queue_delay_us: u64,
     path_queue_us: u64,
     /// What the receiver's socket buffer holds of data, bytes (0: unknown).
     rx_room: u64,
     /// In flight: as of the latest feedback, plus what was sent since.
     in_flight: u64,
+    /// As of the latest feedback: the congestion cap, and the pacing rate past it (see
+    /// `pacing_rate`; asked per datagram, so not worked out each time).
+    congestion_cap: u64,
+    blind_rate: u64,
     min_rtt_us: u64,
     srtt_us: u64,
     rate: u64,
@@ -374,6 +390,8 @@ impl Adaptive {
             path_queue_us: 0,
             rx_room: 0,
             in_flight: 0,
+            congestion_cap: u64::MAX,
+            blind_rate: INITIAL_RATE,
             min_rtt_us: 0,
             srtt_us: 0,
             rate: INITIAL_RATE,
@@ -777,15 +795,6 @@ impl Adaptive {
         self.round_calm = true;
     }
 
-    /// Past startup, in flight up to twice the bandwidth-delay product (plus room for
-    /// bursts) keeps the pipe full through ACK jitter. Of the base RTT, not the smoothed
-    /// one: a standing queue must not widen it.
-    fn congestion_cap(&self) -> u64 {
-        let rtt = self.min_rtt_us.max(1_000) as u128;
-        let bw = self.bottleneck().max(self.rate) as u128;
-        2 * (bw * rtt / 1_000_000) as u64 + 256 * 1024
-    }
-
     fn update_rate(&mut self) {
         let bw = self.bottleneck();
         if bw == 0 {
@@ -803,6 +812,8 @@ impl Adaptive {
             (Mode::ProbeBw, Phase::Drain(_)) => bw * self.drain_gain,
             (Mode::ProbeBw, Phase::Grow(k)) => bw + self.increment(k).min(bw * MAX_GROW),
         });
+        self.congestion_cap = congestion_cap(self.bottleneck().max(self.rate), self.min_rtt_us);
+        self.blind_rate = self.rate.min(self.clamp(bw));
     }
 }
 
@@ -812,8 +823,8 @@ impl RateControl for Adaptive {
         // on: its feedback is overdue (it stopped a while), so nothing says whether the
         // path takes more. No probing then: a grow phase's increment kept up blind for 50
         // ms overflowed a 10 ms path's buffer on the harness.
-        if self.mode == Mode::ProbeBw && self.in_flight > self.congestion_cap() {
-            return Some(self.rate.min(self.clamp(self.bottleneck() as f64)));
+        if self.mode == Mode::ProbeBw && self.in_flight > self.congestion_cap {
+            return Some(self.blind_rate);
         }
         Some(self.rate)
     }
@@ -974,21 +985,19 @@ impl RateControl for Adaptive {
         if self.min_rtt_us == 0 {
             return None;
         }
-        // The base RTT, not the smoothed one: a standing queue must not widen the cap.
-        let rtt = self.min_rtt_us.max(1_000);
-        let bytes_in = |bw: u64, us: u64| (bw as u128 * us as u128 / 1_000_000) as u64;
         if self.mode == Mode::Startup {
             // While searching, the round that finds the limit sends at twice what the path
             // carries: a cap on what was delivered bounds the queue that round leaves, so a
-            // 1-BDP buffer does not overflow before the signal gets back.
+            // 1-BDP buffer does not overflow before the signal gets back. Of the base RTT
+            // (see `congestion_cap`).
             let bw = self.bottleneck().max(INITIAL_RATE);
-            let cap = STARTUP_IN_FLIGHT_BDPS * bytes_in(bw, rtt) as f64;
+            let cap = STARTUP_IN_FLIGHT_BDPS * bytes_in(bw, self.min_rtt_us.max(1_000)) as f64;
             return Some(cap as u64 + 256 * 1024);
         }
-        let cap = self.congestion_cap();
+        let bw = self.bottleneck().max(self.rate);
+        let cap = congestion_cap(bw, self.min_rtt_us);
         // A receiver that stops for a while holds what comes meanwhile in its buffer (what
         // is in flight is on the path or there): as much as that holds, within reason.
-        let bw = self.bottleneck().max(self.rate);
         let room = self.rx_room.min(cap + bytes_in(bw, RX_STALL_ROOM_US));
         Some(cap.max(room))
     }
