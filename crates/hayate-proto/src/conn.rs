@@ -884,11 +884,12 @@ impl Connection {
             fb.min_rtt_us = self.rtt.min();
             fb.in_flight = self.in_flight_bytes();
             self.cc.on_feedback(&fb);
-            self.pacer.set_rate(self.cc.pacing_rate());
+            let rate = self.cc.pacing_rate_with(fb.in_flight);
+            self.pacer.set_rate(rate);
             if let Some(t) = &mut self.cc_trace {
                 t.push(CcTraceRow {
                     feedback: fb,
-                    rate: self.cc.pacing_rate().unwrap_or(0),
+                    rate: rate.unwrap_or(0),
                     state: self.cc.name(),
                     sent_bytes: self.stats.data_bytes_sent,
                 });
@@ -1689,8 +1690,9 @@ impl Connection {
         }
         self.pacer.on_sent(total);
         self.cc.on_sent(now_us, total as u64);
-        // The rate may depend on what is in flight (see `RateControl::pacing_rate`).
-        self.pacer.set_rate(self.cc.pacing_rate());
+        // The rate may depend on what is in flight (see `RateControl::pacing_rate_with`).
+        self.pacer
+            .set_rate(self.cc.pacing_rate_with(self.in_flight_bytes()));
         // Last new block out and hashed: announce the file's hash.
         self.maybe_announce(xfer);
         Some(total)

@@ -683,7 +683,7 @@ fn stalling_receiver(
 /// queue to drain, and no reason to stop sending: on the harness, treating it as both kept
 /// 1 Gbit/s paths at 82-91 % of the link where a sender at a fixed pace got 95 % (here:
 /// 83.7 and 94.4 %). But while its feedback is overdue nothing says the path takes more:
-/// probing on blind overflowed the 10 ms path's buffer (0.59 % retransmitted here).
+/// probing on blind overflowed the 10 ms path's buffer (0.30 % retransmitted here).
 #[test]
 fn a_receiver_that_stalls_behind_a_large_buffer_gets_the_link() {
     for (rtt_ms, speed, every_us, stall_us, seed) in [

@@ -284,10 +284,8 @@ pub struct Adaptive {
     path_queue_us: u64,
     /// What the receiver's socket buffer holds of data, bytes (0: unknown).
     rx_room: u64,
-    /// In flight: as of the latest feedback, plus what was sent since.
-    in_flight: u64,
     /// As of the latest feedback: the congestion cap, and the pacing rate past it (see
-    /// `pacing_rate`; asked per datagram, so not worked out each time).
+    /// `pacing_rate_with`; asked per datagram, so not worked out each time).
     congestion_cap: u64,
     blind_rate: u64,
     min_rtt_us: u64,
@@ -389,7 +387,6 @@ impl Adaptive {
             queue_delay_us: 0,
             path_queue_us: 0,
             rx_room: 0,
-            in_flight: 0,
             congestion_cap: u64::MAX,
             blind_rate: INITIAL_RATE,
             min_rtt_us: 0,
@@ -819,11 +816,15 @@ impl Adaptive {
 
 impl RateControl for Adaptive {
     fn pacing_rate(&self) -> Option<u64> {
+        Some(self.rate)
+    }
+
+    fn pacing_rate_with(&self, in_flight: u64) -> Option<u64> {
         // Past the congestion cap only what the receiver's buffer can take lets the sender
         // on: its feedback is overdue (it stopped a while), so nothing says whether the
         // path takes more. No probing then: a grow phase's increment kept up blind for 50
         // ms overflowed a 10 ms path's buffer on the harness.
-        if self.mode == Mode::ProbeBw && self.in_flight > self.congestion_cap {
+        if self.mode == Mode::ProbeBw && in_flight > self.congestion_cap {
             return Some(self.blind_rate);
         }
         Some(self.rate)
@@ -831,12 +832,10 @@ impl RateControl for Adaptive {
 
     fn on_sent(&mut self, _now_us: u64, bytes: u64) {
         self.round_sent += bytes;
-        self.in_flight += bytes;
     }
 
     fn on_feedback(&mut self, fb: &Feedback) {
         self.now_us = fb.now_us;
-        self.in_flight = fb.in_flight;
         self.rx_room = (fb.rx_buffer as f64 * RX_BUFFER_PAYLOAD) as u64;
         self.min_rtt_us = fb.min_rtt_us;
         self.srtt_us = fb.srtt_us;

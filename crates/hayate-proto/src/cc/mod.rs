@@ -43,9 +43,13 @@ pub struct Feedback {
 }
 
 pub trait RateControl: Send + std::fmt::Debug {
-    /// Pacing rate in bytes per second; `None` = send as fast as the host allows. Asked
-    /// after every feedback and every datagram sent.
+    /// Pacing rate in bytes per second; `None` = send as fast as the host allows.
     fn pacing_rate(&self) -> Option<u64>;
+    /// The same while `in_flight` data bytes are unacknowledged: a controller may hold back
+    /// when its feedback is overdue. Asked after every feedback and every datagram sent.
+    fn pacing_rate_with(&self, _in_flight: u64) -> Option<u64> {
+        self.pacing_rate()
+    }
     fn on_sent(&mut self, _now_us: u64, _bytes: u64) {}
     fn on_feedback(&mut self, _fb: &Feedback) {}
     /// Most data bytes that may be in flight (sent, not yet acknowledged or lost).
