@@ -78,10 +78,11 @@ pub struct ReceiverParams {
     /// Socket receive buffer, bytes (datagrams plus IP/UDP headers).
     pub buffer_bytes: u64,
     /// The application is descheduled for `stall_us` every `stall_every_us` on average (0:
-    /// never); meanwhile datagrams wait in the buffer, and it catches up at four times the
-    /// pace they came in (a receiver on a busy 2-core host).
+    /// never); meanwhile datagrams wait in the buffer, and it catches up at `catch_up` times
+    /// the pace they came in (a receiver on a busy 2-core host: 2-4).
     pub stall_every_us: u64,
     pub stall_us: u64,
+    pub catch_up: u64,
 }
 
 /// One more client of the same server, sharing the bottleneck with the scenario's own client.
@@ -369,6 +370,10 @@ struct Net {
     socket: Option<Link>,
     socket_size: u64,
     socket_bytes: u64,
+    /// Bytes the application has read that the buffer still counts as held. Linux releases
+    /// what a UDP reader takes in batches, a quarter of the buffer at a time unless it empties
+    /// (`udp_rmem_release`); the fill it reports and drops by runs ahead by up to that.
+    socket_deficit: u64,
     /// (arrival µs, seq), earliest first
     wire: BinaryHeap<Reverse<(u64, u64)>>,
     /// seq → (destination, bytes, corrupted)
@@ -393,6 +398,20 @@ impl Net {
         }
     }
 
+    /// The buffer's fill as the kernel counts it.
+    fn socket_fill(&self) -> u64 {
+        self.socket_bytes + self.socket_deficit
+    }
+
+    /// The application took a datagram of `len` bytes (with overhead) from the buffer.
+    fn dequeue_at_server(&mut self, len: u64) {
+        self.socket_bytes -= len;
+        self.socket_deficit += len;
+        if self.socket_deficit >= self.socket_size / 4 || self.socket_bytes == 0 {
+            self.socket_deficit = 0;
+        }
+    }
+
     fn push(&mut self, at: u64, to: Dest, d: Vec<u8>, bad: bool) {
         self.seq += 1;
         self.inflight.insert(self.seq, (to, d, bad));
@@ -406,7 +425,7 @@ impl Net {
             unreachable!("only with a receiver model");
         };
         let len = d.len() as u64 + 28;
-        if self.socket_bytes + len > self.socket_size {
+        if self.socket_bytes + self.socket_deficit + len > self.socket_size {
             return false;
         }
         match sock.send(now, len as usize, &mut self.rng).first() {
@@ -646,12 +665,13 @@ pub fn run(sc: &Scenario) -> SimResult {
                 queue_bytes: u64::MAX,
                 stall_every_us: r.stall_every_us,
                 stall_us: r.stall_us,
-                stall_release_speedup: 4,
+                stall_release_speedup: r.catch_up,
                 ..LinkParams::default()
             })
         }),
         socket_size: sc.server_receiver.as_ref().map_or(0, |r| r.buffer_bytes),
         socket_bytes: 0,
+        socket_deficit: 0,
         wire: BinaryHeap::new(),
         inflight: HashMap::new(),
         seq: 0,
@@ -721,7 +741,7 @@ pub fn run(sc: &Scenario) -> SimResult {
                 Dest::Server(_) | Dest::ServerApp(..) => {
                     let (from, arrived) = match to {
                         Dest::ServerApp(from, arrived) => {
-                            net.socket_bytes -= d.len() as u64 + 28;
+                            net.dequeue_at_server(d.len() as u64 + 28);
                             (from, arrived)
                         }
                         Dest::Server(from) => (from, now),
@@ -840,7 +860,7 @@ pub fn run(sc: &Scenario) -> SimResult {
             };
             if net.socket.is_some() {
                 c.set_receiver_state(ReceiverState {
-                    buffered: net.socket_bytes,
+                    buffered: net.socket_fill(),
                     buffer: net.socket_size,
                     os_drops,
                 });

@@ -128,10 +128,18 @@ const RX_LAG_ALLOWANCE_US: u64 = 5_000;
 /// all ACKs waited over 20 ms in a 128 MiB buffer); draining that as a queue kept a 100 ms
 /// path at 82-89 % of the link, where a sender at a fixed pace got 95 %. A receiver slower
 /// than the link fills its buffer past this, and is followed as before.
+/// Linux's count runs ahead while a backlog is read: it releases what a UDP reader took only
+/// a quarter of the buffer at a time (`udp_rmem_release`), so a quarter can be all read.
 const RX_BUFFER_CALM: f64 = 0.25;
-/// What a receiver's buffer holds of data, per byte of the kernel's accounting (which counts
-/// each datagram with its overhead: on the harness 12.3 MB of data filled 33 MB of it).
-const RX_BUFFER_PAYLOAD: f64 = 1.0 / 3.0;
+/// The share when the buffer holds all the congestion cap lets into flight (the receiver's
+/// backlog is part of what is in flight, so it cannot overflow): on the harness a receiver
+/// its host held back for 200 ms came back to 40 MB counted in 134 MB, and the yield that
+/// followed took 0.3 of the pace for 50 ms and more on a 10 ms path.
+const RX_BUFFER_CALM_ROOMY: f64 = 0.5;
+/// What a receiver's buffer holds of data, per byte of the kernel's accounting, which counts
+/// each datagram with its overhead: 1430 bytes took 2304 on loopback (0.62). A session-15
+/// reading of 12.3 MB in 33 MB had the batched release in it.
+const RX_BUFFER_PAYLOAD: f64 = 0.5;
 /// In flight past the congestion cap, while the receiver's buffer has room for it: this
 /// long at the estimate, µs. A receiver whose host stops it for a while (150-300 ms on the
 /// harness) finds data waiting when it resumes, where a cap of two round trips of data
@@ -151,12 +159,12 @@ fn congestion_cap(bw: u64, min_rtt_us: u64) -> u64 {
 }
 
 /// How much of the receiver's lag counts as queue, µs (see `RX_BUFFER_CALM`): the lag
-/// scales with the bytes waiting, so the part of it over the calm share.
-fn receiver_queue_us(fb: &Feedback) -> u64 {
+/// scales with the bytes waiting, so the part of it over the `calm` share.
+fn receiver_queue_us(fb: &Feedback, calm: f64) -> u64 {
     if fb.rx_buffer == 0 {
         return fb.rx_lag_us.saturating_sub(RX_LAG_ALLOWANCE_US);
     }
-    let over = fb.rx_buffered as f64 - RX_BUFFER_CALM * fb.rx_buffer as f64;
+    let over = fb.rx_buffered as f64 - calm * fb.rx_buffer as f64;
     if over <= 0.0 {
         return 0;
     }
@@ -841,7 +849,12 @@ impl RateControl for Adaptive {
         self.srtt_us = fb.srtt_us;
         if let Some(rtt) = fb.rtt_us {
             self.path_queue_us = rtt.saturating_sub(fb.min_rtt_us);
-            self.queue_delay_us = self.path_queue_us + receiver_queue_us(fb);
+            let calm = if self.rx_room >= self.congestion_cap {
+                RX_BUFFER_CALM_ROOMY
+            } else {
+                RX_BUFFER_CALM
+            };
+            self.queue_delay_us = self.path_queue_us + receiver_queue_us(fb, calm);
             self.round_min_queue_us = self.round_min_queue_us.min(self.queue_delay_us);
             self.round_min_path_queue_us = self.round_min_path_queue_us.min(self.path_queue_us);
             self.lag_us = fb.rx_lag_us;
