@@ -283,6 +283,10 @@ pub struct CcTraceRow {
     pub state: &'static str,
     /// Data bytes sent so far (the real sending rate, next to the set one).
     pub sent_bytes: u64,
+    /// The controller's in-flight cap after it, bytes (0 = none).
+    pub cap: u64,
+    /// Sending time the pacer lost so far to late wake-ups, as bytes at its rate.
+    pub pacer_lost: u64,
 }
 
 impl std::fmt::Debug for Connection {
@@ -892,6 +896,8 @@ impl Connection {
                     rate: rate.unwrap_or(0),
                     state: self.cc.name(),
                     sent_bytes: self.stats.data_bytes_sent,
+                    cap: self.cc.in_flight_cap().unwrap_or(0),
+                    pacer_lost: self.pacer.lost_bytes(),
                 });
             }
         }

@@ -69,7 +69,7 @@ impl CcTrace {
         use std::io::Write;
         writeln!(
             out,
-            "t_ms\trtt_us\tmin_rtt_us\tsrtt_us\trx_bps\tdelivered\tlost_bytes\trx_drops\tin_flight\trate_bps\tstate\tsent_bytes\trx_lag_us\trx_buffered\trx_buffer"
+            "t_ms\trtt_us\tmin_rtt_us\tsrtt_us\trx_bps\tdelivered\tlost_bytes\trx_drops\tin_flight\trate_bps\tstate\tsent_bytes\trx_lag_us\trx_buffered\trx_buffer\tcap\tpacer_lost"
         )
         .ok()?;
         conn.enable_cc_trace();
@@ -83,7 +83,7 @@ impl CcTrace {
             let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
             let _ = writeln!(
                 self.out,
-                "{:.3}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                "{:.3}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
                 f.now_us as f64 / 1e3,
                 opt(f.rtt_us),
                 f.min_rtt_us,
@@ -98,7 +98,9 @@ impl CcTrace {
                 r.sent_bytes,
                 f.rx_lag_us,
                 f.rx_buffered,
-                f.rx_buffer
+                f.rx_buffer,
+                r.cap,
+                r.pacer_lost
             );
         }
         let _ = self.out.flush();
