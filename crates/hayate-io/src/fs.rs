@@ -814,6 +814,71 @@ pub fn create_local_part(dest: &Path, size: u64) -> Result<PartFile, FsError> {
     PartFile::create(dir, name, &shown, size)
 }
 
+/// A file being sent. New data goes out in order, a datagram's worth at a time: reading
+/// ahead in chunks makes each block a copy instead of a system call (at 1 Gbit/s that is
+/// 80 000 `pread`s a second fewer, on a sender that shares its cores with the receiver).
+/// Blocks asked for out of order (retransmissions) are read on their own, leaving the
+/// chunk for the in-order stream.
+pub struct SourceFile {
+    file: File,
+    size: u64,
+    ahead: Vec<u8>,
+    /// File offset of `ahead[0]`, and how many bytes of `ahead` hold the file's.
+    start: u64,
+    len: usize,
+}
+
+impl SourceFile {
+    /// Bytes read ahead at a time (less for a smaller file).
+    pub const CHUNK: usize = 256 * 1024;
+
+    /// `size`: the file's length as offered.
+    pub fn new(file: File, size: u64) -> Self {
+        SourceFile {
+            file,
+            size,
+            ahead: Vec::new(),
+            start: 0,
+            len: 0,
+        }
+    }
+
+    /// Fills `out` with the file's bytes at `offset`; an error if the file ends first.
+    pub fn read_block(&mut self, offset: u64, out: &mut [u8]) -> Result<(), String> {
+        let end = offset + out.len() as u64;
+        let held = self.start + self.len as u64;
+        if offset >= self.start && end <= held {
+            let from = (offset - self.start) as usize;
+            out.copy_from_slice(&self.ahead[from..from + out.len()]);
+            return Ok(());
+        }
+        let in_order = self.len == 0 || (offset >= self.start && offset <= held);
+        let n = if in_order && out.len() < Self::CHUNK {
+            if self.ahead.is_empty() {
+                let want = self.size.min(Self::CHUNK as u64) as usize;
+                self.ahead = vec![0; want.max(out.len())];
+            }
+            let want =
+                (self.size.saturating_sub(offset) as usize).clamp(out.len(), self.ahead.len());
+            self.len = 0;
+            let n =
+                read_at(&self.file, offset, &mut self.ahead[..want]).map_err(|e| e.to_string())?;
+            self.start = offset;
+            self.len = n;
+            let k = n.min(out.len());
+            out[..k].copy_from_slice(&self.ahead[..k]);
+            k
+        } else {
+            read_at(&self.file, offset, out).map_err(|e| e.to_string())?
+        };
+        if n == out.len() {
+            Ok(())
+        } else {
+            Err("file shrank while being sent".into())
+        }
+    }
+}
+
 /// Reads into `buf` at `offset` until it is full or end of file; returns the bytes read.
 pub fn read_at(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
     let mut done = 0;

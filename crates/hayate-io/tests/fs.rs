@@ -4,7 +4,9 @@ use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, SystemTime};
 
-use hayate_io::fs::{create_local_part, hash_file, read_at, umask, EntryKind, FsError, Root};
+use hayate_io::fs::{
+    create_local_part, hash_file, read_at, umask, EntryKind, FsError, Root, SourceFile,
+};
 
 fn setup() -> (tempfile::TempDir, Root) {
     let dir = tempfile::tempdir().unwrap();
@@ -730,4 +732,43 @@ fn umask_is_stable() {
     let u = umask();
     assert_eq!(u & !0o777, 0);
     assert_eq!(umask(), u);
+}
+
+/// A source file read in order, with a jump back (a retransmission) in between, then past
+/// what is read ahead, gives the file's bytes everywhere; a file that shrank says so.
+#[test]
+fn a_source_file_reads_ahead_and_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f");
+    let data: Vec<u8> = (0..(SourceFile::CHUNK * 2 + 5000) as u32)
+        .map(|i| (i % 251) as u8)
+        .collect();
+    std::fs::write(&path, &data).unwrap();
+    let mut src = SourceFile::new(std::fs::File::open(&path).unwrap(), data.len() as u64);
+    let block = 1430;
+    let mut buf = vec![0u8; block];
+    let mut offsets: Vec<u64> = (0..data.len() / block)
+        .map(|i| (i * block) as u64)
+        .collect();
+    offsets.insert(300, 7 * block as u64);
+    offsets.insert(10, 3);
+    for off in offsets {
+        let n = block.min(data.len() - off as usize);
+        src.read_block(off, &mut buf[..n]).unwrap();
+        assert_eq!(&buf[..n], &data[off as usize..off as usize + n], "at {off}");
+    }
+    let last = (data.len() - 10) as u64;
+    src.read_block(last, &mut buf[..10]).unwrap();
+    assert_eq!(&buf[..10], &data[data.len() - 10..]);
+
+    // Shrunk behind its back: what is still read ahead is served, the rest is an error.
+    std::fs::File::options()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(1000)
+        .unwrap();
+    let mut src = SourceFile::new(std::fs::File::open(&path).unwrap(), data.len() as u64);
+    let err = src.read_block(0, &mut buf).unwrap_err();
+    assert!(err.contains("shrank"), "{err}");
 }

@@ -18,7 +18,7 @@ use hayate_proto::{BlockSink, BlockSource, Config, Connection, Event, FileOffer,
 use super::link::{Links, StreamLink, STREAM_PEER};
 use super::resume::{resumable, save_progress};
 use super::{dest_mode, systime, StopFlag};
-use crate::fs::{self, create_local_part, EntryKind, PartFile, Root};
+use crate::fs::{self, create_local_part, EntryKind, PartFile, Root, SourceFile};
 use crate::udp::UdpSocket;
 
 /// Transfers in flight at once; more are queued (bounds open files and state).
@@ -167,7 +167,7 @@ struct Active {
     size: u64,
     mode: u32,
     mtime: i64,
-    file: Option<File>,
+    file: Option<SourceFile>,
     part: Option<PartFile>,
     saved: Option<u64>,
     no_space: bool,
@@ -180,16 +180,11 @@ struct Files {
 
 impl BlockSource for Files {
     fn read(&mut self, xfer: XferId, offset: u64, buf: &mut [u8]) -> Result<(), String> {
-        let f = self
-            .act
-            .get(&xfer)
-            .and_then(|a| a.file.as_ref())
-            .ok_or("transfer not open")?;
-        match fs::read_at(f, offset, buf) {
-            Ok(n) if n == buf.len() => Ok(()),
-            Ok(_) => Err("file shrank while being sent".into()),
-            Err(e) => Err(e.to_string()),
-        }
+        self.act
+            .get_mut(&xfer)
+            .and_then(|a| a.file.as_mut())
+            .ok_or("transfer not open")?
+            .read_block(offset, buf)
     }
 }
 
@@ -711,7 +706,7 @@ impl<'a> Session<'a> {
                     size: m.len(),
                     mode: m.mode(),
                     mtime: m.mtime(),
-                    file: Some(f),
+                    file: Some(SourceFile::new(f, m.len())),
                     part: None,
                     saved: None,
                     no_space: false,

@@ -4,7 +4,6 @@
 //! channel closes.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
@@ -21,7 +20,7 @@ use hayate_proto::{
 use super::link::{Links, StreamLink};
 use super::resume::{resumable, save_progress};
 use super::{dest_mode, systime, StopFlag};
-use crate::fs::{self, Entry, EntryKind, FsError, PartFile, Root};
+use crate::fs::{self, Entry, EntryKind, FsError, PartFile, Root, SourceFile};
 use crate::udp::UdpSocket;
 
 /// Most entries one listing may return (a runaway tree is an error, not an OOM).
@@ -62,18 +61,16 @@ struct Incoming {
 /// The files one session is reading and writing.
 #[derive(Default)]
 struct SessionFiles {
-    out: HashMap<XferId, File>,
+    out: HashMap<XferId, SourceFile>,
     inc: HashMap<XferId, Incoming>,
 }
 
 impl BlockSource for SessionFiles {
     fn read(&mut self, xfer: XferId, offset: u64, buf: &mut [u8]) -> Result<(), String> {
-        let f = self.out.get(&xfer).ok_or("transfer not open")?;
-        match fs::read_at(f, offset, buf) {
-            Ok(n) if n == buf.len() => Ok(()),
-            Ok(_) => Err("file shrank while being sent".into()),
-            Err(e) => Err(e.to_string()),
-        }
+        self.out
+            .get_mut(&xfer)
+            .ok_or("transfer not open")?
+            .read_block(offset, buf)
     }
 }
 
@@ -500,7 +497,7 @@ fn on_event(
                         hash,
                     },
                 );
-                f.out.insert(xfer, file);
+                f.out.insert(xfer, SourceFile::new(file, meta.len()));
             }
             Err(e) => {
                 log(&format!("{addr}: refused download: {e}"));
