@@ -573,9 +573,23 @@ pub fn umask() -> u32 {
 
 /// A destination being written: the temp file `.<name>.hayate-part`, renamed to `<name>` by
 /// [`commit`](Self::commit) only.
+///
+/// Writes that continue one another are gathered and written [`PartFile::RUN`] bytes at a
+/// time: a receiver at 1 Gbit/s otherwise makes 80 000 `pwrite`s a second, each costing more
+/// than its copy (1430-byte writes into tmpfs ran at 430-940 MB/s here, 256 KiB ones at
+/// 1.2-2.2 GB/s). What is gathered reaches the file before anything reads it or claims it:
+/// [`hash`](Self::hash), [`save_state`](Self::save_state), [`commit`](Self::commit),
+/// [`flush`](Self::flush), and on drop. A gathered write that fails fails every later call.
 #[derive(Debug)]
 pub struct PartFile {
     file: File,
+    /// Gathered bytes, for the file at `run_at`.
+    run: Vec<u8>,
+    run_at: u64,
+    /// Size the file was created with (bounds the gathering buffer for small files).
+    size: u64,
+    /// A gathered write failed: its error (raw OS code where there was one) and text.
+    failed: Option<(Option<i32>, String)>,
     dir: OwnedFd,
     part_name: String,
     state_name: String,
@@ -587,6 +601,9 @@ pub struct PartFile {
 }
 
 impl PartFile {
+    /// Contiguous bytes gathered before they are written.
+    pub const RUN: usize = 256 * 1024;
+
     fn create(dir: OwnedFd, name: &str, shown: &str, size: u64) -> Result<Self, FsError> {
         reserved(name, shown)?;
         match rfs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
@@ -638,6 +655,10 @@ impl PartFile {
         file.set_len(size).map_err(io_err)?;
         Ok(Self {
             file,
+            run: Vec::new(),
+            run_at: 0,
+            size,
+            failed: None,
             dir,
             part_name,
             state_name: format!(".{name}{STATE_SUFFIX}"),
@@ -666,8 +687,10 @@ impl PartFile {
     }
 
     /// Atomically replaces the resume state `.<name>.hayate-state` next to the temp file
-    /// (contents are the driver's business).
-    pub fn save_state(&self, data: &[u8]) -> io::Result<()> {
+    /// (contents are the driver's business). Gathered writes reach the file first, so the
+    /// state never claims bytes the file does not hold.
+    pub fn save_state(&mut self, data: &[u8]) -> io::Result<()> {
+        self.flush()?;
         let tmp = format!("{}.tmp", self.state_name);
         let ctx = |e: io::Error| {
             io::Error::new(
@@ -718,8 +741,10 @@ impl PartFile {
         (data.len() as u64 <= MAX_STATE).then_some(data)
     }
 
-    pub fn file(&self) -> &File {
-        &self.file
+    /// The temp file, with every gathered write in it.
+    pub fn file(&mut self) -> io::Result<&File> {
+        self.flush()?;
+        Ok(&self.file)
     }
 
     /// The temp file's name inside the destination directory.
@@ -727,13 +752,55 @@ impl PartFile {
         &self.part_name
     }
 
-    /// Writes all of `data` at `offset` (pwrite, restarting on short writes).
-    pub fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        self.file.write_all_at(data, offset)
+    /// Writes all of `data` at `offset`: gathered when it continues the previous write,
+    /// else after what was gathered (pwrite, restarting on short writes).
+    pub fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
+        self.check()?;
+        let end = self.run_at + self.run.len() as u64;
+        if self.run.is_empty() || offset != end || self.run.len() + data.len() > Self::RUN {
+            self.flush()?;
+            if data.len() >= Self::RUN {
+                return self.file.write_all_at(data, offset);
+            }
+            if self.run.capacity() == 0 {
+                self.run
+                    .reserve_exact(self.size.clamp(data.len() as u64, Self::RUN as u64) as usize);
+            }
+            self.run_at = offset;
+        }
+        self.run.extend_from_slice(data);
+        if self.run.len() == Self::RUN {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Writes what was gathered.
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.check()?;
+        if self.run.is_empty() {
+            return Ok(());
+        }
+        let r = self.file.write_all_at(&self.run, self.run_at);
+        self.run.clear();
+        if let Err(e) = &r {
+            self.failed = Some((e.raw_os_error(), e.to_string()));
+        }
+        r
+    }
+
+    /// The error of a gathered write that failed earlier, again.
+    fn check(&self) -> io::Result<()> {
+        match &self.failed {
+            None => Ok(()),
+            Some((Some(code), _)) => Err(io::Error::from_raw_os_error(*code)),
+            Some((None, text)) => Err(io::Error::other(text.clone())),
+        }
     }
 
     /// BLAKE3 of the temp file's current contents (multi-threaded).
-    pub fn hash(&self) -> io::Result<blake3::Hash> {
+    pub fn hash(&mut self) -> io::Result<blake3::Hash> {
+        self.flush()?;
         hash_file(&self.file)
     }
 
@@ -741,7 +808,8 @@ impl PartFile {
     /// never applied) and mtime, then renames the temp file to the final name. Call only after
     /// the hash was verified. Does not fsync (like cp/scp); call `file().sync_all()` first if
     /// durability across power loss matters.
-    pub fn commit(self, mode: Option<u32>, mtime: Option<SystemTime>) -> io::Result<()> {
+    pub fn commit(mut self, mode: Option<u32>, mtime: Option<SystemTime>) -> io::Result<()> {
+        self.flush()?;
         if let Some(mode) = mode {
             self.file
                 .set_permissions(Permissions::from_mode(mode & 0o777))?;
@@ -779,11 +847,21 @@ impl PartFile {
     pub fn abandon(self) {}
 
     /// Removes the temp file and its resume state (after a failed verification).
-    pub fn discard(self) {
+    pub fn discard(mut self) {
+        self.run.clear();
         let tmp_state = format!("{}.tmp", self.state_name);
         for name in [&self.part_name, &self.state_name, &tmp_state] {
             let _ = rfs::unlinkat(&self.dir, name.as_str(), AtFlags::empty());
         }
+    }
+}
+
+impl Drop for PartFile {
+    /// What was gathered is written (a resumed transfer finds it), unless the file was
+    /// discarded; an error here has nobody left to tell, and the resume state, saved after a
+    /// flush, does not claim those bytes.
+    fn drop(&mut self) {
+        let _ = self.flush();
     }
 }
 

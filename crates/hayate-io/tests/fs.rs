@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use hayate_io::fs::{
-    create_local_part, hash_file, read_at, umask, EntryKind, FsError, Root, SourceFile,
+    create_local_part, hash_file, read_at, umask, EntryKind, FsError, PartFile, Root, SourceFile,
 };
 
 fn setup() -> (tempfile::TempDir, Root) {
@@ -126,7 +126,7 @@ fn invalid_and_missing_paths() {
 fn create_part_creates_parents_writes_and_commits() {
     let (dir, root) = setup();
     let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
-    let part = root
+    let mut part = root
         .create_part("new/deeper/file.bin", data.len() as u64)
         .unwrap();
     let part_path = dir.path().join("new/deeper/.file.bin.hayate-part");
@@ -152,7 +152,7 @@ fn create_part_creates_parents_writes_and_commits() {
 #[test]
 fn commit_replaces_an_existing_file() {
     let (dir, root) = setup();
-    let part = root.create_part("hello.txt", 3).unwrap();
+    let mut part = root.create_part("hello.txt", 3).unwrap();
     part.write_at(0, b"new").unwrap();
     part.commit(None, None).unwrap();
     assert_eq!(fs::read(dir.path().join("hello.txt")).unwrap(), b"new");
@@ -161,7 +161,7 @@ fn commit_replaces_an_existing_file() {
 #[test]
 fn abandon_leaves_only_the_part_file_and_resume_keeps_it() {
     let (dir, root) = setup();
-    let part = root.create_part("up.bin", 10).unwrap();
+    let mut part = root.create_part("up.bin", 10).unwrap();
     part.write_at(0, b"01234").unwrap();
     part.abandon();
     let mut names: Vec<_> = fs::read_dir(dir.path())
@@ -171,9 +171,9 @@ fn abandon_leaves_only_the_part_file_and_resume_keeps_it() {
     names.sort();
     assert_eq!(names, [".up.bin.hayate-part", "hello.txt", "sub"]);
     // Reopening keeps the data written so far, resized to the final size.
-    let part = root.create_part("up.bin", 8).unwrap();
+    let mut part = root.create_part("up.bin", 8).unwrap();
     let mut buf = [0u8; 16];
-    assert_eq!(read_at(part.file(), 0, &mut buf).unwrap(), 8);
+    assert_eq!(read_at(part.file().unwrap(), 0, &mut buf).unwrap(), 8);
     assert_eq!(&buf[..8], b"01234\0\0\0");
     part.abandon();
 }
@@ -240,7 +240,7 @@ fn create_part_in_read_only_dir_is_permission_denied() {
 fn local_part_for_downloads() {
     let dir = tempfile::tempdir().unwrap();
     let dest = dir.path().join("download.iso");
-    let part = create_local_part(&dest, 5).unwrap();
+    let mut part = create_local_part(&dest, 5).unwrap();
     assert!(dir.path().join(".download.iso.hayate-part").exists());
     part.write_at(0, b"abcde").unwrap();
     assert_eq!(part.hash().unwrap(), blake3::hash(b"abcde"));
@@ -319,12 +319,12 @@ fn whole_fs_resolves_like_a_shell() {
     assert!(matches!(e, FsError::InvalidPath(_)), "{e:?}");
 
     // Writes: relative with `..`, and absolute, parents created.
-    let p = root.create_part("../made/x.bin", 2).unwrap();
+    let mut p = root.create_part("../made/x.bin", 2).unwrap();
     p.write_at(0, b"xy").unwrap();
     p.commit(None, None).unwrap();
     assert_eq!(fs::read(dir.path().join("made/x.bin")).unwrap(), b"xy");
     let abs = dir.path().join("abs/y.bin");
-    let p = root.create_part(abs.to_str().unwrap(), 1).unwrap();
+    let mut p = root.create_part(abs.to_str().unwrap(), 1).unwrap();
     p.write_at(0, b"y").unwrap();
     p.commit(None, None).unwrap();
     assert_eq!(fs::read(&abs).unwrap(), b"y");
@@ -625,7 +625,7 @@ fn confined_tree_ops_refuse_escapes() {
 #[test]
 fn part_file_lock_is_exclusive_until_dropped() {
     let (dir, root) = setup();
-    let first = root.create_part("big.bin", 10).unwrap();
+    let mut first = root.create_part("big.bin", 10).unwrap();
     first.write_at(0, b"0123456789").unwrap();
     let e = root.create_part("big.bin", 100).unwrap_err();
     assert!(matches!(e, FsError::Busy(_)), "{e:?}");
@@ -653,7 +653,7 @@ fn part_file_lock_is_exclusive_until_dropped() {
 #[test]
 fn resume_state_save_load_commit_discard() {
     let (dir, root) = setup();
-    let part = root.create_part("r.bin", 4).unwrap();
+    let mut part = root.create_part("r.bin", 4).unwrap();
     assert_eq!(part.existing_len(), 0);
     assert_eq!(part.load_state(), None);
     assert!(part.final_exists().is_none());
@@ -675,7 +675,7 @@ fn resume_state_save_load_commit_discard() {
     );
 
     // Resume: the kept part and its state.
-    let part = root.create_part("r.bin", 4).unwrap();
+    let mut part = root.create_part("r.bin", 4).unwrap();
     assert_eq!(part.existing_len(), 4);
     assert_eq!(part.load_state().unwrap(), b"state-2");
     part.write_at(2, b"cd").unwrap();
@@ -684,7 +684,7 @@ fn resume_state_save_load_commit_discard() {
     assert_eq!(fs::read(dir.path().join("r.bin")).unwrap(), b"abcd");
 
     // final_exists sees the committed file; discard removes part and state.
-    let part = root.create_part("r.bin", 8).unwrap();
+    let mut part = root.create_part("r.bin", 8).unwrap();
     let fin = part.final_exists().unwrap();
     assert_eq!((fin.kind, fin.size), (EntryKind::File, 4));
     part.save_state(b"x").unwrap();
@@ -692,7 +692,7 @@ fn resume_state_save_load_commit_discard() {
     assert_eq!(names(dir.path()), ["hello.txt", "r.bin", "sub"]);
 
     // A state that is a symlink or too big is not read.
-    let part = root.create_part("s.bin", 1).unwrap();
+    let mut part = root.create_part("s.bin", 1).unwrap();
     let outside = tempfile::tempdir().unwrap();
     fs::write(outside.path().join("v"), b"victim").unwrap();
     symlink(
@@ -771,4 +771,54 @@ fn a_source_file_reads_ahead_and_back() {
     let mut src = SourceFile::new(std::fs::File::open(&path).unwrap(), data.len() as u64);
     let err = src.read_block(0, &mut buf).unwrap_err();
     assert!(err.contains("shrank"), "{err}");
+}
+
+#[test]
+fn a_part_file_gathers_writes_and_hands_them_over_before_anything_reads() {
+    let (dir, root) = setup();
+    let run = PartFile::RUN;
+    let size = run * 3 + 777;
+    let data: Vec<u8> = (0..size as u32).map(|i| (i % 253) as u8 + 1).collect();
+    let path = dir.path().join(".g.bin.hayate-part");
+    let mut part = root.create_part("g.bin", size as u64).unwrap();
+    // Datagram-sized writes in order: the first ones wait in the gathering buffer.
+    let mut at = 0;
+    for _ in 0..10 {
+        part.write_at(at as u64, &data[at..at + 1430]).unwrap();
+        at += 1430;
+    }
+    assert!(
+        fs::read(&path).unwrap()[..at].iter().all(|&b| b == 0),
+        "gathered, not written"
+    );
+    // The resume state never claims what the file does not hold.
+    part.save_state(b"have 0-14300").unwrap();
+    assert!(fs::read(&path).unwrap()[..at] == data[..at]);
+    // In order past a whole run (written as it fills), a jump back (a retransmission),
+    // a write bigger than a run, and the short tail.
+    while at + 1430 <= 2 * run {
+        part.write_at(at as u64, &data[at..at + 1430]).unwrap();
+        at += 1430;
+    }
+    assert!(
+        fs::read(&path).unwrap()[..at - run] == data[..at - run],
+        "at most a run is held back"
+    );
+    let gap = at;
+    at += 1430;
+    part.write_at(at as u64, &data[at..at + run + 10]).unwrap();
+    at += run + 10;
+    part.write_at(gap as u64, &data[gap..gap + 1430]).unwrap();
+    part.write_at(at as u64, &data[at..]).unwrap();
+    assert_eq!(part.hash().unwrap(), blake3::hash(&data));
+    assert!(fs::read(&path).unwrap() == data);
+
+    // Dropped (the session ended): what was gathered still reaches the file.
+    let mut part = root.create_part("h.bin", 100).unwrap();
+    part.write_at(0, b"kept").unwrap();
+    drop(part);
+    assert_eq!(
+        &fs::read(dir.path().join(".h.bin.hayate-part")).unwrap()[..4],
+        b"kept"
+    );
 }

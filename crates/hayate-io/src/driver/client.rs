@@ -191,7 +191,7 @@ impl BlockSource for Files {
 impl BlockSink for Files {
     fn write(&mut self, xfer: XferId, offset: u64, data: &[u8]) -> Result<(), String> {
         let a = self.act.get_mut(&xfer).ok_or("transfer not open")?;
-        let p = a.part.as_ref().ok_or("transfer not open")?;
+        let p = a.part.as_mut().ok_or("transfer not open")?;
         p.write_at(offset, data).map_err(|e| {
             a.no_space |= e.raw_os_error() == Some(libc::ENOSPC);
             e.to_string()
@@ -761,7 +761,7 @@ impl<'a> Session<'a> {
 
 /// Writes down what a download already has, for a rerun.
 fn save_download_state(conn: &Connection, xfer: XferId, a: &mut Active) {
-    if let Some(part) = &a.part {
+    if let Some(part) = &mut a.part {
         save_progress(conn, xfer, part, a.size, a.mtime, &mut a.saved);
     }
 }
@@ -983,7 +983,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
                         continue;
                     };
                     let r = &mut s.results[a.idx];
-                    let part = a.part.expect("accepted downloads have a part file");
+                    let mut part = a.part.expect("accepted downloads have a part file");
                     let preserve = s.opts_flags & flags::PRESERVE != 0;
                     let verdict = match part.hash() {
                         Ok(h) if *h.as_bytes() == blake3 => {

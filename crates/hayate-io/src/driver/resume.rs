@@ -95,7 +95,7 @@ impl ResumeState {
 pub(crate) fn save_progress(
     c: &Connection,
     xfer: XferId,
-    part: &PartFile,
+    part: &mut PartFile,
     size: u64,
     mtime: i64,
     saved: &mut Option<u64>,

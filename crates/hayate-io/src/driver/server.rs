@@ -86,7 +86,7 @@ impl BlockSink for SessionFiles {
 
 /// Writes down what an incoming file already has, so a rerun can resume it.
 fn save_state(c: &Connection, xfer: XferId, inc: &mut Incoming) {
-    save_progress(c, xfer, &inc.part, inc.size, inc.mtime, &mut inc.saved);
+    save_progress(c, xfer, &mut inc.part, inc.size, inc.mtime, &mut inc.saved);
 }
 
 pub(crate) fn to_wire(e: Entry) -> MetaEntry {
@@ -527,7 +527,7 @@ fn on_event(
             c.meta_reply(id, result.map_err(|e| e.to_string()));
         }
         Event::IncomingComplete { xfer, blake3 } => {
-            let inc = f.inc.remove(&xfer)?;
+            let mut inc = f.inc.remove(&xfer)?;
             let result = match inc.part.hash() {
                 Ok(h) if *h.as_bytes() == blake3 => {
                     let mtime = (inc.flags & flags::PRESERVE != 0).then(|| systime(inc.mtime));
