@@ -302,6 +302,40 @@ fn download_into_existing_dir_keeps_the_name() {
 }
 
 #[test]
+fn a_server_traces_each_sessions_rate_control_and_counts_what_it_sent() {
+    let fx = Fx::new();
+    let trace = fx.tmp.path().join("cc.tsv");
+    let srv = Server::start_with_env(&fx.root, &fx.key, &[("HAYATE_CC_TRACE", &trace)]);
+    write_random(&fx.root.join("t.bin"), 4 << 20, 9);
+    for n in ["a", "b"] {
+        cp(&fx.key, &[srv.url("t.bin"), s(&fx.local.join(n))]).assert_ok();
+    }
+    assert!(eventually(Duration::from_secs(10), || srv
+        .log
+        .text()
+        .matches("session closed")
+        .count()
+        == 2));
+    // The server sent the downloads: each session's trace has the sender's columns.
+    for n in [1, 2] {
+        let text = fs::read_to_string(trace.with_extension(format!("tsv.{n}"))).unwrap();
+        let mut lines = text.lines();
+        let head: Vec<&str> = lines.next().unwrap().split('\t').collect();
+        let sent = head.iter().position(|c| *c == "sent_bytes").unwrap();
+        let last: Vec<&str> = lines.last().expect("trace lines").split('\t').collect();
+        assert!(last[sent].parse::<u64>().unwrap() >= 4 << 20, "{text}");
+    }
+    // 4 MiB in datagrams of at most 1472 bytes: that many data packets at least.
+    let log = srv.log.text();
+    let data: Vec<u64> = log
+        .lines()
+        .filter_map(|l| l.split(" out, ").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    assert_eq!(data.len(), 2, "{log}");
+    assert!(data.iter().all(|&d| d >= (4 << 20) / 1472), "{log}");
+}
+
+#[test]
 fn json_is_the_only_thing_on_stdout() {
     let fx = Fx::new();
     let src = fx.local.join("j.bin");

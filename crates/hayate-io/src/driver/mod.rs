@@ -57,14 +57,25 @@ pub(crate) fn systime(secs: i64) -> SystemTime {
 }
 
 /// `HAYATE_CC_TRACE=FILE`: every feedback the rate controller got and what it decided, as
-/// tab-separated lines (for tuning it on real paths; bench/wan reads them).
+/// tab-separated lines (for tuning it on real paths; bench/wan reads them). A client writes
+/// FILE; a server writes `FILE.N` for its Nth session (it is the sender of downloads).
 pub(crate) struct CcTrace {
     out: std::io::BufWriter<std::fs::File>,
 }
 
 impl CcTrace {
     pub(crate) fn from_env(conn: &mut Connection) -> Option<CcTrace> {
-        let path = std::env::var_os("HAYATE_CC_TRACE")?;
+        Self::create(std::env::var_os("HAYATE_CC_TRACE")?.into(), conn)
+    }
+
+    /// A server's `n`th session (from 1).
+    pub(crate) fn from_env_session(conn: &mut Connection, n: u64) -> Option<CcTrace> {
+        let mut path = std::env::var_os("HAYATE_CC_TRACE")?;
+        path.push(format!(".{n}"));
+        Self::create(path.into(), conn)
+    }
+
+    fn create(path: std::path::PathBuf, conn: &mut Connection) -> Option<CcTrace> {
         let mut out = std::io::BufWriter::new(std::fs::File::create(path).ok()?);
         use std::io::Write;
         writeln!(

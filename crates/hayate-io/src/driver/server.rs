@@ -19,7 +19,7 @@ use hayate_proto::{
 
 use super::link::{Links, StreamLink};
 use super::resume::{resumable, save_progress};
-use super::{dest_mode, systime, StopFlag};
+use super::{dest_mode, systime, CcTrace, StopFlag};
 use crate::fs::{self, Entry, EntryKind, FsError, PartFile, Root, SourceFile};
 use crate::udp::UdpSocket;
 
@@ -27,6 +27,8 @@ use crate::udp::UdpSocket;
 const MAX_LIST: usize = 4_000_000;
 /// How often the resume state of running receives is written down.
 const STATE_EVERY: Duration = Duration::from_millis(500);
+/// How often `HAYATE_CC_TRACE` lines are written out.
+const TRACE_EVERY: Duration = Duration::from_millis(100);
 
 pub enum Scope {
     /// `--root DIR`: nothing outside it.
@@ -185,6 +187,9 @@ struct Server {
     ep: Endpoint,
     files: HashMap<Cid, SessionFiles>,
     ever_connected: bool,
+    /// `HAYATE_CC_TRACE`: each session's trace, and how many sessions there were.
+    traces: HashMap<Cid, CcTrace>,
+    sessions_begun: u64,
 }
 
 impl Server {
@@ -205,6 +210,8 @@ impl Server {
             ep: Endpoint::new(opts.psk.clone(), opts.proto.clone(), Instant::now()),
             files: HashMap::new(),
             ever_connected: false,
+            traces: HashMap::new(),
+            sessions_begun: 0,
         })
     }
 
@@ -220,11 +227,13 @@ impl Server {
         mut give_up: impl FnMut(&mut Self) -> bool,
     ) -> anyhow::Result<()> {
         let mut last_state = Instant::now();
+        let mut last_trace = Instant::now();
         while !stop.is_stopped() && !links.stream_eof() && !give_up(self) {
             let now = Instant::now();
             let mut replies: Vec<(SocketAddr, Vec<u8>)> = Vec::new();
             {
                 let (ep, files) = (&mut self.ep, &mut self.files);
+                let (traces, begun) = (&mut self.traces, &mut self.sessions_begun);
                 links.recv(&mut |from, at, d| match ep.route(now, from, d) {
                     Route::Conn(cid) => {
                         let f = files.entry(cid).or_default();
@@ -235,6 +244,13 @@ impl Server {
                     Route::NewConn(cid, reply) => {
                         files.insert(cid, SessionFiles::default());
                         replies.push((from, reply));
+                        *begun += 1;
+                        if let Some(t) = ep
+                            .conn_mut(cid)
+                            .and_then(|c| CcTrace::from_env_session(c, *begun))
+                        {
+                            traces.insert(cid, t);
+                        }
                     }
                     Route::Reply(reply) => replies.push((from, reply)),
                     Route::Drop => {}
@@ -247,6 +263,10 @@ impl Server {
             let save_states = now.duration_since(last_state) >= STATE_EVERY;
             if save_states {
                 last_state = now;
+            }
+            let flush_traces = now.duration_since(last_trace) >= TRACE_EVERY;
+            if flush_traces {
+                last_trace = now;
             }
             let mut next = now + Duration::from_millis(200);
             let mut busy_offers = Vec::new();
@@ -270,6 +290,14 @@ impl Server {
                         save_state(c, *x, inc);
                     }
                 }
+                // A closed session is reaped below: its last lines go out now.
+                if let Some(t) = self
+                    .traces
+                    .get_mut(&cid)
+                    .filter(|_| flush_traces || c.is_draining())
+                {
+                    t.flush(c);
+                }
                 // The clock now, not the loop's: a loop that took in a backlog ran for ms since
                 // `now`, and an ACK built with it tells the sender its data waited here less
                 // than it did (the rest reads as a queue on the path: 10 ms at 1 Gbit/s).
@@ -286,6 +314,7 @@ impl Server {
                 self.supersede(cid, ev, log);
             }
             for cid in self.ep.reap(now) {
+                self.traces.remove(&cid);
                 if let Some(f) = self.files.remove(&cid) {
                     abandon(f, log);
                 }
@@ -585,8 +614,11 @@ fn on_event(
             let s = c.stats();
             match error {
                 None => log(&format!(
-                    "{addr}: session closed ({} packets in, {} out, {} retransmitted)",
-                    s.packets_received, s.packets_sent, s.data_packets_retransmitted
+                    "{addr}: session closed ({} packets in, {} out, {} of them data, {} retransmitted)",
+                    s.packets_received,
+                    s.packets_sent,
+                    s.data_packets_sent,
+                    s.data_packets_retransmitted
                 )),
                 Some(e) => log(&format!("{addr}: session ended: {e}")),
             }

@@ -82,10 +82,16 @@ impl Server {
     /// Starts a server on a free port serving `root` with `key`, and waits until it says
     /// "listening on". Retries with another port if the one picked was taken meanwhile.
     pub fn start(root: &Path, key: &Path) -> Server {
+        Self::start_with_env(root, key, &[])
+    }
+
+    /// [`Server::start`] with these environment variables set for the server.
+    pub fn start_with_env(root: &Path, key: &Path, env: &[(&str, &Path)]) -> Server {
         let mut last_log = String::new();
         for _attempt in 0..5 {
             let port = free_udp_port();
             let mut child = hayate()
+                .envs(env.iter().copied())
                 .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--root"])
                 .arg(root)
                 .arg("--key-file")
