@@ -65,14 +65,19 @@ pub(crate) struct CcTrace {
 
 impl CcTrace {
     pub(crate) fn from_env(conn: &mut Connection) -> Option<CcTrace> {
-        Self::create(std::env::var_os("HAYATE_CC_TRACE")?.into(), conn)
+        Self::create(Self::path()?.into(), conn)
     }
 
     /// A server's `n`th session (from 1).
     pub(crate) fn from_env_session(conn: &mut Connection, n: u64) -> Option<CcTrace> {
-        let mut path = std::env::var_os("HAYATE_CC_TRACE")?;
+        let mut path = Self::path()?;
         path.push(format!(".{n}"));
         Self::create(path.into(), conn)
+    }
+
+    /// Set and not empty (`HAYATE_CC_TRACE=` is off, not a file named `.1`).
+    fn path() -> Option<std::ffi::OsString> {
+        std::env::var_os("HAYATE_CC_TRACE").filter(|p| !p.is_empty())
     }
 
     fn create(path: std::path::PathBuf, conn: &mut Connection) -> Option<CcTrace> {
