@@ -193,6 +193,16 @@ const ACK_DELAY_US: u64 = 5_000;
 const MAX_SENT_HISTORY: usize = 1 << 22;
 const DRAIN_US: u64 = 2_000_000;
 
+/// What the sender remembers of one packet it sent.
+#[derive(Debug, Clone, Copy)]
+struct SentRecord {
+    at_us: u64,
+    /// The pacer's sending time lost to the host by then (see [`Feedback::send_stall_bytes`]).
+    stalled: u64,
+    /// Sent as part of the pacer's catch-up (see [`Pacer::catching_up`]).
+    catch_up: bool,
+}
+
 pub struct Connection {
     side: Side,
     cfg: Config,
@@ -227,9 +237,8 @@ pub struct Connection {
     // Sending packets to the peer.
     next_pn: u64,
     sent_base: u64,
-    /// Per packet number from `sent_base`: when it was sent, and the pacer's sending time
-    /// lost to the host by then (see [`Feedback::send_stall_bytes`]).
-    sent_times: VecDeque<(u64, u64)>,
+    /// Per packet number from `sent_base`: what the sender knows of its sending.
+    sent_times: VecDeque<SentRecord>,
     largest_acked: Option<u64>,
     rtt: RttEstimator,
     cc: Box<dyn RateControl>,
@@ -888,6 +897,16 @@ impl Connection {
             fb.min_rtt_us = self.rtt.min();
             fb.in_flight = self.in_flight_bytes();
             self.cc.on_feedback(&fb);
+            self.pacer.on_fates(
+                (
+                    fb.catch_up_lost_bytes,
+                    fb.catch_up_lost_bytes + fb.catch_up_delivered,
+                ),
+                (
+                    fb.lost_bytes - fb.catch_up_lost_bytes,
+                    fb.lost_bytes + fb.delivered - fb.catch_up_lost_bytes - fb.catch_up_delivered,
+                ),
+            );
             let rate = self.cc.pacing_rate_with(fb.in_flight);
             self.pacer.set_rate(rate);
             if let Some(t) = &mut self.cc_trace {
@@ -937,11 +956,11 @@ impl Connection {
         if a.largest_pn < self.next_pn && self.largest_acked.is_none_or(|l| a.largest_pn > l) {
             let prev = self.largest_acked.and_then(|l| self.sent_record(l));
             self.largest_acked = Some(a.largest_pn);
-            if let Some((sent, stalled)) = self.sent_record(a.largest_pn) {
-                if let Some((_, before)) = prev {
-                    fb.send_stall_bytes = stalled.saturating_sub(before);
+            if let Some(sent) = self.sent_record(a.largest_pn) {
+                if let Some(before) = prev {
+                    fb.send_stall_bytes = sent.stalled.saturating_sub(before.stalled);
                 }
-                let raw = rx_at_us.saturating_sub(sent);
+                let raw = rx_at_us.saturating_sub(sent.at_us);
                 let rtt = if raw > a.ack_delay_us {
                     raw - a.ack_delay_us
                 } else {
@@ -986,10 +1005,10 @@ impl Connection {
     }
 
     fn sent_time(&self, pn: u64) -> Option<u64> {
-        self.sent_record(pn).map(|(at, _)| at)
+        self.sent_record(pn).map(|r| r.at_us)
     }
 
-    fn sent_record(&self, pn: u64) -> Option<(u64, u64)> {
+    fn sent_record(&self, pn: u64) -> Option<SentRecord> {
         if pn < self.sent_base {
             return None;
         }
@@ -1016,9 +1035,14 @@ impl Connection {
                     .and_then(|i| times.get(i as usize)),
                 largest_time,
             ) {
-                (Some(&(t, _)), Some(lt)) => t + reorder_us <= lt,
+                (Some(r), Some(lt)) => r.at_us + reorder_us <= lt,
                 _ => true,
             }
+        };
+        let caught_up = |pn: u64| {
+            pn.checked_sub(sent_base)
+                .and_then(|i| times.get(i as usize))
+                .is_some_and(|r| r.catch_up)
         };
         // Before its Ready (which may travel behind the first loss map in the same packet)
         // a map can only show resumed blocks: those are credited by Ready, not counted as
@@ -1026,11 +1050,13 @@ impl Connection {
         let Some(o) = self.outgoing.get_mut(&lm.xfer).filter(|o| o.ready) else {
             return;
         };
-        let out = o.on_loss_map(lm, is_lost);
+        let out = o.on_loss_map(lm, is_lost, caught_up);
         o.settled_bytes += out.newly_acked_bytes + out.lost_bytes;
         fb.delivered += out.newly_acked_bytes;
         fb.lost_blocks += out.lost_blocks;
         fb.lost_bytes += out.lost_bytes;
+        fb.catch_up_delivered += out.tagged_acked_bytes;
+        fb.catch_up_lost_bytes += out.tagged_lost_bytes;
         self.stats.data_bytes_acked += out.newly_acked_bytes;
         self.stats.blocks_declared_lost += out.lost_blocks;
         self.stats.data_bytes_lost += out.lost_bytes;
@@ -1766,7 +1792,11 @@ impl Connection {
     }
 
     fn record_sent(&mut self, now_us: u64) {
-        self.sent_times.push_back((now_us, self.pacer.lost_bytes()));
+        self.sent_times.push_back(SentRecord {
+            at_us: now_us,
+            stalled: self.pacer.lost_bytes(),
+            catch_up: self.pacer.catching_up(),
+        });
         if self.sent_times.len() > MAX_SENT_HISTORY {
             self.sent_times.pop_front();
             self.sent_base += 1;

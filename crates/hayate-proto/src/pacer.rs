@@ -4,11 +4,23 @@
 //! Sending time a busy host takes away (the sender woken late, past the credit a burst may
 //! use) is owed and paid back a little faster than the rate, so the rate set is the rate
 //! sent on average; time the sender had nothing to send (or no room in flight) is not.
+//! Such catch-ups go faster than the rate: where they lose more than the rest (a buffer
+//! too short for them) the pacer makes less of them (see [`Pacer::on_fates`]).
 
 /// Lost sending time is paid back at up to this share of the rate on top of it.
 const CATCH_UP: f64 = 0.25;
 /// At most this much lost sending time is owed, seconds.
 const DEBT_CAP_S: f64 = 0.01;
+/// Catch-ups are judged once this many datagrams of them, and of the rest, have a fate.
+const JUDGE_DATAGRAMS: f64 = 50.0;
+/// A catch-up loses more than the rest when its loss ratio is over `LOSS_RATIO` times
+/// theirs plus `LOSS_SIGMAS` standard deviations of that over its datagrams plus
+/// `LOSS_MARGIN` (random loss hits both alike).
+const LOSS_RATIO: f64 = 1.25;
+const LOSS_SIGMAS: f64 = 4.0;
+const LOSS_MARGIN: f64 = 0.002;
+/// The least share of a full catch-up kept (some, so that its fate keeps being judged).
+const MIN_ROOM: f64 = 1.0 / 16.0;
 
 #[derive(Debug, Clone)]
 pub struct Pacer {
@@ -20,6 +32,15 @@ pub struct Pacer {
     backlogged: bool,
     /// Bytes of sending time lost so far (for stats).
     lost_total: f64,
+    /// What goes now is a catch-up: a burst past the usual quantum (a late wake-up's
+    /// credit), or paid from the debt (see [`Pacer::catching_up`]).
+    catching_up: bool,
+    /// Share of a full catch-up (debt owed, credit past a quantum) the path takes without
+    /// losing more than the rest (see [`Pacer::on_fates`]).
+    room: f64,
+    /// Bytes (lost, settled) of catch-ups and of the rest since they were last judged.
+    catch_up_fates: (f64, f64),
+    paced_fates: (f64, f64),
     /// bytes per second; `None` = unpaced
     rate: Option<u64>,
     mtu: usize,
@@ -33,6 +54,10 @@ impl Pacer {
             debt: 0.0,
             backlogged: false,
             lost_total: 0.0,
+            catching_up: false,
+            room: 1.0,
+            catch_up_fates: (0.0, 0.0),
+            paced_fates: (0.0, 0.0),
             rate: None,
             mtu,
         }
@@ -59,13 +84,48 @@ impl Pacer {
     /// shortfall as the path's limit.
     fn credit_cap(&self) -> f64 {
         let r = self.rate.unwrap_or(u64::MAX) as f64;
-        (r * 1e-3).max(self.quantum())
+        let q = self.quantum();
+        q + self.room * ((r * 1e-3).max(q) - q)
     }
 
     /// Debt kept: at most this long of sending (beyond it the host is not late but stopped,
     /// and making up for it would only build a queue).
     fn debt_cap(&self) -> f64 {
-        self.rate.unwrap_or(0) as f64 * DEBT_CAP_S
+        self.room * self.rate.unwrap_or(0) as f64 * DEBT_CAP_S
+    }
+
+    /// Fates of data reported since the last call, bytes: of the catch-ups (sent while
+    /// [`Pacer::catching_up`]) and of the rest. A catch-up that loses more than the rest
+    /// overflows the bottleneck's buffer (a 1 ms buffer takes no 1 ms burst, nor a debt
+    /// paid at 1.25 times the rate): each such verdict halves the catch-up, each clean one
+    /// lets it grow back.
+    pub fn on_fates(&mut self, catch_up: (u64, u64), rest: (u64, u64)) {
+        let add = |f: &mut (f64, f64), (lost, settled): (u64, u64)| {
+            f.0 += lost as f64;
+            f.1 += settled as f64;
+        };
+        add(&mut self.catch_up_fates, catch_up);
+        add(&mut self.paced_fates, rest);
+        let mtu = self.mtu as f64;
+        let n = self.catch_up_fates.1 / mtu;
+        if n < JUDGE_DATAGRAMS || self.paced_fates.1 / mtu < JUDGE_DATAGRAMS {
+            return;
+        }
+        let p = self.paced_fates.0 / self.paced_fates.1;
+        let q = self.catch_up_fates.0 / self.catch_up_fates.1;
+        if q > LOSS_RATIO * p + LOSS_SIGMAS * (p.max(LOSS_MARGIN) / n).sqrt() + LOSS_MARGIN {
+            self.room = (self.room / 2.0).max(MIN_ROOM);
+            self.debt = self.debt.min(self.debt_cap());
+        } else {
+            self.room = (self.room + MIN_ROOM).min(1.0);
+        }
+        self.catch_up_fates = (0.0, 0.0);
+        self.paced_fates = (0.0, 0.0);
+    }
+
+    /// Share of a full catch-up the pacer makes now (see [`Pacer::on_fates`]).
+    pub fn catch_up_room(&self) -> f64 {
+        self.room
     }
 
     fn refill(&mut self, now_us: u64) {
@@ -96,6 +156,14 @@ impl Pacer {
         self.refill(now_us);
         self.backlogged = false;
         self.debt = 0.0;
+        self.catching_up = false;
+    }
+
+    /// The datagram going now is part of a catch-up: sent faster than the rate (a burst
+    /// of a late wake-up's credit, from its first datagram to its last) or while debt is
+    /// paid back. Its fate tells whether the path has room for such catch-ups.
+    pub fn catching_up(&self) -> bool {
+        self.catching_up
     }
 
     /// Sending time lost to late wake-ups so far, bytes (paid back from `debt`, up to its cap).
@@ -110,7 +178,15 @@ impl Pacer {
         }
         self.refill(now_us);
         self.backlogged = true;
-        self.tokens >= len.min(self.mtu) as f64
+        if self.debt > 0.0 || self.tokens > self.quantum() + self.mtu as f64 {
+            self.catching_up = true;
+        }
+        let ok = self.tokens >= len.min(self.mtu) as f64;
+        if !ok {
+            // The burst is out.
+            self.catching_up = self.debt > 0.0;
+        }
+        ok
     }
 
     pub fn on_sent(&mut self, len: usize) {
@@ -218,6 +294,76 @@ mod tests {
         let (sent, _) = drive(&mut p, 150_000, 250_000, 50, |_| false);
         let max = rate as f64 * 0.1 + rate as f64 * 1e-3 + 1500.0;
         assert!(sent as f64 <= max, "sent {sent}, at most {max}");
+    }
+
+    /// Sends at 400 Mbit/s for 20 ms waking every 50 µs, then 3 ms held by the host, then
+    /// 20 ms more; returns the largest burst after the stall, and the bytes tagged as
+    /// catch-up and sent in all.
+    fn stall_once(p: &mut Pacer) -> (usize, usize, usize) {
+        let (mut now, mut burst_max, mut tagged, mut sent) = (0u64, 0usize, 0usize, 0usize);
+        while now < 43_000 {
+            if !(20_000..23_000).contains(&now) {
+                let mut burst = 0;
+                while p.can_send(now, 1500) {
+                    tagged += if p.catching_up() { 1500 } else { 0 };
+                    p.on_sent(1500);
+                    burst += 1500;
+                }
+                sent += burst;
+                if now >= 23_000 {
+                    burst_max = burst_max.max(burst);
+                }
+            }
+            now += 50;
+        }
+        (burst_max, tagged, sent)
+    }
+
+    #[test]
+    fn catch_ups_are_tagged_and_cut_back_where_they_lose_more() {
+        let rate = 50_000_000u64;
+        let mut p = Pacer::new(1500);
+        p.set_rate(Some(rate));
+        let (burst, tagged, sent) = stall_once(&mut p);
+        // The 1 ms credit goes at once, and the debt is paid back over the next ~8 ms:
+        // all of it tagged, and nothing before the stall.
+        assert!(burst as f64 >= rate as f64 * 0.9e-3, "burst {burst}");
+        let owed = rate as f64 * 2e-3;
+        assert!(tagged as f64 >= owed * 4.0, "tagged {tagged} of {sent}");
+        assert!(
+            (tagged as f64) < sent as f64 * 0.5,
+            "tagged {tagged} of {sent}"
+        );
+
+        // Random loss alike in both: nothing changes.
+        for _ in 0..10 {
+            p.on_fates((3_000, 100_000), (30_000, 1_000_000));
+        }
+        assert_eq!(p.catch_up_room(), 1.0);
+        // The catch-ups lose 15 %, the rest 0.5 %: the catch-up is halved per verdict,
+        // down to its floor, and the burst after a stall shrinks with it.
+        for _ in 0..3 {
+            p.on_fates((15_000, 100_000), (5_000, 1_000_000));
+        }
+        assert_eq!(p.catch_up_room(), 1.0 / 8.0);
+        for _ in 0..10 {
+            p.on_fates((15_000, 100_000), (5_000, 1_000_000));
+        }
+        assert_eq!(p.catch_up_room(), MIN_ROOM);
+        let mut q = p.clone();
+        q.idle(0);
+        q.last_us = 0;
+        q.tokens = 0.0;
+        let (small, _, _) = stall_once(&mut q);
+        assert!(small < burst / 2, "burst {small} after, {burst} before");
+        // Too few datagrams say nothing (yet: they count in the next verdict, which then
+        // fails); clean verdicts let it grow back.
+        p.on_fates((15_000, 30_000), (0, 30_000));
+        assert_eq!(p.catch_up_room(), MIN_ROOM);
+        for _ in 0..16 {
+            p.on_fates((0, 100_000), (0, 1_000_000));
+        }
+        assert_eq!(p.catch_up_room(), 1.0);
     }
 
     #[test]

@@ -86,6 +86,9 @@ pub struct MapOutcome {
     pub newly_acked_bytes: u64,
     pub lost_blocks: u64,
     pub lost_bytes: u64,
+    /// Of those bytes, the ones whose last packet was tagged (see [`Outgoing::on_loss_map`]).
+    pub tagged_acked_bytes: u64,
+    pub tagged_lost_bytes: u64,
 }
 
 impl Outgoing {
@@ -216,17 +219,19 @@ impl Outgoing {
         }
     }
 
-    fn ack_range(&mut self, a: u64, b: u64) -> u64 {
+    /// Acknowledges blocks `a..b`; returns the bytes newly acknowledged, and of those the
+    /// ones whose last packet was `tagged`.
+    fn ack_range(&mut self, a: u64, b: u64, tagged: &impl Fn(u64) -> bool) -> (u64, u64) {
         let b = b.min(self.layout.blocks());
         // Everything below `cum` is acknowledged already: every loss map acknowledges from
         // block 0, and scanning (and setting) that prefix again made each ACK cost more the
         // further the file got (11 % of the sender's CPU near the end of 1 GiB).
         let a = a.max(self.cum);
         if a >= b {
-            return 0;
+            return (0, 0);
         }
         // Count bytes only where bits flip; the last block may be short.
-        let mut bytes = 0u64;
+        let (mut bytes, mut tagged_bytes) = (0u64, 0u64);
         let mut i = self.acked.next_zero_before(a, b);
         while i < b {
             let j = self.acked.next_one_before(i, b);
@@ -234,11 +239,17 @@ impl Outgoing {
             if j == self.layout.blocks() {
                 bytes -= self.layout.block_size - self.layout.len(j - 1) as u64;
             }
+            for k in i..j {
+                let pn = self.last_pn(k);
+                if pn != UNSENT && pn != QUEUED && tagged(pn) {
+                    tagged_bytes += self.layout.len(k) as u64;
+                }
+            }
             i = self.acked.next_zero_before(j, b);
         }
         self.acked.set_range(a, b);
         self.bytes_acked += bytes;
-        bytes
+        (bytes, tagged_bytes)
     }
 
     fn advance(&mut self) {
@@ -254,20 +265,32 @@ impl Outgoing {
     }
 
     /// Apply the receiver's loss map. `is_lost(pn)` says whether a packet sent as `pn` must
-    /// have arrived by now if it was going to (the reordering rule, see PROTOCOL.md).
-    pub fn on_loss_map(&mut self, lm: &LossMapFrame, is_lost: impl Fn(u64) -> bool) -> MapOutcome {
+    /// have arrived by now if it was going to (the reordering rule, see PROTOCOL.md);
+    /// `tagged(pn)` picks packets whose fates are also counted apart (the sender's
+    /// catch-up after its host held it).
+    pub fn on_loss_map(
+        &mut self,
+        lm: &LossMapFrame,
+        is_lost: impl Fn(u64) -> bool,
+        tagged: impl Fn(u64) -> bool,
+    ) -> MapOutcome {
         let n = self.layout.blocks();
         let mut out = MapOutcome::default();
-        out.newly_acked_bytes += self.ack_range(0, lm.cum.min(n));
+        let mut ack = |o: &mut Self, a: u64, b: u64| {
+            let (bytes, t) = o.ack_range(a, b, &tagged);
+            out.newly_acked_bytes += bytes;
+            out.tagged_acked_bytes += t;
+        };
+        ack(self, 0, lm.cum.min(n));
         let mut prev = lm.start;
         for g in &lm.gaps {
-            out.newly_acked_bytes += self.ack_range(prev, g.start);
+            ack(self, prev, g.start);
             prev = g.end;
         }
-        out.newly_acked_bytes += self.ack_range(prev, lm.end);
+        ack(self, prev, lm.end);
         for g in &lm.gaps {
             for b in g.start..g.end.min(n) {
-                self.check_lost(b, &is_lost, &mut out);
+                self.check_lost(b, &is_lost, &tagged, &mut out);
             }
         }
         // Blocks sent beyond the receiver's highest: lost if overtaken by later packets.
@@ -278,7 +301,7 @@ impl Outgoing {
             if pn != UNSENT && pn != QUEUED && !is_lost(pn) {
                 break;
             }
-            self.check_lost(b, &is_lost, &mut out);
+            self.check_lost(b, &is_lost, &tagged, &mut out);
             b += 1;
             budget -= 1;
         }
@@ -286,7 +309,13 @@ impl Outgoing {
         out
     }
 
-    fn check_lost(&mut self, b: u64, is_lost: &impl Fn(u64) -> bool, out: &mut MapOutcome) {
+    fn check_lost(
+        &mut self,
+        b: u64,
+        is_lost: &impl Fn(u64) -> bool,
+        tagged: &impl Fn(u64) -> bool,
+        out: &mut MapOutcome,
+    ) {
         if self.acked.get(b) || b >= self.next_new {
             return;
         }
@@ -296,6 +325,9 @@ impl Outgoing {
             self.retx.push_back(b);
             out.lost_blocks += 1;
             out.lost_bytes += self.layout.len(b) as u64;
+            if tagged(pn) {
+                out.tagged_lost_bytes += self.layout.len(b) as u64;
+            }
         }
     }
 
@@ -475,13 +507,14 @@ mod tests {
             }
         }
         // Receiver saw up to packet 999: everything missing below is lost.
-        let mut lost = 0;
-        let mut acked = 0;
+        let (mut lost, mut acked, mut tagged_lost, mut tagged_acked) = (0, 0, 0, 0);
         for _ in 0..10 {
             let lm = rx.loss_map(20);
-            let o = tx.on_loss_map(&lm, |pn| pn + REORDER_PACKETS <= 999);
+            let o = tx.on_loss_map(&lm, |pn| pn + REORDER_PACKETS <= 999, |pn| pn % 2 == 0);
             lost += o.lost_blocks;
             acked += o.newly_acked_bytes;
+            tagged_lost += o.tagged_lost_bytes;
+            tagged_acked += o.tagged_acked_bytes;
         }
         let missing = (0..1000).filter(|b| b % 7 == 3).count() as u64;
         // Gaps sent within 16 packets of the newest (990 and 997) may still be in flight.
@@ -489,6 +522,13 @@ mod tests {
         assert_eq!(lost, overtaken);
         assert_eq!(overtaken, missing - 2);
         assert_eq!(acked, (1000 - missing) * 10);
+        // The tagged (even) packets' fates are counted apart.
+        let even_lost = (0..1000u64)
+            .filter(|b| b % 7 == 3 && b + 16 <= 999 && b % 2 == 0)
+            .count() as u64;
+        let even_acked = (0..1000u64).filter(|b| b % 7 != 3 && b % 2 == 0).count() as u64;
+        assert_eq!(tagged_lost, even_lost * 10);
+        assert_eq!(tagged_acked, even_acked * 10);
         let mut got = Vec::new();
         while let Some(b) = tx.pop_retx() {
             got.push(b);
@@ -510,7 +550,7 @@ mod tests {
         }
         // A later PING (pn 50) arrived: blocks 6..10 are overtaken.
         let lm = rx.loss_map(100);
-        let o = tx.on_loss_map(&lm, |pn| pn < 50);
+        let o = tx.on_loss_map(&lm, |pn| pn < 50, |_| false);
         assert_eq!(o.lost_blocks, 4);
         assert_eq!(o.lost_bytes, 40);
     }

@@ -39,7 +39,9 @@
 //! and are left out (BBR's application-limited samples).
 //!
 //! Random loss does not count as congestion: it is taken out of the delivery rate (scaled back
-//! up by the recent loss ratio) and never shrinks the estimate by itself. Loss over the random
+//! up by the recent loss ratio, at most the random loss) and never shrinks the estimate by
+//! itself. What the pacer sent catching up after its host held it is left out of both
+//! ratios: a burst over the rate overflows a short buffer by itself. Loss over the random
 //! loss of calm rounds (those that sent at most the estimate) while growing does: a buffer
 //! shorter than the queue target overflows before any delay shows, and the grow phase stops
 //! there as it stops at a queue. The receiver's OS dropping datagrams means the receiver
@@ -252,6 +254,9 @@ pub struct Adaptive {
     /// that stalled in that round would read its usual losses as many).
     round_lost: u64,
     round_delivered: u64,
+    /// Of those, the pacer's catch-up (see `Feedback::catch_up_delivered`).
+    round_catch_up_lost: u64,
+    round_catch_up_delivered: u64,
     round_queue_hits: u32,
     round_samples: u32,
     /// Least queueing delay seen this round, µs.
@@ -264,7 +269,8 @@ pub struct Adaptive {
     loss_ewma: f64,
     /// The path's random loss: lost over settled (delivered or lost) bytes reported in rounds
     /// after calm rounds (sending at most the estimate, so nothing of theirs overflowed a
-    /// queue), each older round weighing `RANDOM_LOSS_DECAY` less.
+    /// queue), each older round weighing `RANDOM_LOSS_DECAY` less. Of what the pacer sent
+    /// at its rate only, not its catch-ups (see `end_round`).
     random_lost: f64,
     random_settled: f64,
     /// This round has sent at most the estimate so far (no startup, no grow increment).
@@ -372,6 +378,8 @@ impl Adaptive {
             round_sent: 0,
             round_lost: 0,
             round_delivered: 0,
+            round_catch_up_lost: 0,
+            round_catch_up_delivered: 0,
             round_queue_hits: 0,
             round_samples: 0,
             round_min_queue_us: u64::MAX,
@@ -665,15 +673,24 @@ impl Adaptive {
     fn end_round(&mut self, now_us: u64) {
         let settled = self.round_settled();
         let loss = self.round_lost as f64 / settled.max(1) as f64;
+        // The path's loss is read off what was paced at the rate: what the pacer sent in
+        // a catch-up burst overflows a short buffer by itself, and counted as the path's
+        // random loss it made the compensation pace a 10 ms path with a 1 ms buffer at 1.3
+        // times its rate (the simulator: 32 % retransmitted).
+        let (paced_lost, paced_settled) = (
+            self.round_lost.saturating_sub(self.round_catch_up_lost),
+            settled.saturating_sub(self.round_catch_up_lost + self.round_catch_up_delivered),
+        );
+        let paced_loss = paced_lost as f64 / paced_settled.max(1) as f64;
         // A search round that loses far more than the path did so far is its overshoot
         // overflowing a short buffer (see `startup_still_growing`), not the path's loss.
         let overshoot = self.mode == Mode::Startup && loss > (3.0 * self.loss_ewma).max(0.05);
-        if settled > 0 && !overshoot {
-            self.loss_ewma = 0.75 * self.loss_ewma + 0.25 * loss;
+        if paced_settled > 0 && !overshoot {
+            self.loss_ewma = 0.75 * self.loss_ewma + 0.25 * paced_loss;
         }
-        if self.last_round_calm && settled > 0 {
-            self.random_lost = RANDOM_LOSS_DECAY * self.random_lost + self.round_lost as f64;
-            self.random_settled = RANDOM_LOSS_DECAY * self.random_settled + settled as f64;
+        if self.last_round_calm && paced_settled > 0 {
+            self.random_lost = RANDOM_LOSS_DECAY * self.random_lost + paced_lost as f64;
+            self.random_settled = RANDOM_LOSS_DECAY * self.random_settled + paced_settled as f64;
         }
         if (self.round_samples > 0 && !self.draining()) || self.bw_rounds.is_empty() {
             self.push_bw_round(self.round_sample());
@@ -791,6 +808,8 @@ impl Adaptive {
         self.round_sent = 0;
         self.round_lost = 0;
         self.round_delivered = 0;
+        self.round_catch_up_lost = 0;
+        self.round_catch_up_delivered = 0;
         self.round_queue_hits = 0;
         self.round_samples = 0;
         self.round_min_queue_us = u64::MAX;
@@ -929,16 +948,23 @@ impl RateControl for Adaptive {
         }
         self.round_lost += fb.lost_bytes;
         self.round_delivered += fb.delivered;
+        self.round_catch_up_lost += fb.catch_up_lost_bytes;
+        self.round_catch_up_delivered += fb.catch_up_delivered;
         if let Some(rx) = fb.rx_rate.filter(|&rx| !sender_limited(fb, rx)) {
             let queue_empty = self.queue_delay_us <= self.queue_target_us();
             // Random loss took its share before the receiver saw the data; the path itself
-            // carried more. Here the recent loss ratio, overflow and all: a flow that
-            // overfills a short buffer is stopped by `overflowing` and its share is read
-            // with random loss only; scaling samples by that too left a newcomer further
-            // under its share after the losses of its startup (two flows on a 100 ms path,
-            // Jain 0.980 -> 0.953 over 12 start offsets).
+            // carried more. Here the recent loss ratio (a flow that overfills a short
+            // buffer is stopped by `overflowing` and its share is read with random loss
+            // only; scaling samples by random loss alone left a newcomer further under its
+            // share after the losses of its startup: two flows on a 100 ms path, Jain 0.980
+            // -> 0.953 over 12 start offsets), but no more than the random loss once that
+            // is known: a 1 ms buffer that a host's stalls overflow keeps the recent ratio
+            // high, and every delivery scaled up by it read as the rate sent, which then
+            // stayed over the link (the simulator: 10-25 % retransmitted).
             let l = if queue_empty {
-                self.loss_ewma.min(MAX_LOSS_COMPENSATION)
+                self.loss_ewma
+                    .min(self.random_loss().unwrap_or(1.0))
+                    .min(MAX_LOSS_COMPENSATION)
             } else {
                 0.0
             };

@@ -29,6 +29,10 @@ pub struct Feedback {
     /// Blocks newly declared lost by this feedback, and their bytes.
     pub lost_blocks: u64,
     pub lost_bytes: u64,
+    /// Of the bytes delivered and lost, those the pacer sent catching up after its host
+    /// held it (faster than the rate: their losses are the sender's bursts, not the path's).
+    pub catch_up_delivered: u64,
+    pub catch_up_lost_bytes: u64,
     /// Bytes waiting in the receiver's socket buffer, and its size, as its kernel counts
     /// them (overhead included; `rx_buffer` 0: unknown).
     pub rx_buffered: u64,
