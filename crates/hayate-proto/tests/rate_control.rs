@@ -343,33 +343,41 @@ fn bursty_host_stalls_do_not_fool_startup() {
 #[test]
 fn a_stalling_sender_keeps_the_link_full() {
     for seed in [61, 62] {
-        let rate = 300 * MBIT;
-        let mut sc = Scenario::new(seed);
-        (sc.forward, sc.reverse) = path(rate, 10, 0.0, 1.0);
-        sc.client_stall_every_us = 20_000;
-        sc.client_stall_us = 3_000;
-        adaptive(&mut sc);
-        sc.uploads = vec![("f".into(), data((rate * 6) as usize))];
-        let r = sim::run(&sc);
-        assert!(r.ok, "{:?}", r.error);
-        let steady = steady_rate(&r);
-        let capacity = rate as f64 * payload_share();
-        let retx = r.client.data_packets_retransmitted as f64 / r.client.data_packets_sent as f64;
-        eprintln!(
-            "seed {seed}: {:.1} of {:.1} Mbit/s, retransmitted {:.2} %",
-            steady / 1.25e5,
-            capacity / 1.25e5,
-            retx * 100.0
-        );
-        assert!(
-            steady >= 0.93 * capacity,
-            "seed {seed}: {:.1} of {:.1} Mbit/s; trace {}",
-            steady / 1.25e5,
-            capacity / 1.25e5,
-            trace_mbit(&r)
-        );
+        let retx = stalling_sender(seed, 1.0, 0.93);
         assert!(retx < 0.01, "seed {seed}: retransmitted {retx:.3}");
     }
+}
+
+/// A 300 Mbit/s, 10 ms path with a `buffer_bdp` buffer, the sender held 3 ms every 20 ms:
+/// checks the steady goodput is at least `share` of the link; returns the share of data
+/// packets retransmitted.
+fn stalling_sender(seed: u64, buffer_bdp: f64, share: f64) -> f64 {
+    let rate = 300 * MBIT;
+    let mut sc = Scenario::new(seed);
+    (sc.forward, sc.reverse) = path(rate, 10, 0.0, buffer_bdp);
+    sc.client_stall_every_us = 20_000;
+    sc.client_stall_us = 3_000;
+    adaptive(&mut sc);
+    sc.uploads = vec![("f".into(), data((rate * 6) as usize))];
+    let r = sim::run(&sc);
+    assert!(r.ok, "{:?}", r.error);
+    let steady = steady_rate(&r);
+    let capacity = rate as f64 * payload_share();
+    let retx = r.client.data_packets_retransmitted as f64 / r.client.data_packets_sent as f64;
+    eprintln!(
+        "seed {seed}, {buffer_bdp} BDP: {:.1} of {:.1} Mbit/s, retransmitted {:.2} %",
+        steady / 1.25e5,
+        capacity / 1.25e5,
+        retx * 100.0
+    );
+    assert!(
+        steady >= share * capacity,
+        "seed {seed}: {:.1} of {:.1} Mbit/s; trace {}",
+        steady / 1.25e5,
+        capacity / 1.25e5,
+        trace_mbit(&r)
+    );
+    retx
 }
 
 /// A busy VM holds the sender now and then: the feedback says so (the delivery rate of what
@@ -714,31 +722,7 @@ fn a_receiver_that_stalls_behind_a_large_buffer_gets_the_link() {
 #[test]
 fn a_stalling_sender_does_not_overflow_a_shallow_buffer() {
     for seed in [61, 62] {
-        let rate = 300 * MBIT;
-        let mut sc = Scenario::new(seed);
-        (sc.forward, sc.reverse) = path(rate, 10, 0.0, 0.1);
-        sc.client_stall_every_us = 20_000;
-        sc.client_stall_us = 3_000;
-        adaptive(&mut sc);
-        sc.uploads = vec![("f".into(), data((rate * 6) as usize))];
-        let r = sim::run(&sc);
-        assert!(r.ok, "{:?}", r.error);
-        let steady = steady_rate(&r);
-        let capacity = rate as f64 * payload_share();
-        let retx = r.client.data_packets_retransmitted as f64 / r.client.data_packets_sent as f64;
-        eprintln!(
-            "seed {seed}: {:.1} of {:.1} Mbit/s, retransmitted {:.2} %",
-            steady / 1.25e5,
-            capacity / 1.25e5,
-            retx * 100.0
-        );
-        assert!(
-            steady >= 0.85 * capacity,
-            "seed {seed}: {:.1} of {:.1} Mbit/s; trace {}",
-            steady / 1.25e5,
-            capacity / 1.25e5,
-            trace_mbit(&r)
-        );
+        let retx = stalling_sender(seed, 0.1, 0.85);
         // Without a cut on catch-ups that lose: 9 %; with their losses counted as the
         // path's too: 32 %. The same buffer without stalls loses 1.5 % (see above).
         assert!(retx < 0.05, "seed {seed}: retransmitted {retx:.3}");
