@@ -301,6 +301,62 @@ fn download_into_existing_dir_keeps_the_name() {
     );
 }
 
+/// A lone source is asked for without listing it first; refused as a directory, it must
+/// still be reported as one, exactly as next to another source (which is listed).
+#[test]
+fn a_directory_source_without_r_is_reported_as_a_dir_alone_or_not() {
+    let fx = Fx::new();
+    fs::create_dir(fx.root.join("d")).unwrap();
+    write_random(&fx.root.join("d").join("f"), 3000, 31);
+    write_random(&fx.root.join("g"), 2000, 32);
+    let dir_entry = |run: &Run| {
+        run.assert_failed();
+        let j = run.json();
+        let e = j["other_entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["path"] == "d")
+            .unwrap_or_else(|| panic!("no entry for d among other_entries: {j}"))
+            .clone();
+        assert_eq!(e["kind"], "dir", "{j}");
+        assert_eq!(e["verified"], false, "{j}");
+        assert!(
+            e["error"].as_str().is_some_and(|m| m.contains("use -r")),
+            "{j}"
+        );
+        assert!(
+            !j["files"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f["path"] == "d"),
+            "{j}"
+        );
+        assert!(
+            run.stderr.contains("d: is a directory (use -r)"),
+            "{run:#?}"
+        );
+        e
+    };
+
+    let alone = fx.cp(&["--json".into(), fx.url("d"), s(&fx.local)]);
+    let alone_entry = dir_entry(&alone);
+    assert_eq!(alone.json()["file_count"], 0, "{alone:#?}");
+    // Named as the destination itself, too.
+    let named = fx.cp(&["--json".into(), fx.url("d"), s(&fx.local.join("new"))]);
+    dir_entry(&named);
+    assert_eq!(
+        tree(&fx.local),
+        Vec::<String>::new(),
+        "something was written"
+    );
+
+    let with_g = fx.cp(&["--json".into(), fx.url("d"), fx.url("g"), s(&fx.local)]);
+    assert_eq!(dir_entry(&with_g), alone_entry);
+    assert_eq!(tree(&fx.local), ["g"]);
+}
+
 #[test]
 fn a_server_traces_each_sessions_rate_control_and_counts_what_it_sent() {
     let fx = Fx::new();

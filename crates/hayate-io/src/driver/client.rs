@@ -25,6 +25,8 @@ use crate::udp::UdpSocket;
 const MAX_ACTIVE: usize = 64;
 /// Largest datagram on the stream fallback (no IP path limits it; bigger means fewer frames).
 const STREAM_MTU: u16 = 16384;
+/// Why a directory source without `-r` is not copied (any direction, any number of sources).
+const DIR_NEEDS_R: &str = "is a directory (use -r)";
 
 /// How datagrams reach the far side.
 pub enum Transport {
@@ -211,6 +213,9 @@ enum Pending {
     SourceList(usize, Vec<MetaEntry>),
     /// A directory, link or metadata change recorded in `results[i]`.
     Op(usize),
+    /// The listing of the unlisted download source `results[i]` after the server refused
+    /// it: a directory is then reported as one.
+    Refused(usize),
 }
 
 /// Directory metadata applied last (writing files into a directory changes its mtime).
@@ -327,10 +332,10 @@ impl<'a> Session<'a> {
                 });
                 self.pending.insert(id, Pending::DestStat);
             }
-            Job::Download { sources, dest } if sources.len() == 1 && !self.recursive => {
+            Job::Download { sources, dest } if self.unlisted_download() => {
                 // One file: ask for it at once, sparing the round trip of listing it first.
-                // The server's offer says how big it is; its refusal, why not (a directory,
-                // say).
+                // The server's offer says how big it is; a refusal is looked into then
+                // (see `on_refused`).
                 let base = download_base(sources, dest, 0);
                 let i = self.push(FileResult::new(
                     Kind::File,
@@ -388,6 +393,33 @@ impl<'a> Session<'a> {
                 Ok(_) => self.results[i].verified = true,
                 Err(e) => self.results[i].error = Some(e),
             },
+            Pending::Refused(i) => {
+                if result.is_ok_and(|v| v.first().is_some_and(|e| e.kind == WireKind::Dir)) {
+                    self.results[i].kind = Kind::Dir;
+                    self.results[i].error = Some(DIR_NEEDS_R.into());
+                }
+            }
+        }
+    }
+
+    /// The one download source is asked for without being listed first, so its kind is a
+    /// guess (a file) until the server answers.
+    fn unlisted_download(&self) -> bool {
+        matches!(self.job, Job::Download { sources, .. } if sources.len() == 1) && !self.recursive
+    }
+
+    /// The server would not send or take `results[i]`.
+    fn on_refused(&mut self, conn: &mut Connection, i: usize, reason: String) {
+        // Set now so the result still fails if the session ends before the listing below.
+        self.results[i].error = Some(format!("refused: {reason}"));
+        if self.unlisted_download() && !self.results[i].upload {
+            // The refusal is only text: the listing says whether the guess was wrong (a
+            // directory), at the cost of a round trip on this failure path only.
+            let id = conn.meta(MetaOp::List {
+                path: self.results[i].remote.clone(),
+                recursive: false,
+            });
+            self.pending.insert(id, Pending::Refused(i));
         }
     }
 
@@ -475,7 +507,7 @@ impl<'a> Session<'a> {
                     true,
                     src.clone(),
                     target(&name),
-                    "is a directory (use -r)".into(),
+                    DIR_NEEDS_R.into(),
                 );
             } else if meta.is_dir() {
                 self.plan_upload_tree(conn, src, &target(&name));
@@ -584,13 +616,7 @@ impl<'a> Session<'a> {
                 return;
             }
             WireKind::Dir if !self.recursive => {
-                self.fail(
-                    Kind::Dir,
-                    false,
-                    base,
-                    src.clone(),
-                    "is a directory (use -r)".into(),
-                );
+                self.fail(Kind::Dir, false, base, src.clone(), DIR_NEEDS_R.into());
                 return;
             }
             WireKind::Other => {
@@ -1045,10 +1071,10 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
                 }
                 Event::Rejected { xfer, reason } => {
                     if let Some(a) = files.act.remove(&xfer) {
-                        s.results[a.idx].error = Some(format!("refused: {reason}"));
                         if let Some(p) = a.part {
                             p.abandon();
                         }
+                        s.on_refused(&mut conn, a.idx, reason);
                     }
                 }
                 Event::Placed { xfer, path } => {
