@@ -1,7 +1,8 @@
 //! A simulated network for whole sessions in virtual time: loss, reordering, duplication,
 //! bit corruption, delay, a bottleneck rate with a tail-drop queue. Both ends run the real
 //! [`Connection`]/[`Endpoint`] code with real crypto; only time and the wire are simulated,
-//! so a 30 %-loss transfer over a 200 ms path finishes in milliseconds of real time.
+//! so a 30 %-loss transfer over a 200 ms path finishes in milliseconds of real time. TCP CUBIC
+//! bulk flows can share the forward link as cross traffic ([`TcpSpec`]).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
@@ -14,6 +15,10 @@ use crate::crypto::Psk;
 use crate::endpoint::{Endpoint, Route};
 use crate::transfer::XferId;
 use crate::wire::{AddrFamily, Cid};
+
+mod tcp;
+use tcp::Tcp;
+pub use tcp::TcpSpec;
 
 /// One direction of the simulated path.
 #[derive(Debug, Clone)]
@@ -134,6 +139,8 @@ pub struct Scenario {
     /// Every client's host stalls like this (see [`ClientSpec::stall_every_us`]).
     pub client_stall_every_us: u64,
     pub client_stall_us: u64,
+    /// TCP CUBIC bulk flows through the same forward link (cross traffic).
+    pub tcp_flows: Vec<TcpSpec>,
 }
 
 impl Scenario {
@@ -163,6 +170,7 @@ impl Scenario {
             cc_trace: false,
             client_stall_every_us: 0,
             client_stall_us: 0,
+            tcp_flows: Vec::new(),
         }
     }
 
@@ -244,6 +252,10 @@ pub struct SimResult {
     pub server_rx_trace: Vec<u64>,
     /// Every client: the scenario's own first, then `extra_clients` in order.
     pub clients: Vec<ClientResult>,
+    /// Each of `tcp_flows`: data bytes delivered per 100 ms of virtual time, and its loss
+    /// events (window cuts).
+    pub tcp_rx_trace: Vec<Vec<u64>>,
+    pub tcp_loss_events: Vec<u64>,
 }
 
 /// splitmix64: deterministic, dependency-free randomness for the network model.
@@ -359,6 +371,9 @@ enum Dest {
     ServerApp(usize, u64),
     /// To client `n`.
     Client(usize),
+    /// TCP flow `n`'s segment `seq` to its receiver, and the acknowledgment of it back.
+    TcpData(usize, u64),
+    TcpAck(usize, u64),
 }
 
 /// Both directions of the simulated wire and the datagrams on it.
@@ -386,6 +401,12 @@ impl Net {
     /// corrupt it.
     fn put(&mut self, to: Dest, now: u64, d: &[u8]) {
         let link = if matches!(to, Dest::Client(_)) { 1 } else { 0 };
+        if let Dest::TcpData(..) = to {
+            for at in self.links[0].send(now, tcp::WIRE_BYTES, &mut self.rng) {
+                self.push(at, to, Vec::new(), false);
+            }
+            return;
+        }
         let corrupt = self.links[link].p.corrupt;
         for at in self.links[link].send(now, d.len() + 28, &mut self.rng) {
             let mut d = d.to_vec();
@@ -676,6 +697,7 @@ pub fn run(sc: &Scenario) -> SimResult {
         inflight: HashMap::new(),
         seq: 0,
     };
+    let mut tcps: Vec<Tcp> = sc.tcp_flows.iter().cloned().map(Tcp::new).collect();
     let mut steps = sc.forward_steps.clone();
     steps.sort_by_key(|s| Reverse(s.at_us));
 
@@ -745,7 +767,7 @@ pub fn run(sc: &Scenario) -> SimResult {
                             (from, arrived)
                         }
                         Dest::Server(from) => (from, now),
-                        Dest::Client(_) => unreachable!(),
+                        _ => unreachable!(),
                     };
                     res.corrupted += bad as u64;
                     let cl = &mut clients[from];
@@ -772,6 +794,13 @@ pub fn run(sc: &Scenario) -> SimResult {
                     trace_add(&mut res.server_rx_trace, now, got);
                     trace_add(&mut cl.res.server_rx_trace, now, got);
                 }
+                Dest::TcpData(n, seq) => {
+                    tcps[n].on_delivered(now);
+                    // Acknowledged at once, over a reverse path that neither loses nor queues.
+                    let at = now + net.links[1].p.delay_us;
+                    net.push(at, Dest::TcpAck(n, seq), Vec::new(), false);
+                }
+                Dest::TcpAck(n, seq) => tcps[n].on_ack(now, seq),
                 Dest::Client(n) => {
                     let cl = &mut clients[n];
                     if let Some(end) = cl.stalled(now) {
@@ -853,6 +882,14 @@ pub fn run(sc: &Scenario) -> SimResult {
                 net.put(Dest::Server(n), now, &buf[..len]);
             }
         }
+        for (n, t) in tcps.iter_mut().enumerate() {
+            if t.next_timer().is_some_and(|at| at <= now) {
+                t.on_timer(now);
+            }
+            for seq in t.poll_send(now) {
+                net.put(Dest::TcpData(n, seq), now, &[]);
+            }
+        }
         for cid in server.cids() {
             let to = server.conn_addr(cid).and_then(|a| by_addr.get(&a).copied());
             let Some(c) = server.conn_mut(cid) else {
@@ -908,6 +945,11 @@ pub fn run(sc: &Scenario) -> SimResult {
         if let Some(s) = steps.last() {
             next = next.min(s.at_us);
         }
+        for t in &tcps {
+            if let Some(at) = t.next_timer() {
+                next = next.min(at.max(now + 1));
+            }
+        }
         if next == u64::MAX {
             sim_error = Some("simulation stalled: nothing left to do".to_string());
             break;
@@ -924,6 +966,10 @@ pub fn run(sc: &Scenario) -> SimResult {
     res.fwd_queue_drops = net.links[0].queue_drops;
     res.fwd_random_losses = net.links[0].random_losses;
     res.server_os_drops = os_drops;
+    for t in tcps {
+        res.tcp_loss_events.push(t.loss_events);
+        res.tcp_rx_trace.push(t.rx_trace);
+    }
     let mut all_ok = true;
     for mut cl in clients {
         if !cl.done {
