@@ -369,8 +369,10 @@ enum Dest {
     /// Through the server's receive buffer to its application, from client `n`; when it
     /// reached the buffer (the kernel's receive timestamp), µs.
     ServerApp(usize, u64),
-    /// To client `n`.
+    /// To client `n`; and to it once its host runs again, with when it reached the host
+    /// (the kernel's receive timestamp), µs.
     Client(usize),
+    ClientLate(usize, u64),
     /// TCP flow `n`'s segment `seq` to its receiver, and the acknowledgment of it back.
     TcpData(usize, u64),
     TcpAck(usize, u64),
@@ -400,7 +402,11 @@ impl Net {
     /// Put a datagram on the wire towards `to`: the link may drop, delay, duplicate or
     /// corrupt it.
     fn put(&mut self, to: Dest, now: u64, d: &[u8]) {
-        let link = if matches!(to, Dest::Client(_)) { 1 } else { 0 };
+        let link = if matches!(to, Dest::Client(_) | Dest::ClientLate(..)) {
+            1
+        } else {
+            0
+        };
         if let Dest::TcpData(..) = to {
             for at in self.links[0].send(now, tcp::WIRE_BYTES, &mut self.rng) {
                 self.push(at, to, Vec::new(), false);
@@ -801,17 +807,22 @@ pub fn run(sc: &Scenario) -> SimResult {
                     net.push(at, Dest::TcpAck(n, seq), Vec::new(), false);
                 }
                 Dest::TcpAck(n, seq) => tcps[n].on_ack(now, seq),
-                Dest::Client(n) => {
+                Dest::Client(n) | Dest::ClientLate(n, _) => {
+                    let arrived = match to {
+                        Dest::ClientLate(_, a) => a,
+                        _ => now,
+                    };
                     let cl = &mut clients[n];
                     if let Some(end) = cl.stalled(now) {
-                        // Read when the host runs again, in the order it arrived.
-                        net.push(end, to, d, bad);
+                        // Read when the host runs again, in the order it arrived, stamped
+                        // with its arrival as the kernel does (the I/O shell reads that).
+                        net.push(end, Dest::ClientLate(n, arrived), d, bad);
                         continue;
                     }
                     res.corrupted += bad as u64;
                     if let Some(conn) = cl.conn.as_mut().filter(|_| !cl.done) {
                         let before = conn.stats().data_bytes_received;
-                        conn.handle_datagram(at(now), &mut d, &mut cl.files);
+                        conn.handle_datagram_at(at(now), at(arrived), &mut d, &mut cl.files);
                         let got = conn.stats().data_bytes_received.saturating_sub(before);
                         trace_add(&mut cl.res.rx_trace, now, got);
                     }
