@@ -471,6 +471,12 @@ fn mbit(bytes_per_s: f64) -> f64 {
     bytes_per_s / 1.25e5
 }
 
+/// The last 100 ms bucket before the first of two flows winds down.
+fn both_running_until(a: &[u64], b: &[u64]) -> usize {
+    let last = |t: &[u64]| t.iter().rposition(|&x| x > 0).unwrap_or(0);
+    last(a).min(last(b)).saturating_sub(5)
+}
+
 /// Two uploads of `mb` MB through one `rate_mbit` Mbit/s, `rtt_ms`, 1-BDP bottleneck, the
 /// second `after_s` seconds after the first. From 2 s after the second starts until the
 /// first winds down they share the link: fairly (Jain's index of their means ≥ 0.95, and of
@@ -509,13 +515,7 @@ fn two_flows_at(
 
     let (a, b) = (&r.clients[0].server_rx_trace, &r.clients[1].server_rx_trace);
     let from = (after_s as usize + 2) * 10;
-    // Until the first of them winds down.
-    let until = a
-        .iter()
-        .rposition(|&x| x > 0)
-        .unwrap_or(0)
-        .min(b.iter().rposition(|&x| x > 0).unwrap_or(0))
-        .saturating_sub(5);
+    let until = both_running_until(a, b);
     let rates = [
         mean_of(a, from, until.max(from + 1)),
         mean_of(b, from, until.max(from + 1)),
@@ -613,12 +613,7 @@ fn two_stalling_flows(offset_us: u64, seed: u64) -> f64 {
     let r = sim::run(&sc);
     assert!(r.ok, "{:?}", r.error);
     let (a, b) = (&r.clients[0].server_rx_trace, &r.clients[1].server_rx_trace);
-    let until = a
-        .iter()
-        .rposition(|&x| x > 0)
-        .unwrap_or(0)
-        .min(b.iter().rposition(|&x| x > 0).unwrap_or(0))
-        .saturating_sub(5);
+    let until = both_running_until(a, b);
     assert!(until >= 170, "a flow ended at {until}");
     let rates = [mean_of(a, 70, until), mean_of(b, 70, until)];
     let j = jain(&rates);
