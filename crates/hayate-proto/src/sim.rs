@@ -402,11 +402,7 @@ impl Net {
     /// Put a datagram on the wire towards `to`: the link may drop, delay, duplicate or
     /// corrupt it.
     fn put(&mut self, to: Dest, now: u64, d: &[u8]) {
-        let link = if matches!(to, Dest::Client(_) | Dest::ClientLate(..)) {
-            1
-        } else {
-            0
-        };
+        let link = if matches!(to, Dest::Client(_)) { 1 } else { 0 };
         if let Dest::TcpData(..) = to {
             for at in self.links[0].send(now, tcp::WIRE_BYTES, &mut self.rng) {
                 self.push(at, to, Vec::new(), false);

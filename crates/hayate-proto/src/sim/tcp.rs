@@ -91,7 +91,7 @@ impl Tcp {
         }
         if self.next_timer().is_some_and(|t| now >= t) {
             self.outstanding.clear();
-            self.cut(now);
+            self.cut();
             self.cwnd = 1.0;
         }
     }
@@ -136,14 +136,14 @@ impl Tcp {
             self.outstanding.remove(s);
         }
         if lost.iter().any(|&s| s >= self.recovery_until) {
-            self.cut(now);
+            self.cut();
         } else if seq >= self.recovery_until {
             self.grow(now);
         }
     }
 
     /// A loss event: the window falls to `BETA` of itself and a new curve begins.
-    fn cut(&mut self, _now: u64) {
+    fn cut(&mut self) {
         self.loss_events += 1;
         self.w_max = self.cwnd;
         self.cwnd = (self.cwnd * BETA).max(2.0);
