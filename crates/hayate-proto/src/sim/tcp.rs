@@ -75,7 +75,10 @@ impl Tcp {
         if !self.started {
             return Some(self.spec.start_us);
         }
-        self.outstanding.values().min().map(|&t| t + self.rto_us())
+        // Sent in sequence order: the first outstanding segment is the oldest.
+        self.outstanding
+            .first_key_value()
+            .map(|(_, &t)| t + self.rto_us())
     }
 
     fn rto_us(&self) -> u64 {
@@ -131,11 +134,9 @@ impl Tcp {
             0 => rtt,
             s => (7 * s + rtt) / 8,
         };
-        let lost: Vec<u64> = self.outstanding.range(..seq).map(|(&s, _)| s).collect();
-        for s in &lost {
-            self.outstanding.remove(s);
-        }
-        if lost.iter().any(|&s| s >= self.recovery_until) {
+        let rest = self.outstanding.split_off(&seq);
+        let lost = std::mem::replace(&mut self.outstanding, rest);
+        if lost.range(self.recovery_until..).next().is_some() {
             self.cut();
         } else if seq >= self.recovery_until {
             self.grow(now);
