@@ -212,7 +212,10 @@ fn shallow_buffer_costs_little() {
 /// for: the delay never rises, the buffer just overflows. Those losses are not random: the
 /// controller must stop growing at them, not scale its deliveries back up by them (that made
 /// every delivery read as the rate sent, and the sender ran at 1.4 times the link, 28 % of
-/// what it sent retransmitted).
+/// what it sent retransmitted). Nor may it keep the buffer full, losing what random loss
+/// does not explain: it takes the depth the buffer overflowed at for the buffer's and
+/// keeps the queue under it (before, 1.6 % was retransmitted here without random loss,
+/// 0.8 % since; 1.8 % with 1 % random loss).
 #[test]
 fn a_buffer_shorter_than_the_queue_target_is_not_overrun() {
     for (loss, seed) in [(0.0, 71), (0.01, 72)] {
@@ -228,7 +231,7 @@ fn a_buffer_shorter_than_the_queue_target_is_not_overrun() {
             retx * 100.0,
             r.fwd_queue_drops
         );
-        assert!(retx <= loss + 0.03, "loss {loss}: retransmitted {retx:.3}");
+        assert!(retx <= loss + 0.01, "loss {loss}: retransmitted {retx:.3}");
         assert!(
             steady >= 0.95 * capacity,
             "loss {loss}: {:.1} of {:.1} Mbit/s; trace {}",
@@ -484,24 +487,26 @@ fn both_running_until(a: &[u64], b: &[u64]) -> usize {
 /// the newcomer's startup and drain fixes gave 0.67–0.89 here), and together they still fill
 /// it (≥ 90 %).
 fn two_flows(rate_mbit: u64, rtt_ms: u64, loss: f64, after_s: u64, mb: usize, seed: u64) {
-    let fairness = two_flows_at(rate_mbit, rtt_ms, loss, after_s, 0, mb, seed);
+    let fairness = two_flows_at(rate_mbit, rtt_ms, loss, 1.0, after_s, 0, mb, seed);
     assert!(fairness >= 0.95, "Jain {fairness:.3}");
 }
 
-/// Two flows, the second `after_s` s and `offset_us` µs into the first; checks they both
-/// ran long enough, used the link and stayed close to even every second; returns the Jain
-/// index of their mean rates.
+/// Two flows, the second `after_s` s and `offset_us` µs into the first, behind a buffer of
+/// `buffer_bdp` BDPs; checks they both ran long enough, used the link and stayed close to
+/// even every second; returns the Jain index of their mean rates.
+#[allow(clippy::too_many_arguments)]
 fn two_flows_at(
     rate_mbit: u64,
     rtt_ms: u64,
     loss: f64,
+    buffer_bdp: f64,
     after_s: u64,
     offset_us: u64,
     mb: usize,
     seed: u64,
 ) -> f64 {
     let mut sc = Scenario::new(seed);
-    (sc.forward, sc.reverse) = path(rate_mbit * MBIT, rtt_ms, loss, 1.0);
+    (sc.forward, sc.reverse) = path(rate_mbit * MBIT, rtt_ms, loss, buffer_bdp);
     adaptive(&mut sc);
     let size = mb * 1_000_000;
     sc.uploads = vec![("a".into(), data(size))];
@@ -583,7 +588,7 @@ fn two_flows_share_a_lossy_link_fairly() {
 fn two_flows_share_a_short_path_fairly() {
     let js: Vec<f64> = [0, 37_000, 74_000]
         .iter()
-        .map(|&off| two_flows_at(300, 10, 0.0, 2, off, 200, 14))
+        .map(|&off| two_flows_at(300, 10, 0.0, 1.0, 2, off, 200, 14))
         .collect();
     let mean = js.iter().sum::<f64>() / js.len() as f64;
     assert!(mean >= 0.95, "Jain {js:.3?}");
@@ -767,7 +772,7 @@ fn a_stalling_sender_does_not_overflow_a_shallow_buffer() {
     for seed in [61, 62] {
         let retx = stalling_sender(seed, 0.1, 0.85);
         // Without a cut on catch-ups that lose: 9 %; with their losses counted as the
-        // path's too: 32 %. The same buffer without stalls loses 1.5 % (see above).
+        // path's too: 32 %. The same buffer without stalls loses under 1 % (see above).
         assert!(retx < 0.05, "seed {seed}: retransmitted {retx:.3}");
     }
 }
