@@ -262,3 +262,39 @@ fn first_blocks_go_with_the_offer() {
     assert_eq!(r.client.data_packets_retransmitted, 0);
     assert_eq!(r.server.data_packets_retransmitted, 0);
 }
+
+/// Clients that send at one instant take turns at a full queue. Two flows paced alike and
+/// started together, 1.2 times the link between them, reach the bottleneck's queue at the
+/// same instants: each must lose about what the other does (in a fixed order the first
+/// took every free place and the second every drop).
+#[test]
+fn flows_at_one_full_queue_lose_alike() {
+    let mut sc = Scenario::new(6);
+    sc.forward = LinkParams {
+        delay_us: 5_000,
+        rate: Some(10_000_000),
+        queue_bytes: 15_000,
+        ..LinkParams::default()
+    };
+    sc.reverse = LinkParams {
+        delay_us: 5_000,
+        ..LinkParams::default()
+    };
+    sc.client.rate = RateConfig::Fixed(6_000_000);
+    sc.uploads = vec![("a".into(), data(10, 6_000_000))];
+    let mut b = sc.another_client(0);
+    b.uploads = vec![("b".into(), data(11, 6_000_000))];
+    sc.extra_clients.push(b);
+    let r = check(&sc);
+    assert_eq!(r.server_files.get("b").map(Vec::len), Some(6_000_000));
+    let lost: Vec<f64> = r
+        .clients
+        .iter()
+        .map(|c| c.stats.data_packets_retransmitted as f64 / c.stats.data_packets_sent as f64)
+        .collect();
+    assert!(lost.iter().all(|&l| l > 0.05), "retransmitted {lost:.3?}");
+    assert!(
+        lost[0] < 1.5 * lost[1] && lost[1] < 1.5 * lost[0],
+        "retransmitted {lost:.3?}"
+    );
+}
