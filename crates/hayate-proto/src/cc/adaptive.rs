@@ -127,6 +127,9 @@ const SHARES_APART: usize = 2;
 const BIG_QUEUE: f64 = 1.0 / 3.0;
 const BIG_QUEUE_TARGETS: f64 = 4.0;
 const BIG_QUEUE_GAIN: f64 = 0.7;
+/// Another flow's overflow of a short buffer is answered once per this many minimum RTTs
+/// (a search overflows it for a round or two).
+const FOREIGN_OVERFLOW_RTTS: u64 = 4;
 /// Rounds over which the maximum delivery rate is remembered.
 const BW_WINDOW: usize = 10;
 /// Starting guess: 32 Mbit/s, a rate most paths carry for one round trip.
@@ -262,6 +265,8 @@ pub struct Adaptive {
     round_delivered: u64,
     /// Of those, the pacer's catch-up (see `Feedback::catch_up_delivered`).
     round_catch_up_lost: u64,
+    /// Datagrams the receiver's OS dropped this round.
+    round_rx_drops: u64,
     round_catch_up_delivered: u64,
     round_queue_hits: u32,
     round_samples: u32,
@@ -310,6 +315,8 @@ pub struct Adaptive {
     grow_queued_floor_us: (u64, u64),
     /// Our shares at the last drains, newest last.
     shares: Vec<u64>,
+    /// When another flow last overflowed the buffer (see `end_round`), µs.
+    foreign_overflow_us: u64,
     /// Queueing delay, µs: on the path (latest RTT − min RTT, `path_queue_us`) plus the
     /// receiver's backlog that counts (`receiver_queue_us`).
     queue_delay_us: u64,
@@ -393,6 +400,7 @@ impl Adaptive {
             round_lost: 0,
             round_delivered: 0,
             round_catch_up_lost: 0,
+            round_rx_drops: 0,
             round_catch_up_delivered: 0,
             round_queue_hits: 0,
             round_samples: 0,
@@ -420,6 +428,7 @@ impl Adaptive {
             grow_queued_since_us: 0,
             grow_queued_floor_us: (0, 0),
             shares: Vec::new(),
+            foreign_overflow_us: 0,
             queue_delay_us: 0,
             path_queue_us: 0,
             rx_room: 0,
@@ -562,20 +571,21 @@ impl Adaptive {
     /// This round's reported losses (of what the last round sent, which grew) are more than
     /// random loss explains: the bottleneck's buffer overflowed.
     fn overflowing(&self) -> bool {
+        !self.last_round_calm && self.loss_over_random(self.round_lost, self.round_settled())
+    }
+
+    /// `lost` of `settled` bytes is more than the path's random loss explains.
+    fn loss_over_random(&self, lost: u64, settled: u64) -> bool {
         let Some(p) = self.random_loss() else {
             return false;
         };
-        let settled = self.round_settled();
-        if self.last_round_calm || settled == 0 {
-            return false;
-        }
         // Datagrams the ratio is taken over (`GROW_STEP` is one datagram's bytes): too few
         // say nothing (the last blocks of a transfer, one lost of two).
         let n = settled as f64 / GROW_STEP;
         if n < OVERFLOW_MIN_DATAGRAMS {
             return false;
         }
-        let loss = self.round_lost as f64 / settled as f64;
+        let loss = lost as f64 / settled as f64;
         loss > OVERFLOW_RATIO * p
             + OVERFLOW_SIGMAS * (p.max(OVERFLOW_MARGIN) / n).sqrt()
             + OVERFLOW_MARGIN
@@ -656,7 +666,8 @@ impl Adaptive {
     /// it was found, not the latest sample's. A sender whose host held it reads the ACKs
     /// that waited meanwhile as a queue that jumped (35 ms on the harness's 100 ms path,
     /// where 8 had stood): sized by that, the cut was the big queue's, 0.7 of the link.
-    fn queue_found(&mut self, (path_q_us, q_us): (u64, u64)) {
+    /// `overrun`: another flow overflowed a short buffer; yield as to a big queue.
+    fn queue_found(&mut self, (path_q_us, q_us): (u64, u64), overrun: bool) {
         let w = self.round_rx_w + self.last_round_w;
         // All of both rounds' deliveries, not only those taken while the queue stood. With
         // senders whose hosts stall, that selection read the smaller of two flows 10-15 %
@@ -686,7 +697,7 @@ impl Adaptive {
         let mut gain = self.share_gain(share);
         let big = (self.min_rtt_us as f64 * BIG_QUEUE)
             .max(self.queue_target_us() as f64 * BIG_QUEUE_TARGETS);
-        if path_q_us as f64 > big {
+        if path_q_us as f64 > big || overrun {
             gain = BIG_QUEUE_GAIN;
         }
         self.shares.push(share);
@@ -743,7 +754,21 @@ impl Adaptive {
         if paced_settled > 0 && !overshoot {
             self.loss_ewma = 0.75 * self.loss_ewma + 0.25 * paced_loss;
         }
-        if self.last_round_calm && paced_settled > 0 {
+        // What was paced at the estimate alone (a calm round) lost more than random loss
+        // explains, on a buffer known to be short, and not at the receiver: another flow
+        // overflowed the buffer. A
+        // newcomer's search does that where the buffer is too short for the queue that
+        // makes flows yield on a deep one (`BIG_QUEUE`), and taken for random loss it left
+        // the newcomer with what its search found (the simulator, 100 Mbit/s, 100 ms, 0.1
+        // BDP: a fifth to a third of the link, Jain 0.82-0.89 over four starts).
+        let foreign = self.mode == Mode::ProbeBw
+            && self.shallow()
+            && self.last_round_calm
+            && self.round_rx_drops == 0
+            && paced_settled > 0
+            && now_us > self.foreign_overflow_us + FOREIGN_OVERFLOW_RTTS * self.min_rtt_us
+            && self.loss_over_random(paced_lost, paced_settled);
+        if self.last_round_calm && paced_settled > 0 && !foreign {
             self.random_lost = RANDOM_LOSS_DECAY * self.random_lost + paced_lost as f64;
             self.random_settled = RANDOM_LOSS_DECAY * self.random_settled + paced_settled as f64;
         }
@@ -781,6 +806,17 @@ impl Adaptive {
                 }
             }
             Mode::ProbeBw => {
+                if matches!(self.phase, Phase::Drain(_)) && self.overflowing() {
+                    // What was sent before the yield took effect overflowed the buffer a
+                    // round trip after the queue showed (1 Gbit/s, 100 ms, 10 ms of
+                    // buffer: growing stopped at 7.5 ms of queue, 15 % over the link, and
+                    // 1.5 % of the data was lost, all of it there).
+                    self.learn_buffer(now_us);
+                }
+                if foreign {
+                    self.foreign_overflow_us = now_us;
+                    self.queue_found(self.least_queues(), true);
+                }
                 self.phase = match self.phase {
                     Phase::Grow(_)
                         if standing
@@ -791,24 +827,14 @@ impl Adaptive {
                         // Not on a round or two of samples: after a host stall of 20 ms the
                         // first ACK shows a queue and a delivery over the stall, and a share
                         // read off that one sample cut a 1 Gbit/s flow to 22 Mbit/s.
-                        self.queue_found((self.round_min_path_queue_us, round_queue));
+                        self.queue_found((self.round_min_path_queue_us, round_queue), false);
                         Phase::Drain(1)
                     }
                     Phase::Grow(_) if self.overflowing() => {
                         // The increment was lost, not queued: a buffer too short to show a
                         // queue. What got through is the share.
-                        let full = self
-                            .round_max_path_queue_us
-                            .max(self.last_round_max_path_queue_us);
-                        if full / SHALLOW_TARGETS < self.deep_target_us() {
-                            self.shallow_buffer_us = full;
-                            self.shallow_since_us = now_us;
-                        }
-                        let floor = (
-                            self.round_min_path_queue_us.min(self.path_queue_us),
-                            self.round_min_queue_us.min(self.queue_delay_us),
-                        );
-                        self.queue_found(floor);
+                        self.learn_buffer(now_us);
+                        self.queue_found(self.least_queues(), false);
                         Phase::Drain(1)
                     }
                     Phase::Grow(k)
@@ -845,6 +871,26 @@ impl Adaptive {
         self.mode = Mode::Drain;
     }
 
+    /// The least queues (on the path; with the receiver's backlog) this round so far.
+    fn least_queues(&self) -> (u64, u64) {
+        (
+            self.round_min_path_queue_us.min(self.path_queue_us),
+            self.round_min_queue_us.min(self.queue_delay_us),
+        )
+    }
+
+    /// The buffer overflowed with at most the queue seen this round and the last: if that
+    /// is under `SHALLOW_TARGETS` queue targets, it is the buffer's depth.
+    fn learn_buffer(&mut self, now_us: u64) {
+        let full = self
+            .round_max_path_queue_us
+            .max(self.last_round_max_path_queue_us);
+        if full / SHALLOW_TARGETS < self.deep_target_us() {
+            self.shallow_buffer_us = full;
+            self.shallow_since_us = now_us;
+        }
+    }
+
     /// Remembers a round's delivery rate among the last `BW_WINDOW`.
     fn push_bw_round(&mut self, rate: u64) {
         self.bw_rounds.push(rate);
@@ -868,6 +914,7 @@ impl Adaptive {
         self.round_lost = 0;
         self.round_delivered = 0;
         self.round_catch_up_lost = 0;
+        self.round_rx_drops = 0;
         self.round_catch_up_delivered = 0;
         self.round_queue_hits = 0;
         self.round_samples = 0;
@@ -991,7 +1038,7 @@ impl RateControl for Adaptive {
                 && self.grow_queued_samples >= GROW_QUEUE_SAMPLES
                 && fb.now_us - self.grow_queued_since_us >= self.grow_queue_persist_us()
             {
-                self.queue_found(self.grow_queued_floor_us);
+                self.queue_found(self.grow_queued_floor_us, false);
             }
         }
         let any_drain = self.draining() || self.mode == Mode::Drain;
@@ -1049,6 +1096,7 @@ impl RateControl for Adaptive {
                 self.recent.push(w, sample as f64, span);
             }
         }
+        self.round_rx_drops += fb.rx_drops;
         if fb.rx_drops > 0 {
             // The receiver could not keep up: believe only what it took in, which is less
             // than we send (a sample above that is its timestamps bunching).
