@@ -218,20 +218,30 @@ fn shallow_buffer_costs_little() {
 /// 0.8 % since; 1.8 % with 1 % random loss).
 #[test]
 fn a_buffer_shorter_than_the_queue_target_is_not_overrun() {
-    for (loss, seed) in [(0.0, 71), (0.01, 72)] {
+    short_buffer_upload(10, 6, [(0.0, 71), (0.01, 72)], 0.01);
+}
+
+/// A 300 Mbit/s upload of `secs` over an `rtt_ms` path with a 0.1-BDP buffer, with each
+/// (random loss, seed): it keeps 95 % of the link and retransmits at most the random loss
+/// plus `allowance`.
+fn short_buffer_upload(rtt_ms: u64, secs: u64, runs: [(f64, u64); 2], allowance: f64) {
+    for (loss, seed) in runs {
         let rate = 300 * MBIT;
-        let r = run_upload(rate, 10, loss, 0.1, (rate * 6) as usize, seed);
+        let r = run_upload(rate, rtt_ms, loss, 0.1, (rate * secs) as usize, seed);
         let steady = steady_rate(&r);
         let capacity = rate as f64 * payload_share() * (1.0 - loss);
         let retx = r.client.data_packets_retransmitted as f64 / r.client.data_packets_sent as f64;
         eprintln!(
-            "loss {loss}: {:.1} of {:.1} Mbit/s, retransmitted {:.2} %, queue drops {}",
+            "{rtt_ms} ms, loss {loss}: {:.1} of {:.1} Mbit/s, retransmitted {:.2} %, queue drops {}",
             steady / 1.25e5,
             capacity / 1.25e5,
             retx * 100.0,
             r.fwd_queue_drops
         );
-        assert!(retx <= loss + 0.01, "loss {loss}: retransmitted {retx:.3}");
+        assert!(
+            retx <= loss + allowance,
+            "loss {loss}: retransmitted {retx:.4}"
+        );
         assert!(
             steady >= 0.95 * capacity,
             "loss {loss}: {:.1} of {:.1} Mbit/s; trace {}",
@@ -249,28 +259,7 @@ fn a_buffer_shorter_than_the_queue_target_is_not_overrun() {
 /// was retransmitted here without random loss; 0.44 % since, 1.58 % with 1 % loss).
 #[test]
 fn a_short_buffer_on_a_long_path_is_not_overrun() {
-    for (loss, seed) in [(0.0, 73), (0.01, 74)] {
-        let rate = 300 * MBIT;
-        let r = run_upload(rate, 100, loss, 0.1, (rate * 16) as usize, seed);
-        let steady = steady_rate(&r);
-        let capacity = rate as f64 * payload_share() * (1.0 - loss);
-        let retx = r.client.data_packets_retransmitted as f64 / r.client.data_packets_sent as f64;
-        eprintln!(
-            "loss {loss}: {:.1} of {:.1} Mbit/s, retransmitted {:.2} %, queue drops {}",
-            steady / 1.25e5,
-            capacity / 1.25e5,
-            retx * 100.0,
-            r.fwd_queue_drops
-        );
-        assert!(retx <= loss + 0.006, "loss {loss}: retransmitted {retx:.4}");
-        assert!(
-            steady >= 0.95 * capacity,
-            "loss {loss}: {:.1} of {:.1} Mbit/s; trace {}",
-            steady / 1.25e5,
-            capacity / 1.25e5,
-            trace_mbit(&r)
-        );
-    }
+    short_buffer_upload(100, 16, [(0.0, 73), (0.01, 74)], 0.006);
 }
 
 /// `secs` of data at `rate` over an `rtt_ms`, 1-BDP path whose forward link stalls: (every
@@ -518,13 +507,14 @@ fn both_running_until(a: &[u64], b: &[u64]) -> usize {
 /// the newcomer's startup and drain fixes gave 0.67–0.89 here), and together they still fill
 /// it (≥ 90 %).
 fn two_flows(rate_mbit: u64, rtt_ms: u64, loss: f64, after_s: u64, mb: usize, seed: u64) {
-    let fairness = two_flows_at(rate_mbit, rtt_ms, loss, 1.0, after_s, 0, mb, seed);
+    let fairness = two_flows_at(rate_mbit, rtt_ms, loss, 1.0, after_s, 0, mb, seed, 0.9);
     assert!(fairness >= 0.95, "Jain {fairness:.3}");
 }
 
 /// Two flows, the second `after_s` s and `offset_us` µs into the first, behind a buffer of
 /// `buffer_bdp` BDPs; checks they both ran long enough, used the link and stayed close to
-/// even every second; returns the Jain index of their mean rates.
+/// even every second (Jain at least `worst_floor`); returns the Jain index of their mean
+/// rates.
 #[allow(clippy::too_many_arguments)]
 fn two_flows_at(
     rate_mbit: u64,
@@ -535,31 +525,8 @@ fn two_flows_at(
     offset_us: u64,
     mb: usize,
     seed: u64,
+    worst_floor: f64,
 ) -> f64 {
-    let (fairness, worst_second, util, retx, report) = two_flows_run(
-        rate_mbit, rtt_ms, loss, buffer_bdp, after_s, offset_us, mb, seed,
-    );
-    assert!(worst_second >= 0.9, "{report}");
-    assert!(util >= 0.90, "{report}");
-    for x in retx {
-        assert!(x <= loss + 0.02, "{report}");
-    }
-    fairness
-}
-
-/// Runs two flows as `two_flows_at` says: (Jain of their mean rates, of the worst second,
-/// utilisation, retransmitted share of each, a report).
-#[allow(clippy::too_many_arguments)]
-fn two_flows_run(
-    rate_mbit: u64,
-    rtt_ms: u64,
-    loss: f64,
-    buffer_bdp: f64,
-    after_s: u64,
-    offset_us: u64,
-    mb: usize,
-    seed: u64,
-) -> (f64, f64, f64, Vec<f64>, String) {
     let mut sc = Scenario::new(seed);
     (sc.forward, sc.reverse) = path(rate_mbit * MBIT, rtt_ms, loss, buffer_bdp);
     adaptive(&mut sc);
@@ -616,7 +583,12 @@ fn two_flows_run(
     );
     eprintln!("{report}");
     assert!(until >= from + 30, "a flow ended at {until}: {report}");
-    (fairness, worst_second, util, retx, report)
+    assert!(worst_second >= worst_floor, "{report}");
+    assert!(util >= 0.90, "{report}");
+    for x in retx {
+        assert!(x <= loss + 0.02, "{report}");
+    }
+    fairness
 }
 
 #[test]
@@ -638,7 +610,7 @@ fn two_flows_share_a_lossy_link_fairly() {
 fn two_flows_share_a_short_path_fairly() {
     let js: Vec<f64> = [0, 37_000, 74_000]
         .iter()
-        .map(|&off| two_flows_at(300, 10, 0.0, 1.0, 2, off, 200, 14))
+        .map(|&off| two_flows_at(300, 10, 0.0, 1.0, 2, off, 200, 14, 0.9))
         .collect();
     let mean = js.iter().sum::<f64>() / js.len() as f64;
     assert!(mean >= 0.95, "Jain {js:.3?}");
@@ -650,18 +622,12 @@ fn two_flows_share_a_short_path_fairly() {
 /// the buffer's, the first flow kept it full (1.6 % of what it sent lost), and the
 /// newcomer, whose datagrams met a full buffer, was held at 12 Mbit/s (Jain 0.54, 11-14 %
 /// retransmitted). Now 0.95-0.96 over the first 3 s both run, still evening out: the
-/// first of those seconds reads 0.90 (so 0.85 here, not the 0.9 of the other tests).
+/// first of those seconds reads 0.90 (so a floor of 0.85 here, not 0.9).
 #[test]
 fn two_flows_share_a_shallow_buffer_fairly() {
     let js: Vec<f64> = [0, 74_000]
         .iter()
-        .map(|&off| {
-            let (j, worst, util, retx, report) = two_flows_run(300, 10, 0.0, 0.1, 2, off, 200, 15);
-            assert!(worst >= 0.85, "{report}");
-            assert!(util >= 0.9, "{report}");
-            assert!(retx.iter().all(|&x| x <= 0.02), "{report}");
-            j
-        })
+        .map(|&off| two_flows_at(300, 10, 0.0, 0.1, 2, off, 200, 15, 0.85))
         .collect();
     assert!(js.iter().all(|&j| j >= 0.9), "Jain {js:.3?}");
 }
@@ -675,12 +641,7 @@ fn two_flows_share_a_shallow_buffer_fairly() {
 fn a_newcomer_is_let_in_on_a_short_buffer() {
     let js: Vec<f64> = [(0, 16), (37_000, 17), (74_000, 18), (111_000, 19)]
         .iter()
-        .map(|&(off, seed)| {
-            let (j, _, util, retx, report) = two_flows_run(100, 100, 0.0, 0.1, 3, off, 150, seed);
-            assert!(util >= 0.9, "{report}");
-            assert!(retx.iter().all(|&x| x <= 0.02), "{report}");
-            j
-        })
+        .map(|&(off, seed)| two_flows_at(100, 100, 0.0, 0.1, 3, off, 150, seed, 0.8))
         .collect();
     let mean = js.iter().sum::<f64>() / js.len() as f64;
     assert!(mean >= 0.95, "Jain {js:.3?}");
