@@ -265,9 +265,9 @@ pub struct Adaptive {
     round_delivered: u64,
     /// Of those, the pacer's catch-up (see `Feedback::catch_up_delivered`).
     round_catch_up_lost: u64,
+    round_catch_up_delivered: u64,
     /// Datagrams the receiver's OS dropped this round.
     round_rx_drops: u64,
-    round_catch_up_delivered: u64,
     round_queue_hits: u32,
     round_samples: u32,
     /// Least queueing delay seen this round, µs.
@@ -400,8 +400,8 @@ impl Adaptive {
             round_lost: 0,
             round_delivered: 0,
             round_catch_up_lost: 0,
-            round_rx_drops: 0,
             round_catch_up_delivered: 0,
+            round_rx_drops: 0,
             round_queue_hits: 0,
             round_samples: 0,
             round_min_queue_us: u64::MAX,
@@ -756,11 +756,11 @@ impl Adaptive {
         }
         // What was paced at the estimate alone (a calm round) lost more than random loss
         // explains, on a buffer known to be short, and not at the receiver: another flow
-        // overflowed the buffer. A
-        // newcomer's search does that where the buffer is too short for the queue that
-        // makes flows yield on a deep one (`BIG_QUEUE`), and taken for random loss it left
-        // the newcomer with what its search found (the simulator, 100 Mbit/s, 100 ms, 0.1
-        // BDP: a fifth to a third of the link, Jain 0.82-0.89 over four starts).
+        // overflowed the buffer. A newcomer's search does that where the buffer is too
+        // short for the queue that makes flows yield on a deep one (`BIG_QUEUE`); taken
+        // for random loss, it left the newcomer with what its search found (the
+        // simulator, 100 Mbit/s, 100 ms, 0.1 BDP: a fifth to a third of the link, Jain
+        // 0.82-0.89 over four starts).
         let foreign = self.mode == Mode::ProbeBw
             && self.shallow()
             && self.last_round_calm
@@ -914,8 +914,8 @@ impl Adaptive {
         self.round_lost = 0;
         self.round_delivered = 0;
         self.round_catch_up_lost = 0;
-        self.round_rx_drops = 0;
         self.round_catch_up_delivered = 0;
+        self.round_rx_drops = 0;
         self.round_queue_hits = 0;
         self.round_samples = 0;
         self.round_min_queue_us = u64::MAX;
