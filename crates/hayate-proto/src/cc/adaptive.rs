@@ -7,8 +7,8 @@
 //! that overshoot is drained (BBR's way too: until no more than a BDP is in flight; then at
 //! the estimate until an RTT sample shows the queue gone). The rate follows the latest
 //! quarter round's deliveries, so it rises smoothly rather than once a round. The delivery
-//! rate is measured by the receiver's clock (ACK `rx_bytes`/`rx_time_us`), so it is exact even when ACKs are delayed or
-//! bunched. Each round's rate is bytes over time (samples weighted by the time they cover, so
+//! rate is measured by the receiver's clock (ACK `rx_bytes`/`rx_time_us`), so it is exact
+//! even when ACKs are delayed or bunched. Each round's rate is bytes over time (samples weighted by the time they cover, so
 //! a stall and the burst that catches it up cancel out), and the largest of recent rounds is
 //! the estimate.
 //!
