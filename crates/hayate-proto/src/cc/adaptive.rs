@@ -8,9 +8,9 @@
 //! the estimate until an RTT sample shows the queue gone). The rate follows the latest
 //! quarter round's deliveries, so it rises smoothly rather than once a round. The delivery
 //! rate is measured by the receiver's clock (ACK `rx_bytes`/`rx_time_us`), so it is exact
-//! even when ACKs are delayed or bunched. Each round's rate is bytes over time (samples weighted by the time they cover, so
-//! a stall and the burst that catches it up cancel out), and the largest of recent rounds is
-//! the estimate.
+//! even when ACKs are delayed or bunched. Each round's rate is bytes over time (samples
+//! weighted by the time they cover, so a stall and the burst that catches it up cancel out),
+//! and the largest of recent rounds is the estimate.
 //!
 //! Then the controller cycles between two phases:
 //! - **grow**: pace at the estimate plus an increment that starts at one datagram per round trip
