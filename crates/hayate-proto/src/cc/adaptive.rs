@@ -201,6 +201,12 @@ const OVERFLOW_SIGMAS: f64 = 4.0;
 const OVERFLOW_MARGIN: f64 = 0.002;
 const OVERFLOW_MIN_DATAGRAMS: f64 = 50.0;
 
+/// `settled` bytes are enough datagrams (`GROW_STEP` is one datagram's bytes) for a loss
+/// ratio to say anything: too few do not (the last blocks of a transfer, one lost of two).
+fn enough_datagrams(settled: u64) -> bool {
+    settled as f64 / GROW_STEP >= OVERFLOW_MIN_DATAGRAMS
+}
+
 /// A delivery sample is the sender's, not the path's, when the sender's host took over this
 /// share of the sample's bytes in sending time from it while it sent them (it sent under
 /// three quarters of its pace).
@@ -590,12 +596,10 @@ impl Adaptive {
         let Some(p) = self.random_loss() else {
             return false;
         };
-        // Datagrams the ratio is taken over (`GROW_STEP` is one datagram's bytes): too few
-        // say nothing (the last blocks of a transfer, one lost of two).
-        let n = settled as f64 / GROW_STEP;
-        if n < OVERFLOW_MIN_DATAGRAMS {
+        if !enough_datagrams(settled) {
             return false;
         }
+        let n = settled as f64 / GROW_STEP;
         let loss = lost as f64 / settled as f64;
         loss > OVERFLOW_RATIO * p
             + OVERFLOW_SIGMAS * (p.max(OVERFLOW_MARGIN) / n).sqrt()
@@ -620,8 +624,7 @@ impl Adaptive {
         // Over enough datagrams to say: one random loss among the first 14 of a round read
         // as 7 % and ended a newcomer's search at its first 30 Mbit/s (the simulator, 300
         // Mbit/s, 100 ms, 1 % loss).
-        let enough = settled as f64 >= OVERFLOW_MIN_DATAGRAMS * GROW_STEP;
-        if enough && lost > (3.0 * self.loss_ewma).max(0.05) {
+        if enough_datagrams(settled) && lost > (3.0 * self.loss_ewma).max(0.05) {
             return false;
         }
         let last = self.bw_rounds.last().copied().unwrap_or(0);
@@ -948,11 +951,11 @@ impl Adaptive {
     }
 
     fn update_rate(&mut self) {
-        let bw = self.bottleneck();
-        if bw == 0 {
+        let est = self.bottleneck();
+        if est == 0 {
             return;
         }
-        let bw = bw as f64;
+        let bw = est as f64;
         self.round_calm &= match (self.mode, self.phase) {
             (Mode::Startup, _) => false,
             (Mode::ProbeBw, Phase::Grow(k)) => k == 0,
@@ -964,10 +967,10 @@ impl Adaptive {
             (Mode::ProbeBw, Phase::Drain(_)) => bw * self.drain_gain,
             (Mode::ProbeBw, Phase::Grow(k)) => bw + self.increment(k).min(bw * MAX_GROW),
         });
-        self.congestion_cap = congestion_cap(self.bottleneck().max(self.rate), self.min_rtt_us);
-        self.blind_rate = self.rate.min(self.clamp(bw));
-        self.drained_in_flight = bytes_in(self.bottleneck(), self.min_rtt_us);
-        self.drained_rate = self.clamp(self.bottleneck() as f64);
+        self.congestion_cap = congestion_cap(est.max(self.rate), self.min_rtt_us);
+        self.drained_rate = self.clamp(bw);
+        self.blind_rate = self.rate.min(self.drained_rate);
+        self.drained_in_flight = bytes_in(est, self.min_rtt_us);
     }
 }
 
