@@ -622,7 +622,10 @@ impl Connection {
         }
     }
 
-    /// Client: no more requests. The server closes the session once it has this.
+    /// Client: no more requests. The packet that says so goes out with whatever control
+    /// messages are still unsent (a download's `Verified`), then a CLOSE follows and the
+    /// session is over: nothing the server could still say matters, and waiting for its own
+    /// CLOSE cost the job a round trip. Lost both, the server's idle timeout ends it.
     pub fn bye(&mut self) {
         if !self.bye_sent {
             self.bye_sent = true;
@@ -632,10 +635,14 @@ impl Connection {
 
     /// Close now, telling the peer why (code 0 = normal).
     pub fn close(&mut self, now: Instant, code: u64, reason: &str) {
+        let now_us = self.now_us(now);
+        self.close_us(now_us, code, reason);
+    }
+
+    fn close_us(&mut self, now_us: u64, code: u64, reason: &str) {
         if self.is_draining() {
             return;
         }
-        let now_us = self.now_us(now);
         if self.keys.is_some() && !matches!(self.state, State::Handshake { .. }) {
             self.close_frame = Some((code, reason.to_string()));
             self.state = State::Draining {
@@ -1542,7 +1549,11 @@ impl Connection {
             || self.ack_pending >= ACK_EVERY
             || self.ack_deadline.is_some_and(|d| now_us >= d);
         if ack_due || self.ctrl_tx.has_unsent() || self.ping_pending {
-            return self.send_control(now_us, buf, ack_due);
+            let sent = self.send_control(now_us, buf, ack_due);
+            if self.bye_sent && !self.ctrl_tx.has_unsent() {
+                self.close_us(now_us, 0, "done");
+            }
+            return sent;
         }
         if self.window_full() {
             self.pacer.idle(now_us);

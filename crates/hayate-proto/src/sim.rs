@@ -231,7 +231,15 @@ pub struct SimResult {
     /// Every transfer (of every client) finished verified, and every session closed normally.
     pub ok: bool,
     pub error: Option<String>,
+    /// Until the last client was done.
     pub elapsed_us: u64,
+    /// When the server last verified an upload, µs.
+    pub server_verified_us: u64,
+    /// How each server session ended (its `Closed` event's error; `None`: normally). The
+    /// run goes on until what the clients sent last has reached the server.
+    pub server_closed: Vec<Option<String>>,
+    /// Downloads the server heard verified by their client.
+    pub server_heard_verified: u64,
     /// Files as the server holds them after the run (uploads) and the client (downloads).
     pub server_files: HashMap<String, Vec<u8>>,
     pub client_files: HashMap<String, Vec<u8>>,
@@ -399,6 +407,13 @@ struct Net {
 }
 
 impl Net {
+    /// Datagrams from clients still on their way to the server (or in its socket buffer).
+    fn bound_for_server(&self) -> bool {
+        self.inflight
+            .values()
+            .any(|(to, ..)| matches!(to, Dest::Server(_) | Dest::ServerApp(..)))
+    }
+
     /// Put a datagram on the wire towards `to`: the link may drop, delay, duplicate or
     /// corrupt it.
     fn put(&mut self, to: Dest, now: u64, d: &[u8]) {
@@ -701,6 +716,7 @@ pub fn run(sc: &Scenario) -> SimResult {
     };
     let mut tcps: Vec<Tcp> = sc.tcp_flows.iter().cloned().map(Tcp::new).collect();
     let mut steps = sc.forward_steps.clone();
+    let mut end_us = None;
     steps.sort_by_key(|s| Reverse(s.at_us));
 
     let mut clients: Vec<Client> = std::iter::once(sc.own_client())
@@ -865,11 +881,14 @@ pub fn run(sc: &Scenario) -> SimResult {
                         if *blake3::hash(&data).as_bytes() == blake3 {
                             server_store.insert(path.clone(), data.clone());
                             res.server_files.insert(path, data);
+                            res.server_verified_us = now;
                             c.finish_incoming(xfer, Ok(blake3));
                         } else {
                             c.finish_incoming(xfer, Err("hash mismatch".into()));
                         }
                     }
+                    Event::Closed { error } => res.server_closed.push(error),
+                    Event::OutgoingDone { result: Ok(_), .. } => res.server_heard_verified += 1,
                     _ => {}
                 }
             }
@@ -934,7 +953,10 @@ pub fn run(sc: &Scenario) -> SimResult {
             cl.check_done(now);
         }
         if clients.iter().all(|c| c.done) {
-            break;
+            end_us.get_or_insert(now);
+            if !net.bound_for_server() {
+                break;
+            }
         }
         // Advance virtual time to the next thing that happens.
         let mut next = u64::MAX;
@@ -974,7 +996,7 @@ pub fn run(sc: &Scenario) -> SimResult {
         now = next.max(now);
     }
     res.endpoint = server.stats().clone();
-    res.elapsed_us = now;
+    res.elapsed_us = end_us.unwrap_or(now);
     res.fwd_delivered = net.links[0].delivered;
     res.fwd_queue_drops = net.links[0].queue_drops;
     res.fwd_random_losses = net.links[0].random_losses;

@@ -263,6 +263,44 @@ fn first_blocks_go_with_the_offer() {
     assert_eq!(r.server.data_packets_retransmitted, 0);
 }
 
+/// The client is done once its last file is verified: its goodbye and a CLOSE go out
+/// together and it does not wait for the server's own CLOSE (a round trip more per job).
+/// The server still hears the goodbye and ends the session normally, and a download's
+/// `Verified` goes out before it.
+#[test]
+fn the_client_is_done_when_its_files_are_verified() {
+    for download in [false, true] {
+        let mut sc = Scenario::new(15);
+        let one_way = LinkParams {
+            delay_us: 100_000,
+            ..LinkParams::default()
+        };
+        sc.forward = one_way.clone();
+        sc.reverse = one_way;
+        sc.client.rate = RateConfig::Fixed(10_000_000);
+        sc.server.rate = RateConfig::Fixed(10_000_000);
+        let file = vec![("f".into(), data(7, 2_000_000))];
+        if download {
+            sc.downloads = file;
+        } else {
+            sc.uploads = file;
+        }
+        let r = check(&sc);
+        let end = r.clients[0].end_us;
+        if !download {
+            // The server's Verified takes 100 ms to reach the client.
+            let after = end - r.server_verified_us;
+            assert!(
+                after <= 105_000,
+                "done {after} µs after the server verified"
+            );
+        }
+        assert_eq!(r.elapsed_us, end);
+        assert_eq!(r.server_closed, vec![None], "download {download}");
+        assert_eq!(r.server_heard_verified, download as u64);
+    }
+}
+
 /// Clients that send at one instant take turns at a full queue. Two flows paced alike and
 /// started together, 1.2 times the link between them, reach the bottleneck's queue at the
 /// same instants: each must lose about what the other does (in a fixed order the first
