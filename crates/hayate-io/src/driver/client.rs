@@ -914,16 +914,6 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
             session_error = Some("interrupted".into());
             conn.close(now, 1, "client interrupted");
         }
-        // Start queued transfers while there is room.
-        while started && files.act.len() < MAX_ACTIVE && session_error.is_none() {
-            let Some(i) = s.queue.pop_front() else {
-                break;
-            };
-            if let Some((x, a)) = s.start_file(&mut conn, i) {
-                files.act.insert(x, a);
-            }
-        }
-
         if let Err(e) = links.recv(&mut |from, at, d| {
             if from == peer {
                 conn.handle_datagram_at(now, at, d, &mut files);
@@ -1090,6 +1080,18 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
                         }
                     }
                 }
+            }
+        }
+
+        // Start queued transfers while there is room: here, after the events that queue
+        // them (the session up, a listing answered, a transfer done), so their offers and
+        // first data go out in this pass, not after the next wake-up (up to 100 ms later).
+        while started && files.act.len() < MAX_ACTIVE && session_error.is_none() {
+            let Some(i) = s.queue.pop_front() else {
+                break;
+            };
+            if let Some((x, a)) = s.start_file(&mut conn, i) {
+                files.act.insert(x, a);
             }
         }
 
