@@ -248,7 +248,7 @@ pub struct SimResult {
     pub server: crate::conn::Stats,
     pub rejected: Vec<(String, String)>,
     pub endpoint: crate::endpoint::EndpointStats,
-    /// Corrupted datagrams the simulated wire delivered (both directions).
+    /// Corrupted datagrams the simulated wire delivered to a connection (both directions).
     pub corrupted: u64,
     /// Forward link: datagrams delivered / dropped by the queue / lost at random.
     pub fwd_delivered: u64,
@@ -832,8 +832,9 @@ pub fn run(sc: &Scenario) -> SimResult {
                         net.push(end, Dest::ClientLate(n, arrived), d, bad);
                         continue;
                     }
-                    res.corrupted += bad as u64;
                     if let Some(conn) = cl.conn.as_mut().filter(|_| !cl.done) {
+                        // Counted where a connection reads it (a client done reads nothing).
+                        res.corrupted += bad as u64;
                         let before = conn.stats().data_bytes_received;
                         conn.handle_datagram_at(at(now), at(arrived), &mut d, &mut cl.files);
                         let got = conn.stats().data_bytes_received.saturating_sub(before);

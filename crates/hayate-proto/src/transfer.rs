@@ -62,6 +62,8 @@ pub struct Outgoing {
     base: u64,
     last_pn: VecDeque<u64>,
     retx: VecDeque<u64>,
+    /// Blocks to send once more after `retx`: see [`Outgoing::send_again`].
+    again: VecDeque<u64>,
     /// BLAKE3 over blocks in order; `hash_next` is the next block it needs.
     hasher: blake3::Hasher,
     /// Blocks are hashed in batches: BLAKE3 only uses its wide SIMD path on long inputs,
@@ -105,6 +107,7 @@ impl Outgoing {
             base: 0,
             last_pn: VecDeque::new(),
             retx: VecDeque::new(),
+            again: VecDeque::new(),
             hasher: blake3::Hasher::new(),
             hash_buf: Vec::new(),
             hash_next: 0,
@@ -139,7 +142,7 @@ impl Outgoing {
     }
 
     pub fn has_retx(&self) -> bool {
-        !self.retx.is_empty()
+        !self.retx.is_empty() || !self.again.is_empty()
     }
 
     /// Next block that has never been sent, skipping blocks the receiver already has.
@@ -148,14 +151,28 @@ impl Outgoing {
         (b < self.layout.blocks()).then_some(b)
     }
 
-    /// Next block to retransmit (dropping entries acknowledged meanwhile).
-    pub fn pop_retx(&mut self) -> Option<u64> {
+    /// Next block to retransmit (dropping entries acknowledged meanwhile), and whether it
+    /// is a second copy (see [`Outgoing::send_again`]).
+    pub fn pop_retx(&mut self) -> Option<(u64, bool)> {
         while let Some(b) = self.retx.pop_front() {
             if !self.acked.get(b) {
-                return Some(b);
+                return Some((b, false));
+            }
+        }
+        while let Some(b) = self.again.pop_front() {
+            if !self.acked.get(b) {
+                return Some((b, true));
             }
         }
         None
+    }
+
+    /// Retransmitted `block` goes once more, after the other retransmissions: with nothing
+    /// new left to send, a retransmission that is lost too costs the whole job a round trip
+    /// (the loss map that says so comes a round trip after it), where a second copy costs
+    /// one datagram (1 % loss: some 200 blocks of the last round trip at 1 Gbit/s, 250 ms).
+    pub fn send_again(&mut self, block: u64) {
+        self.again.push_back(block);
     }
 
     /// Feed block data to the whole-file hash; blocks must come in order.
@@ -530,7 +547,7 @@ mod tests {
         assert_eq!(tagged_lost, even_lost * 10);
         assert_eq!(tagged_acked, even_acked * 10);
         let mut got = Vec::new();
-        while let Some(b) = tx.pop_retx() {
+        while let Some((b, _)) = tx.pop_retx() {
             got.push(b);
         }
         assert_eq!(got.len() as u64, overtaken);

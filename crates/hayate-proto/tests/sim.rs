@@ -301,6 +301,32 @@ fn the_client_is_done_when_its_files_are_verified() {
     }
 }
 
+/// A job's tail, on a lossy path: with nothing new left to send, a retransmission lost
+/// again, or a lost verdict, would each cost the whole job a round trip or a probe timeout
+/// more. Retransmissions then go twice, and the verdict too. 10 MB at a fixed 10 MB/s over
+/// 200 ms with 3 % loss each way, 16 runs: 1.77 s on average (1.99 s with neither; 1.92 s
+/// without the retransmissions' second copies, 1.84 s without the verdict's).
+#[test]
+fn a_lossy_tail_costs_no_extra_round_trips() {
+    let mut total_ms = 0;
+    for seed in 0..16u64 {
+        let mut sc = Scenario::new(40 + seed);
+        let p = LinkParams {
+            delay_us: 100_000,
+            loss: 0.03,
+            ..LinkParams::default()
+        };
+        sc.forward = p.clone();
+        sc.reverse = p;
+        sc.client.rate = RateConfig::Fixed(10_000_000);
+        sc.server.rate = RateConfig::Fixed(10_000_000);
+        sc.uploads = vec![("f".into(), data(seed, 10_000_000))];
+        total_ms += check(&sc).elapsed_us / 1000;
+    }
+    let mean = total_ms / 16;
+    assert!(mean <= 1800, "{mean} ms on average");
+}
+
 /// Clients that send at one instant take turns at a full queue. Two flows paced alike and
 /// started together, 1.2 times the link between them, reach the bottleneck's queue at the
 /// same instants: each must lose about what the other does (in a fixed order the first
