@@ -230,20 +230,27 @@ fn download_rate_follows_the_clients_wish() {
     assert!((0.95..1.3).contains(&secs), "took {secs} s");
 }
 
-/// Data goes with the offer, before the receiver's Ready: the first blocks arrive half a
-/// round trip after the handshake, not a round trip and a half. Kept until the receiver has
-/// accepted, none of them is lost or sent twice.
-#[test]
-fn first_blocks_go_with_the_offer() {
-    let mut sc = Scenario::new(14);
+/// 100 ms each way, no rate limit, `loss` each way; both ends paced at a fixed 10 MB/s.
+fn long_fixed(seed: u64, loss: f64) -> Scenario {
+    let mut sc = Scenario::new(seed);
     let one_way = LinkParams {
         delay_us: 100_000,
+        loss,
         ..LinkParams::default()
     };
     sc.forward = one_way.clone();
     sc.reverse = one_way;
     sc.client.rate = RateConfig::Fixed(10_000_000);
     sc.server.rate = RateConfig::Fixed(10_000_000);
+    sc
+}
+
+/// Data goes with the offer, before the receiver's Ready: the first blocks arrive half a
+/// round trip after the handshake, not a round trip and a half. Kept until the receiver has
+/// accepted, none of them is lost or sent twice.
+#[test]
+fn first_blocks_go_with_the_offer() {
+    let mut sc = long_fixed(14, 0.0);
     sc.uploads = vec![("up".into(), data(5, 3_000_000))];
     sc.downloads = vec![("down".into(), data(6, 3_000_000))];
     let r = check(&sc);
@@ -270,15 +277,7 @@ fn first_blocks_go_with_the_offer() {
 #[test]
 fn the_client_is_done_when_its_files_are_verified() {
     for download in [false, true] {
-        let mut sc = Scenario::new(15);
-        let one_way = LinkParams {
-            delay_us: 100_000,
-            ..LinkParams::default()
-        };
-        sc.forward = one_way.clone();
-        sc.reverse = one_way;
-        sc.client.rate = RateConfig::Fixed(10_000_000);
-        sc.server.rate = RateConfig::Fixed(10_000_000);
+        let mut sc = long_fixed(15, 0.0);
         let file = vec![("f".into(), data(7, 2_000_000))];
         if download {
             sc.downloads = file;
@@ -310,16 +309,7 @@ fn the_client_is_done_when_its_files_are_verified() {
 fn a_lossy_tail_costs_no_extra_round_trips() {
     let mut total_ms = 0;
     for seed in 0..16u64 {
-        let mut sc = Scenario::new(40 + seed);
-        let p = LinkParams {
-            delay_us: 100_000,
-            loss: 0.03,
-            ..LinkParams::default()
-        };
-        sc.forward = p.clone();
-        sc.reverse = p;
-        sc.client.rate = RateConfig::Fixed(10_000_000);
-        sc.server.rate = RateConfig::Fixed(10_000_000);
+        let mut sc = long_fixed(40 + seed, 0.03);
         sc.uploads = vec![("f".into(), data(seed, 10_000_000))];
         total_ms += check(&sc).elapsed_us / 1000;
     }
