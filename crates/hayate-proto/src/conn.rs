@@ -1411,7 +1411,12 @@ impl Connection {
 
     fn pto_deadline(&self) -> u64 {
         let backoff = 1u64 << self.pto_count.min(6);
-        self.pto_base_us + self.rtt.pto() * backoff
+        // Backing off stops at an eighth of the idle timeout: a probe at most every 1.9 s of
+        // the default 15 s. Doubling on to 64 probe timeouts left a session that had lost
+        // its last few probes (30 % loss each way) a single probe more before the timeout
+        // ended it, all data out and no loss map back to say what to resend.
+        let most = (self.cfg.idle_timeout.as_micros() as u64 / 8).max(self.rtt.pto());
+        self.pto_base_us + (self.rtt.pto() * backoff).min(most)
     }
 
     /// Something sent is still awaiting an answer from the peer.
@@ -1777,6 +1782,8 @@ impl Connection {
         };
         if let Some(blake3) = src_hash {
             self.ctrl_tx.push(&Ctrl::Sent { xfer, blake3 });
+            // The receiver cannot verify without it: twice, like its verdict.
+            self.ctrl_twice = true;
         }
     }
 
@@ -1881,6 +1888,27 @@ mod tests {
         assert_eq!(c.rx_drops, 0);
         c.set_receiver_state(drops(1005));
         assert_eq!(c.rx_drops, 5);
+    }
+
+    /// However many probes went unanswered, the next comes within an eighth of the idle
+    /// timeout: a session that lost a few in a row still has several before it gives up.
+    #[test]
+    fn probes_back_off_to_an_eighth_of_the_idle_timeout() {
+        let psk = Psk::from_bytes([7; 32]);
+        let cfg = Config::default();
+        let most = cfg.idle_timeout.as_micros() as u64 / 8;
+        let mut c = Connection::client(cfg, &psk, AddrFamily::V4, Instant::now());
+        c.pto_base_us = 1_000;
+        let first = c.pto_deadline() - 1_000;
+        assert!(first < most, "{first}");
+        for n in 1..12 {
+            c.pto_count = n;
+            let gap = c.pto_deadline() - 1_000;
+            assert!(gap <= most, "after {n}: {gap} µs");
+            assert!(gap >= first.min(most), "after {n}: {gap} µs");
+        }
+        c.pto_count = 10;
+        assert_eq!(c.pto_deadline() - 1_000, most);
     }
 
     /// Block numbers are 6 bytes on the wire: a file of more blocks is refused up front, by

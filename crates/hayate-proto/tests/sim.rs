@@ -301,10 +301,11 @@ fn the_client_is_done_when_its_files_are_verified() {
 }
 
 /// A job's tail, on a lossy path: with nothing new left to send, a retransmission lost
-/// again, or a lost verdict, would each cost the whole job a round trip or a probe timeout
-/// more. Retransmissions then go twice, and the verdict too. 10 MB at a fixed 10 MB/s over
-/// 200 ms with 3 % loss each way, 16 runs: 1.77 s on average (1.99 s with neither; 1.92 s
-/// without the retransmissions' second copies, 1.84 s without the verdict's).
+/// again, or a lost `Sent` or verdict, would each cost the whole job a round trip or a
+/// probe timeout more. Retransmissions then go twice, and those two messages too. 10 MB at
+/// a fixed 10 MB/s over 200 ms with 3 % loss each way, 16 runs: 1.72 s on average (1.99 s
+/// with neither; 1.89 s without the retransmissions' second copies, 1.84 s without the
+/// messages').
 #[test]
 fn a_lossy_tail_costs_no_extra_round_trips() {
     let mut total_ms = 0;
@@ -314,7 +315,7 @@ fn a_lossy_tail_costs_no_extra_round_trips() {
         total_ms += check(&sc).elapsed_us / 1000;
     }
     let mean = total_ms / 16;
-    assert!(mean <= 1800, "{mean} ms on average");
+    assert!(mean <= 1750, "{mean} ms on average");
 }
 
 /// Clients that send at one instant take turns at a full queue. Two flows paced alike and
