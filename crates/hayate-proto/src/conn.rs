@@ -1692,6 +1692,8 @@ impl Connection {
             }
         }
         // At the session's tail (nothing new left anywhere) each retransmission goes twice.
+        // With many small files that is every batch's tail: their retransmissions double
+        // (twice the loss rate instead of once), and each file verifies a round trip sooner.
         if again && self.outgoing.values().all(|o| o.peek_new().is_none()) {
             if let Some((xfer, block, _)) = pick {
                 if let Some(o) = self.outgoing.get_mut(&xfer) {
