@@ -260,8 +260,8 @@ pub struct Connection {
     /// In-flight bytes of finished outgoing transfers, settled by [`Connection::retire`].
     retired_in_flight: u64,
     bye_sent: bool,
-    /// What the control stream holds unacknowledged goes out a second time once sent.
-    ctrl_twice: bool,
+    /// Control stream bytes from this offset on go out a second time once sent.
+    ctrl_twice: Option<u64>,
     /// Some transfer may need its hash finished or `Sent` announced without sending data.
     hash_work: bool,
     close_frame: Option<(u64, String)>,
@@ -363,7 +363,7 @@ impl Connection {
             next_meta: 1,
             retired_in_flight: 0,
             bye_sent: false,
-            ctrl_twice: false,
+            ctrl_twice: None,
             hash_work: false,
             close_frame: None,
             events: VecDeque::new(),
@@ -619,6 +619,7 @@ impl Connection {
         if self.incoming.remove(&xfer).is_none() {
             return;
         }
+        let at = self.ctrl_tx.end();
         match result {
             Ok(blake3) => self.ctrl_tx.push(&Ctrl::Verified { xfer, blake3 }),
             Err(reason) => self.ctrl_tx.push(&Ctrl::Failed { xfer, reason }),
@@ -626,7 +627,13 @@ impl Connection {
         // The sender waits on this verdict alone: lost, it would wait for a probe timeout
         // (the simulator, 1 Gbit/s, 250 ms, 1 % loss: one of three runs ended 1.6 s late,
         // about 1 % of them would). Say it twice.
-        self.ctrl_twice = true;
+        self.say_twice(at);
+    }
+
+    /// The control messages from stream offset `at` on go out twice (only those: with many
+    /// files under way the stream holds many unacknowledged offers).
+    fn say_twice(&mut self, at: u64) {
+        self.ctrl_twice = Some(self.ctrl_twice.map_or(at, |t| t.min(at)));
     }
 
     /// Client: no more requests. The packet that says so goes out with whatever control
@@ -1562,9 +1569,10 @@ impl Connection {
             || self.ack_deadline.is_some_and(|d| now_us >= d);
         if ack_due || self.ctrl_tx.has_unsent() || self.ping_pending {
             let sent = self.send_control(now_us, buf, ack_due);
-            if self.ctrl_twice && !self.ctrl_tx.has_unsent() {
-                self.ctrl_twice = false;
-                self.ctrl_tx.rewind();
+            if !self.ctrl_tx.has_unsent() {
+                if let Some(at) = self.ctrl_twice.take() {
+                    self.ctrl_tx.resend_from(at);
+                }
             }
             if self.bye_sent && !self.ctrl_tx.has_unsent() {
                 self.close_us(now_us, 0, "done");
@@ -1783,9 +1791,10 @@ impl Connection {
             _ => return,
         };
         if let Some(blake3) = src_hash {
+            let at = self.ctrl_tx.end();
             self.ctrl_tx.push(&Ctrl::Sent { xfer, blake3 });
             // The receiver cannot verify without it: twice, like its verdict.
-            self.ctrl_twice = true;
+            self.say_twice(at);
         }
     }
 

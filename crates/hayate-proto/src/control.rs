@@ -198,6 +198,11 @@ impl CtrlSend {
     pub fn rewind(&mut self) {
         self.next = self.acked;
     }
+
+    /// What is unacknowledged from `offset` on goes out again.
+    pub fn resend_from(&mut self, offset: u64) {
+        self.next = self.next.min(offset.max(self.acked));
+    }
 }
 
 /// Incoming half: reassembles out-of-order chunks and yields whole messages in order.
@@ -274,6 +279,28 @@ impl CtrlRecv {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A message said twice goes out again alone, not with everything still unacknowledged
+    /// before it; never below what the peer acknowledged.
+    #[test]
+    fn resend_from_repeats_only_the_tail() {
+        let mut tx = CtrlSend::default();
+        tx.push(&Ctrl::Bye);
+        tx.push(&Ctrl::Bye);
+        let at = tx.end();
+        tx.push(&Ctrl::Skip {
+            xfer: 3,
+            reason: "same".into(),
+        });
+        while tx.next_chunk(4).is_some() {}
+        tx.resend_from(at);
+        let (off, data) = tx.next_chunk(1000).expect("resent");
+        assert_eq!((off, data.len() as u64), (at, tx.end() - at));
+        assert!(tx.next_chunk(1000).is_none());
+        tx.on_ack(tx.end() - 1);
+        tx.resend_from(0);
+        assert_eq!(tx.next_chunk(1000).map(|(o, _)| o), Some(tx.end() - 1));
+    }
 
     fn msgs() -> Vec<Ctrl> {
         vec![
