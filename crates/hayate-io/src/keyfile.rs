@@ -10,20 +10,17 @@ use std::path::{Path, PathBuf};
 pub enum KeyFileWriteError {
     #[error("key file exists: {} (use --force to overwrite)", .0.display())]
     Exists(PathBuf),
-    #[error("cannot write key file {}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: io::Error,
-    },
+    // The cause is in the message, and not also the error's source: printed as a chain
+    // (`hayate: {e:#}`) it read twice.
+    #[error("cannot write key file {}: {err}", path.display())]
+    Io { path: PathBuf, err: io::Error },
 }
 
 #[derive(Debug, thiserror::Error)]
-#[error("cannot read key file {}: {source}", path.display())]
+#[error("cannot read key file {}: {err}", path.display())]
 pub struct KeyFileReadError {
     pub path: PathBuf,
-    #[source]
-    pub source: io::Error,
+    pub err: io::Error,
 }
 
 /// A key file's contents and whether its permissions were too open.
@@ -44,9 +41,9 @@ pub fn write_new_key_file(
     contents: &str,
     force: bool,
 ) -> Result<(), KeyFileWriteError> {
-    let io_err = |source| KeyFileWriteError::Io {
+    let io_err = |err| KeyFileWriteError::Io {
         path: path.to_path_buf(),
-        source,
+        err,
     };
     if !force {
         let file = create_private(path).map_err(|e| {
@@ -89,9 +86,9 @@ pub fn write_new_key_file(
 
 /// Reads a key file; `too_open` tells the caller to warn about group/other access.
 pub fn read_key_file(path: &Path) -> Result<KeyFileContents, KeyFileReadError> {
-    let err = |source| KeyFileReadError {
+    let err = |err| KeyFileReadError {
         path: path.to_path_buf(),
-        source,
+        err,
     };
     let contents = fs::read_to_string(path).map_err(err)?;
     let mode = fs::metadata(path).map_err(err)?.permissions().mode() & 0o7777;

@@ -449,6 +449,22 @@ fn key_file_from_environment() {
     run.assert_failed();
     assert!(lower(&run.stderr).contains("key"), "{run:#?}");
     assert!(!fx.root.join("e2.bin").exists());
+    // A key file that is not there: named, and its cause said once.
+    let missing = fx.tmp.path().join("no-such-key");
+    let run = common::run([
+        "cp".to_string(),
+        "--key-file".to_string(),
+        s(&missing),
+        s(&src),
+        fx.url("e3.bin"),
+    ]);
+    run.assert_failed();
+    assert!(run.stderr.contains(&s(&missing)), "{run:#?}");
+    assert_eq!(
+        run.stderr.matches("No such file or directory").count(),
+        1,
+        "{run:#?}"
+    );
 }
 
 #[test]
