@@ -20,13 +20,13 @@ use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::SystemTime;
 
 use rustix::fs::{
-    self as rfs, AtFlags, FileType, FlockOperation, Mode, OFlags, ResolveFlags, Stat, Timespec,
-    Timestamps,
+    self as rfs, AtFlags, FallocateFlags, FileType, FlockOperation, Mode, OFlags, ResolveFlags,
+    Stat, Timespec, Timestamps,
 };
 use rustix::io::Errno;
 
@@ -53,8 +53,9 @@ pub enum FsError {
     PermissionDenied(String),
     #[error("{0}: another transfer is writing this file right now")]
     Busy(String),
+    /// The cause is in the message only (see `KeyFileReadError`).
     #[error("{0}: {1}")]
-    Io(String, #[source] io::Error),
+    Io(String, io::Error),
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -598,6 +599,109 @@ pub struct PartFile {
     shown: String,
     /// Length of the temp file before `create` resized it (0 when new).
     existing_len: u64,
+    /// Space for a large file, being reserved in the background.
+    space: Option<Reserve>,
+}
+
+/// Reserves a file's space (`fallocate`) in the background, a chunk at a time, so a disk
+/// too small for the file fails the transfer as it starts, not when it fills. On tmpfs that
+/// also takes the page allocation out of the receiver's write path (1 GiB: 0.2-0.3 s of
+/// `fallocate` here; writes into fresh pages ran at 0.5-2 GB/s, into reserved ones at 3.5).
+/// A file system without `fallocate` is written as before.
+#[derive(Debug)]
+struct Reserve {
+    job: Arc<ReserveJob>,
+}
+
+#[derive(Debug)]
+struct ReserveJob {
+    /// The file was closed: reserve no more of it.
+    stop: AtomicBool,
+    /// The errno that ended it short of space (ENOSPC, EDQUOT), 0 otherwise.
+    short: AtomicI32,
+}
+
+impl Reserve {
+    /// Bytes per `fallocate`: tmpfs holds the inode lock through one call, and the receiver's
+    /// writes wait for it meanwhile (32 MiB: a few ms).
+    const CHUNK: u64 = 32 << 20;
+    /// Smaller files are reserved at once, before the transfer starts.
+    const AT_ONCE: u64 = 8 << 20;
+
+    /// Reserves `size` bytes of `file`: at once for a small file (running short of space
+    /// then is the caller's error), else on the one background worker, files in the order
+    /// they came.
+    fn start(file: &File, size: u64) -> io::Result<Option<Reserve>> {
+        if size == 0 {
+            return Ok(None);
+        }
+        if size <= Self::AT_ONCE {
+            return match rfs::fallocate(file, FallocateFlags::empty(), 0, size) {
+                Err(e) if short_of_space(e) => Err(e.into()),
+                _ => Ok(None),
+            };
+        }
+        type Work = (File, u64, Arc<ReserveJob>);
+        static WORKER: OnceLock<Option<Mutex<mpsc::Sender<Work>>>> = OnceLock::new();
+        let worker = WORKER.get_or_init(|| {
+            let (tx, rx) = mpsc::channel::<Work>();
+            std::thread::Builder::new()
+                .name("hayate-reserve".into())
+                .spawn(move || {
+                    for (file, size, job) in rx {
+                        Self::run(&file, size, &job);
+                    }
+                })
+                .ok()
+                .map(|_| Mutex::new(tx))
+        });
+        let Some(worker) = worker else {
+            return Ok(None);
+        };
+        let job = Arc::new(ReserveJob {
+            stop: AtomicBool::new(false),
+            short: AtomicI32::new(0),
+        });
+        let work = (file.try_clone()?, size, job.clone());
+        match worker.lock().map(|tx| tx.send(work)) {
+            Ok(Ok(())) => Ok(Some(Reserve { job })),
+            _ => Ok(None),
+        }
+    }
+
+    fn run(file: &File, size: u64, job: &ReserveJob) {
+        let mut at = 0;
+        while at < size && !job.stop.load(Ordering::Relaxed) {
+            let len = Self::CHUNK.min(size - at);
+            match rfs::fallocate(file, FallocateFlags::empty(), at, len) {
+                Ok(()) => at += len,
+                Err(e) => {
+                    if short_of_space(e) {
+                        job.short.store(e.raw_os_error(), Ordering::Relaxed);
+                    }
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The file system is short of space for the file.
+    fn check(&self) -> io::Result<()> {
+        match self.job.short.load(Ordering::Relaxed) {
+            0 => Ok(()),
+            code => Err(io::Error::from_raw_os_error(code)),
+        }
+    }
+}
+
+impl Drop for Reserve {
+    fn drop(&mut self) {
+        self.job.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn short_of_space(e: Errno) -> bool {
+    e == Errno::NOSPC || e == Errno::DQUOT
 }
 
 impl PartFile {
@@ -653,6 +757,7 @@ impl PartFile {
             .map_err(io_err)?;
         let existing_len = meta.len();
         file.set_len(size).map_err(io_err)?;
+        let space = Reserve::start(&file, size).map_err(io_err)?;
         Ok(Self {
             file,
             run: Vec::new(),
@@ -665,6 +770,7 @@ impl PartFile {
             final_name: name.to_string(),
             shown: shown.to_string(),
             existing_len,
+            space,
         })
     }
 
@@ -791,6 +897,9 @@ impl PartFile {
 
     /// The error of a gathered write that failed earlier, again.
     fn check(&self) -> io::Result<()> {
+        if let Some(r) = &self.space {
+            r.check()?;
+        }
         match &self.failed {
             None => Ok(()),
             Some((Some(code), _)) => Err(io::Error::from_raw_os_error(*code)),

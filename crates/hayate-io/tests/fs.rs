@@ -822,3 +822,78 @@ fn a_part_file_gathers_writes_and_hands_them_over_before_anything_reads() {
         b"kept"
     );
 }
+
+/// A 4 MiB tmpfs at a fresh directory, unmounted on drop; None (and a message) where this
+/// process may not mount (not root).
+struct SmallFs(tempfile::TempDir);
+
+impl SmallFs {
+    fn mount() -> Option<SmallFs> {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
+            .arg(dir.path())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("skipping: cannot mount a small tmpfs (needs root)");
+            return None;
+        }
+        Some(SmallFs(dir))
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.0.path())
+            .status();
+    }
+}
+
+fn is_no_space(e: &std::io::Error) -> bool {
+    e.raw_os_error() == Some(libc::ENOSPC)
+}
+
+/// A destination too small for the file fails as the transfer starts, not once the disk is
+/// full: a small file when it is created, a large one at its first writes, however little of
+/// it has come.
+#[test]
+fn a_destination_too_small_for_the_file_fails_at_once() {
+    let Some(small) = SmallFs::mount() else {
+        return;
+    };
+    let root = Root::open(small.0.path()).unwrap();
+    match root.create_part("six.bin", 6 << 20) {
+        Err(FsError::Io(_, e)) if is_no_space(&e) => {}
+        other => panic!("expected no space, got {other:?}"),
+    }
+    let mut part = root.create_part("big.bin", 64 << 20).unwrap();
+    let block = vec![7u8; 1430];
+    let t0 = std::time::Instant::now();
+    let mut written = 0u64;
+    let err = loop {
+        match part.write_at(written, &block).and_then(|()| part.flush()) {
+            Ok(()) => written += block.len() as u64,
+            Err(e) => break e,
+        }
+        // Slower than any receiver, so the reservation wins the race if it works at all.
+        std::thread::sleep(Duration::from_millis(1));
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "no error after {written} bytes"
+        );
+    };
+    assert!(is_no_space(&err), "{err:?}");
+    assert!(written < 1 << 20, "failed only after {written} bytes");
+    drop(part);
+    // Fits: reserved and written in full.
+    let mut part = root.create_part("fits.bin", 3 << 20).unwrap();
+    part.write_at(0, &vec![1u8; 3 << 20]).unwrap();
+    part.commit(None, None).unwrap();
+    assert_eq!(
+        fs::metadata(small.0.path().join("fits.bin")).unwrap().len(),
+        3 << 20
+    );
+}
