@@ -653,7 +653,7 @@ impl Reserve {
                     // SAFETY: setpriority on this thread's own id; no memory involved.
                     unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as _, 10) };
                     for (file, size, job) in rx {
-                        Self::run(&file, size, &job);
+                        Self::run(file, size, &job);
                     }
                 })
                 .ok()
@@ -673,13 +673,15 @@ impl Reserve {
         }
     }
 
-    fn run(file: &File, size: u64, job: &ReserveJob) {
+    fn run(file: File, size: u64, job: &ReserveJob) {
         let mut at = 0;
         while at < size && !job.stop.load(Ordering::Relaxed) {
             let len = Self::CHUNK.min(size - at);
-            match rfs::fallocate(file, FallocateFlags::empty(), at, len) {
+            match rfs::fallocate(&file, FallocateFlags::empty(), at, len) {
                 Ok(()) => at += len,
                 Err(e) => {
+                    // Closed first: a file discarded for this error frees its space at once.
+                    drop(file);
                     if short_of_space(e) {
                         job.short.store(e.raw_os_error(), Ordering::Relaxed);
                     }
