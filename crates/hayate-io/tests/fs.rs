@@ -865,10 +865,13 @@ fn a_destination_too_small_for_the_file_fails_at_once() {
         return;
     };
     let root = Root::open(small.0.path()).unwrap();
-    match root.create_part("six.bin", 6 << 20) {
+    let filler = small.0.path().join("filler");
+    fs::write(&filler, vec![0u8; 7 << 19]).unwrap();
+    match root.create_part("small.bin", 1 << 20) {
         Err(FsError::Io(_, e)) if is_no_space(&e) => {}
         other => panic!("expected no space, got {other:?}"),
     }
+    fs::remove_file(&filler).unwrap();
     let mut part = root.create_part("big.bin", 64 << 20).unwrap();
     let block = vec![7u8; 1430];
     let t0 = std::time::Instant::now();
