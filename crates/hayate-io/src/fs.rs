@@ -21,7 +21,7 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::{mpsc, Arc, OnceLock};
 use std::time::SystemTime;
 
 use rustix::fs::{
@@ -53,7 +53,7 @@ pub enum FsError {
     PermissionDenied(String),
     #[error("{0}: another transfer is writing this file right now")]
     Busy(String),
-    /// The cause is in the message only (see `KeyFileReadError`).
+    /// The cause is in the message only (see `KeyFileWriteError::Io`).
     #[error("{0}: {1}")]
     Io(String, io::Error),
 }
@@ -643,7 +643,7 @@ impl Reserve {
             };
         }
         type Work = (File, u64, Arc<ReserveJob>);
-        static WORKER: OnceLock<Option<Mutex<mpsc::Sender<Work>>>> = OnceLock::new();
+        static WORKER: OnceLock<Option<mpsc::Sender<Work>>> = OnceLock::new();
         let worker = WORKER.get_or_init(|| {
             let (tx, rx) = mpsc::channel::<Work>();
             std::thread::Builder::new()
@@ -658,7 +658,7 @@ impl Reserve {
                     }
                 })
                 .ok()
-                .map(|_| Mutex::new(tx))
+                .map(|_| tx)
         });
         let Some(worker) = worker else {
             return Ok(None);
@@ -668,9 +668,9 @@ impl Reserve {
             short: AtomicI32::new(0),
         });
         let work = (file.try_clone()?, size, job.clone());
-        match worker.lock().map(|tx| tx.send(work)) {
-            Ok(Ok(())) => Ok(Some(Reserve { job })),
-            _ => Ok(None),
+        match worker.send(work) {
+            Ok(()) => Ok(Some(Reserve { job })),
+            Err(_) => Ok(None),
         }
     }
 
