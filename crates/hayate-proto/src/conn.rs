@@ -298,6 +298,8 @@ pub struct CcTraceRow {
     pub cap: u64,
     /// Sending time the pacer lost so far to late wake-ups, as bytes at its rate.
     pub pacer_lost: u64,
+    /// The share of a full catch-up the pacer makes (see [`Pacer::catch_up_room`]).
+    pub catch_up_room: f64,
 }
 
 impl std::fmt::Debug for Connection {
@@ -938,6 +940,7 @@ impl Connection {
                     sent_bytes: self.stats.data_bytes_sent,
                     cap: self.cc.in_flight_cap().unwrap_or(0),
                     pacer_lost: self.pacer.lost_bytes(),
+                    catch_up_room: self.pacer.catch_up_room(),
                 });
             }
         }

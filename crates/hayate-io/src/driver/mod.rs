@@ -85,7 +85,7 @@ impl CcTrace {
         use std::io::Write;
         writeln!(
             out,
-            "t_ms\trtt_us\tmin_rtt_us\tsrtt_us\trx_bps\tdelivered\tlost_bytes\trx_drops\tin_flight\trate_bps\tstate\tsent_bytes\trx_lag_us\trx_buffered\trx_buffer\tcap\tpacer_lost"
+            "t_ms\trtt_us\tmin_rtt_us\tsrtt_us\trx_bps\tdelivered\tlost_bytes\trx_drops\tin_flight\trate_bps\tstate\tsent_bytes\trx_lag_us\trx_buffered\trx_buffer\tcap\tpacer_lost\tcatch_up_room"
         )
         .ok()?;
         conn.enable_cc_trace();
@@ -99,7 +99,7 @@ impl CcTrace {
             let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
             let _ = writeln!(
                 self.out,
-                "{:.3}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}",
+                "{:.3}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{:.4}",
                 f.now_us as f64 / 1e3,
                 opt(f.rtt_us),
                 f.min_rtt_us,
@@ -116,7 +116,8 @@ impl CcTrace {
                 f.rx_buffered,
                 f.rx_buffer,
                 r.cap,
-                r.pacer_lost
+                r.pacer_lost,
+                r.catch_up_room
             );
         }
         let _ = self.out.flush();
