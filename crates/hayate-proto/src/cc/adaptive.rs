@@ -515,9 +515,15 @@ impl Adaptive {
             _ if self.round_rx_n == 0 => 0,
             Mode::ProbeBw => (self.rx_mean() as u64)
                 .min(self.sent_rate())
-                .min(self.round_pace.saturating_add(self.round_pace / 4)),
+                .min(self.pace_ceiling()),
             _ => (self.rx_mean() as u64).min(self.sample_cap()),
         }
+    }
+
+    /// The most a probing round's deliveries (and the share a yield reads off them) can be
+    /// (see `round_sample`).
+    fn pace_ceiling(&self) -> u64 {
+        self.round_pace.saturating_add(self.round_pace / 4)
     }
 
     /// Nothing gets through faster than it is sent for long: more than the pacing rate, or
@@ -722,6 +728,10 @@ impl Adaptive {
         // fell behind once read as 5-7 % of a 1 Gbit/s link on the harness, and the flow
         // took 2-3 s to grow back.
         share = share.max(self.bottleneck() / 2);
+        // Nor more than was paced (see `round_sample`): a host stall's bunched receiver
+        // timestamps read 3.9 Gbit/s on the harness's 1 Gbit/s path, and the yield set the
+        // estimate to twice the link.
+        share = share.min(self.pace_ceiling());
         // Random loss took its part after the bottleneck carried it. Only random loss: the
         // recent loss ratio would include what overflowed a short buffer, and make the share
         // what was sent (a flow at 1.4 times the link lost a quarter of it that way).
@@ -1326,6 +1336,14 @@ mod tests {
     /// bunched (deliveries at several times the link). Neither is the path taking more.
     #[test]
     fn a_host_stall_does_not_raise_the_estimate() {
+        // The stall's packets came in late (a queue shows, 12 ms over the 50 ms path, and the
+        // flow yields, reading a share off those deliveries), or not.
+        for rtt in [50_000, 62_000] {
+            host_stall(rtt);
+        }
+    }
+
+    fn host_stall(rtt: u64) {
         let cap = 50_000_000u64;
         let mut a = Adaptive::new(None, 0);
         let mut now = policed(&mut a, cap, 0, 400);
@@ -1333,17 +1351,20 @@ mod tests {
         let before = a.bottleneck();
         let pace = a.pacing_rate().unwrap();
         now += 30_000;
-        for i in 0..6 {
+        for i in 0..12 {
             now += 5_000;
             // Twice the pace sent while catching up; the receiver reports four times the link.
             a.on_sent(now, 2 * pace * 5_000 / 1_000_000);
             let rx = if i < 3 { 4 * cap } else { cap };
-            a.on_feedback(&fb(now, 50_000, 50_000, rx));
+            a.on_feedback(&fb(now, rtt, 50_000, rx));
+        }
+        if rtt > 50_000 {
+            assert_eq!(a.name(), "yield");
         }
         // Without the cap on the pace: twice the estimate before.
         assert!(
             a.bottleneck() as f64 <= 1.3 * before.max(pace) as f64,
-            "estimate {} after the stall, {before} before (pace {pace})",
+            "rtt {rtt}: estimate {} after the stall, {before} before (pace {pace})",
             a.bottleneck()
         );
         assert!(
