@@ -381,11 +381,11 @@ struct RecentRate {
 /// without stalls, the simulator; 2.1-2.2 % on the harness).
 #[derive(Debug, Clone, Default)]
 struct StandingQueue {
-    /// (µs, queue µs), oldest first: those of the stretch, and the latest before it (what
-    /// the queue was when the stretch began, however long ago that sample came).
-    samples: VecDeque<(u64, u64)>,
-    /// Those of them no later one is at most, so the first is the least (a sliding-window
-    /// minimum: a fast path's feedback comes hundreds of times per stretch).
+    /// When the samples came (µs), oldest first: those of the stretch, and the latest before
+    /// it (what the queue was when the stretch began, however long ago that sample came).
+    times: VecDeque<u64>,
+    /// (µs, queue µs) of the samples no later one is at most, so the first is the least (a
+    /// sliding-window minimum: a fast path's feedback comes hundreds of times per stretch).
     least: VecDeque<(u64, u64)>,
 }
 
@@ -393,16 +393,16 @@ impl StandingQueue {
     /// Adds the sample `q_us` at `now_us`; returns the least queue over the `span_us` up to
     /// it (0 until samples cover that long).
     fn push(&mut self, now_us: u64, q_us: u64, span_us: u64) -> u64 {
-        self.samples.push_back((now_us, q_us));
+        self.times.push_back(now_us);
         while self.least.back().is_some_and(|&(_, q)| q >= q_us) {
             self.least.pop_back();
         }
         self.least.push_back((now_us, q_us));
         let start = now_us.saturating_sub(span_us);
-        while self.samples.len() > 1 && self.samples[1].0 <= start {
-            self.samples.pop_front();
+        while self.times.len() > 1 && self.times[1] <= start {
+            self.times.pop_front();
         }
-        let (first, _) = self.samples[0];
+        let first = self.times[0];
         while self.least.front().is_some_and(|&(t, _)| t < first) {
             self.least.pop_front();
         }
