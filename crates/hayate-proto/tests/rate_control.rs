@@ -286,6 +286,34 @@ fn a_short_buffer_on_a_long_path_is_not_overrun() {
     short_buffer_upload(100, 16, [(0.0, 73), (0.01, 74)], 0.006);
 }
 
+/// Startup on a short buffer (1 Gbit/s, 100 ms, 10 ms of buffer, no random loss): the
+/// queue shows a round trip after the rate passed the bottleneck, and the search, doubling
+/// meanwhile, had up to half a BDP more in flight than the path holds. Holding what is in
+/// flight from the first signs of its own queue, it loses only what was already on its way
+/// (7.1 MB before, 4.2 MB since).
+#[test]
+fn startup_holds_at_its_own_queue_on_a_short_buffer() {
+    let rate = 1000 * MBIT;
+    let mut sc = Scenario::new(77);
+    (sc.forward, sc.reverse) = path(rate, 100, 0.0, 0.1);
+    adaptive(&mut sc);
+    sc.cc_trace = true;
+    let bytes = 150_000_000;
+    sc.uploads = vec![("f".into(), data(bytes))];
+    let r = sim::run(&sc);
+    assert!(r.ok, "{:?}", r.error);
+    assert_eq!(r.server_files["f"].len(), bytes);
+    // What startup lost is reported by the time its drain ends.
+    let lost: u64 = r.clients[0]
+        .cc_trace
+        .iter()
+        .take_while(|row| row.state != "probe")
+        .map(|row| row.feedback.lost_bytes)
+        .sum();
+    eprintln!("startup lost {:.2} MB", lost as f64 / 1e6);
+    assert!(lost <= 5_000_000, "startup lost {lost} bytes");
+}
+
 /// The same path, 1 % random loss, and a host that stalls the path for 20-30 ms every few
 /// hundred ms. The ACKs a stall held come back together, the first ones late: single RTT
 /// samples read a queue of 20-30 ms on a 10 ms buffer. Taken for the buffer's depth, they
