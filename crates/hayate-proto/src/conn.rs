@@ -518,8 +518,7 @@ impl Connection {
         let xfer = self.alloc_xfer();
         self.pending_gets.insert(xfer, path.to_string());
         // A download starts when this arrives (see `offer`).
-        self.say_twice(self.ctrl_tx.end());
-        self.ctrl_tx.push(&Ctrl::Get {
+        self.say_twice(&Ctrl::Get {
             xfer,
             path: path.to_string(),
             flags,
@@ -598,14 +597,12 @@ impl Connection {
                 inc.path = p.to_string();
             }
             let have = inc.have_ranges();
-            let at = self.ctrl_tx.end();
-            self.ctrl_tx.push(&Ctrl::Ready {
+            // The sender stops at its eager limit until this comes (see `offer`).
+            self.say_twice(&Ctrl::Ready {
                 xfer,
                 have,
                 path: path.map(str::to_string),
             });
-            // The sender stops at its eager limit until this comes (see `offer`).
-            self.say_twice(at);
             self.check_incoming_complete(xfer);
         }
     }
@@ -626,20 +623,21 @@ impl Connection {
         if self.incoming.remove(&xfer).is_none() {
             return;
         }
-        let at = self.ctrl_tx.end();
-        match result {
-            Ok(blake3) => self.ctrl_tx.push(&Ctrl::Verified { xfer, blake3 }),
-            Err(reason) => self.ctrl_tx.push(&Ctrl::Failed { xfer, reason }),
-        }
         // The sender waits on this verdict alone: lost, it would wait for a probe timeout
         // (the simulator, 1 Gbit/s, 250 ms, 1 % loss: one of three runs ended 1.6 s late,
         // about 1 % of them would). Say it twice.
-        self.say_twice(at);
+        self.say_twice(&match result {
+            Ok(blake3) => Ctrl::Verified { xfer, blake3 },
+            Err(reason) => Ctrl::Failed { xfer, reason },
+        });
     }
 
-    /// The control messages from stream offset `at` on go out twice (only those: with many
-    /// files under way the stream holds many unacknowledged offers).
-    fn say_twice(&mut self, at: u64) {
+    /// Queues a message a peer waits on: it goes out twice, and with it the rest of the
+    /// stream from there (only from the earliest such message still unsent twice: the
+    /// stream is not sent twice whole).
+    fn say_twice(&mut self, msg: &Ctrl) {
+        let at = self.ctrl_tx.end();
+        self.ctrl_tx.push(msg);
         self.ctrl_twice = Some(self.ctrl_twice.map_or(at, |t| t.min(at)));
     }
 
@@ -727,9 +725,7 @@ impl Connection {
         // sender stops at its eager limit until a probe timeout (the simulator, 1 Gbit/s,
         // 250 ms, 3 % loss: 2 of 12 runs; startup then read the stop as the path's rate, left
         // at 20 Mbit/s and took 5 s more to grow). Said twice, like the verdicts.
-        let at = self.ctrl_tx.end();
-        self.say_twice(at);
-        self.ctrl_tx.push(&Ctrl::Offer {
+        self.say_twice(&Ctrl::Offer {
             xfer,
             path: f.path.to_string(),
             size: f.size,
@@ -1805,10 +1801,8 @@ impl Connection {
             _ => return,
         };
         if let Some(blake3) = src_hash {
-            let at = self.ctrl_tx.end();
-            self.ctrl_tx.push(&Ctrl::Sent { xfer, blake3 });
             // The receiver cannot verify without it: twice, like its verdict.
-            self.say_twice(at);
+            self.say_twice(&Ctrl::Sent { xfer, blake3 });
         }
     }
 

@@ -1309,7 +1309,10 @@ impl RateControl for Adaptive {
                 self.recent.push(w, sample as f64, span);
             }
         }
-        if self.mode == Mode::Startup && self.path_queue_us > STARTUP_HOLD_QUEUE_US {
+        if self.mode == Mode::Startup
+            && self.hold_in_flight.is_some()
+            && self.path_queue_us > STARTUP_HOLD_QUEUE_US
+        {
             // While a queue stands what arrives is what the path carries: hold no less than
             // most of that over the base RTT. The flight is short when the queue first shows
             // if the pace dipped a round trip before (a receiver's stall: held at 20 of 31
