@@ -197,8 +197,10 @@ const DRAIN_US: u64 = 2_000_000;
 #[derive(Debug, Clone, Copy)]
 struct SentRecord {
     at_us: u64,
-    /// The pacer's sending time lost to the host by then (see [`Feedback::send_stall_bytes`]).
+    /// The pacer's sending time lost to the host by then (see [`Feedback::send_stall_bytes`]),
+    /// and left unused for want of data or room in flight ([`Feedback::send_idle_bytes`]).
     stalled: u64,
+    idle: u64,
     /// Sent as part of the pacer's catch-up (see [`Pacer::catching_up`]).
     catch_up: bool,
 }
@@ -990,6 +992,7 @@ impl Connection {
             if let Some(sent) = self.sent_record(a.largest_pn) {
                 if let Some(before) = prev {
                     fb.send_stall_bytes = sent.stalled.saturating_sub(before.stalled);
+                    fb.send_idle_bytes = sent.idle.saturating_sub(before.idle);
                 }
                 let raw = rx_at_us.saturating_sub(sent.at_us);
                 let rtt = if raw > a.ack_delay_us {
@@ -1853,6 +1856,7 @@ impl Connection {
         self.sent_times.push_back(SentRecord {
             at_us: now_us,
             stalled: self.pacer.lost_bytes(),
+            idle: self.pacer.idle_bytes(),
             catch_up: self.pacer.catching_up(),
         });
         if self.sent_times.len() > MAX_SENT_HISTORY {

@@ -36,6 +36,10 @@ pub struct Pacer {
     backlogged: bool,
     /// Bytes of sending time lost so far (for stats).
     lost_total: f64,
+    /// Since when the sender has had nothing to send or no room in flight, and the bytes of
+    /// sending time (at the rate) it spent so in all (see [`Pacer::idle_bytes`]).
+    idle_since: Option<u64>,
+    idle_total: f64,
     /// What goes now is a catch-up: a burst past the usual quantum (a late wake-up's
     /// credit), or paid from the debt (see [`Pacer::catching_up`]).
     catching_up: bool,
@@ -58,6 +62,8 @@ impl Pacer {
             debt: 0.0,
             backlogged: false,
             lost_total: 0.0,
+            idle_since: None,
+            idle_total: 0.0,
             catching_up: false,
             room: 1.0,
             catch_up_fates: (0.0, 0.0),
@@ -170,6 +176,7 @@ impl Pacer {
     /// Nothing to send now (or no room in flight): the time until the next call was not
     /// taken away by the host, and owes nothing.
     pub fn idle(&mut self, now_us: u64) {
+        self.idle_since.get_or_insert(now_us);
         self.refill(now_us);
         self.backlogged = false;
         self.debt = 0.0;
@@ -188,10 +195,19 @@ impl Pacer {
         self.lost_total as u64
     }
 
+    /// Sending time the sender had nothing to send or no room in flight for so far, bytes at
+    /// the rate (up to the latest [`Pacer::can_send`]).
+    pub fn idle_bytes(&self) -> u64 {
+        self.idle_total as u64
+    }
+
     /// May a datagram of `len` bytes go now?
     pub fn can_send(&mut self, now_us: u64, len: usize) -> bool {
-        if self.rate.is_none() {
+        let Some(r) = self.rate else {
             return true;
+        };
+        if let Some(t) = self.idle_since.take() {
+            self.idle_total += now_us.saturating_sub(t) as f64 * r as f64 * 1e-6;
         }
         self.refill(now_us);
         self.backlogged = true;
@@ -311,6 +327,19 @@ mod tests {
         let (sent, _) = drive(&mut p, 150_000, 250_000, 50, |_| false);
         let max = rate as f64 * 0.1 + rate as f64 * 1e-3 + 1500.0;
         assert!(sent as f64 <= max, "sent {sent}, at most {max}");
+        // The 50 ms are counted as idle, at the rate; the host's stalls are not.
+        assert_eq!(p.idle_bytes(), rate / 20);
+        assert_eq!(p.lost_bytes(), 0);
+    }
+
+    #[test]
+    fn a_host_stall_is_not_idle_time() {
+        let rate = 50_000_000u64;
+        let mut p = Pacer::new(1500);
+        p.set_rate(Some(rate));
+        drive(&mut p, 0, 200_000, 50, |t| (100_000..110_000).contains(&t));
+        assert_eq!(p.idle_bytes(), 0);
+        assert!(p.lost_bytes() > rate / 200, "lost {}", p.lost_bytes());
     }
 
     /// Sends at 400 Mbit/s for 20 ms waking every 50 µs, then 3 ms held by the host, then

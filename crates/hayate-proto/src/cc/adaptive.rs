@@ -228,16 +228,29 @@ const GAP_MIN_SAMPLES: u32 = 3;
 const GAP_RATE: f64 = 0.5;
 
 /// A delivery sample is the sender's, not the path's, when the sender's host took over this
-/// share of the sample's bytes in sending time from it while it sent them (it sent under
-/// three quarters of its pace).
+/// share of the sample's bytes in sending time from it while it sent them, or it had nothing
+/// to send or no room in flight for that long (it sent under three quarters of its pace).
 const SENDER_LIMITED: f64 = 1.0 / 3.0;
+/// A path queue of more than this keeps the bottleneck busy while the sender waits, µs
+/// (over the jitter of a real host's timestamps).
+const BUSY_QUEUE_US: u64 = 500;
 
 /// The sender's host stalled it while it sent what `rx` (bytes/s) measures: a busy VM stops
 /// a sender for tens of ms, and the trickle it sent meanwhile arrives a round trip later.
-/// Read as a share, that once cut a 1 Gbit/s flow to 350 Mbit/s on the harness.
-fn sender_limited(fb: &Feedback, rx: u64) -> bool {
+/// Read as a share, that once cut a 1 Gbit/s flow to 350 Mbit/s on the harness. Or the
+/// sender waited with a full window: a receiver's stall holds its ACKs, the flight fills
+/// the cap, and the gap in sending comes back as a gap in deliveries a round trip later
+/// (and in sending again, while the window is what limits it). Taken in, such gaps left
+/// a 1 Gbit/s, 250 ms search at three quarters of the link on the harness. Waiting counts
+/// only for a gap (`gap`: far under the estimate, no queue to keep the bottleneck busy
+/// meanwhile): startup's flight cap makes it wait some of every round trip, and its hold
+/// most of it, and what arrives then is still what the path carries (left out, startup
+/// grew faster than its cap lets the queue grow, and lost twice as much on a short
+/// buffer).
+fn sender_limited(fb: &Feedback, rx: u64, gap: bool) -> bool {
     let bytes = rx as f64 * fb.rx_interval_us as f64 / 1e6;
-    fb.send_stall_bytes as f64 > SENDER_LIMITED * bytes
+    let idle = if gap { fb.send_idle_bytes } else { 0 };
+    (fb.send_stall_bytes + idle) as f64 > SENDER_LIMITED * bytes
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -372,6 +385,9 @@ pub struct Adaptive {
     drained_rate: u64,
     /// Startup: the delivery rate over the latest quarter round.
     recent: RecentRate,
+    /// Startup: the delivery samples since the queue began (see `queued_samples`), as sums
+    /// of rate × µs and of µs.
+    queued_rx: (f64, f64),
     /// Startup: RTT samples in a row showing our queue begin (see `STARTUP_HOLD_QUEUE_US`),
     /// and what was in flight when it showed (the cap while it does).
     hold_samples: u32,
@@ -527,6 +543,7 @@ impl Adaptive {
             drained_in_flight: 0,
             drained_rate: INITIAL_RATE,
             recent: RecentRate::default(),
+            queued_rx: (0.0, 0.0),
             hold_samples: 0,
             hold_in_flight: None,
             startup_rounds: 0,
@@ -620,9 +637,13 @@ impl Adaptive {
     /// Startup: the delivery rate over the latest quarter round, within what was sent (more
     /// is timestamps bunching, see `sample_cap`).
     fn recent_rate(&self) -> u64 {
+        (self.recent.rate() as u64).min(self.startup_cap())
+    }
+
+    /// The most startup believes arrives: a quarter over the pace, half over what it sent.
+    fn startup_cap(&self) -> u64 {
         let sent = self.sent_rate();
-        let cap = (self.rate + self.rate / 4).min(sent + sent / 2);
-        (self.recent.rate() as u64).min(cap)
+        (self.rate + self.rate / 4).min(sent + sent / 2)
     }
 
     /// This round's mean delivery rate (loss-compensated while no queue stood), bytes/s.
@@ -905,7 +926,9 @@ impl Adaptive {
                 if bw as f64 >= self.plateau_bw as f64 * 1.25 {
                     self.plateau_bw = bw;
                     self.plateau_rounds = 0;
-                } else {
+                } else if self.round_rx_n > 0 {
+                    // A round whose every sample was the sender's (see `sender_limited`)
+                    // says nothing of the path.
                     self.plateau_rounds += 1;
                 }
                 // A burst of loss is the shallow buffer overflowing (random loss is lower).
@@ -984,9 +1007,16 @@ impl Adaptive {
 
     /// The search found the bottleneck: drain its queue. What gets through now is the
     /// estimate (the means of the rounds lag a rate that doubled within them: a 100 ms path
-    /// then drained to 0.55 of the link and took a second to grow back).
+    /// then drained to 0.55 of the link and took a second to grow back). Or what arrived
+    /// since the queue began, if more: while it stands the bottleneck is busy, and what
+    /// arrives is what it carries. On a long path the quarter round is longer than startup
+    /// waits for its queue to stand (a 250 ms path: 62 ms, 25), and part of it still went
+    /// out under the link (the harness: left at 0.81 of a 1 Gbit/s link, and 3 s of growing
+    /// to make up for it).
     fn leave_startup(&mut self) {
-        self.push_bw_round(self.recent_rate());
+        let (sum, w) = std::mem::take(&mut self.queued_rx);
+        let queued = (sum / w.max(1.0)) as u64;
+        self.push_bw_round(self.recent_rate().max(queued.min(self.startup_cap())));
         self.recent.clear();
         self.mode = Mode::Drain;
     }
@@ -1204,6 +1234,7 @@ impl RateControl for Adaptive {
                 self.queued_samples += 1;
             } else {
                 self.queued_samples = 0;
+                self.queued_rx = (0.0, 0.0);
             }
             if self.path_queue_us as f64 > GROW_QUEUE * target as f64 {
                 if self.grow_queued_samples == 0 {
@@ -1270,7 +1301,10 @@ impl RateControl for Adaptive {
         }
         self.round_catch_up_lost += fb.catch_up_lost_bytes;
         self.round_catch_up_delivered += fb.catch_up_delivered;
-        if let Some(rx) = fb.rx_rate.filter(|&rx| !sender_limited(fb, rx)) {
+        let gap = |rx: u64| {
+            self.path_queue_us <= BUSY_QUEUE_US && (rx as f64) < GAP_RATE * self.bottleneck() as f64
+        };
+        if let Some(rx) = fb.rx_rate.filter(|&rx| !sender_limited(fb, rx, gap(rx))) {
             let queue_empty = self.queue_delay_us <= self.queue_target_us();
             // Random loss took its share before the receiver saw the data; the path itself
             // carried more. Here the recent loss ratio (a flow that overfills a short
@@ -1310,6 +1344,10 @@ impl RateControl for Adaptive {
             if self.mode == Mode::Startup {
                 let span = (self.min_rtt_us / 4).max(4_000) as f64;
                 self.recent.push(w, sample as f64, span);
+                if self.queued_samples > 0 {
+                    self.queued_rx.0 += sample as f64 * w;
+                    self.queued_rx.1 += w;
+                }
             }
         }
         if self.mode == Mode::Startup

@@ -40,6 +40,10 @@ pub struct Feedback {
     /// Sending time (bytes at the pacing rate) the sender's host took from it while it sent
     /// the packets this ACK newly covers: their delivery rate is the sender's, not the path's.
     pub send_stall_bytes: u64,
+    /// The same of sending time the sender had nothing to send or no room in flight for (an
+    /// app- or window-limited sender): what arrives after such a gap says nothing of the
+    /// path's rate either.
+    pub send_idle_bytes: u64,
     /// Datagrams the receiver's OS dropped since the previous ACK.
     pub rx_drops: u64,
     /// Data bytes sent but not yet known delivered or lost.
