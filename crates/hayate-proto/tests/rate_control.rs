@@ -74,6 +74,19 @@ fn trace_mbit(r: &sim::SimResult) -> String {
     t.join(" ")
 }
 
+/// Prints the steady goodput against `capacity` (bytes/s) under `label`, and asserts it is
+/// at least `floor` of it (the trace in the failure message).
+fn assert_steady(r: &sim::SimResult, capacity: f64, floor: f64, label: &str) {
+    let steady = steady_rate(r);
+    let (got, of) = (steady / 1.25e5, capacity / 1.25e5);
+    eprintln!("{label}: {got:.1} of {of:.1} Mbit/s");
+    assert!(
+        steady >= floor * capacity,
+        "{label}: {got:.1} of {of:.1} Mbit/s; trace {}",
+        trace_mbit(r)
+    );
+}
+
 fn run_upload(
     rate: u64,
     rtt_ms: u64,
@@ -186,20 +199,8 @@ fn a_short_path_is_kept_full() {
     for (loss, seed) in [(0.0, 41), (0.01, 42)] {
         let rate = 500 * MBIT;
         let r = run_upload(rate, 10, loss, 1.0, (rate * 6) as usize, seed);
-        let steady = steady_rate(&r);
         let capacity = rate as f64 * payload_share() * (1.0 - loss);
-        eprintln!(
-            "loss {loss}: {:.1} of {:.1} Mbit/s",
-            steady / 1.25e5,
-            capacity / 1.25e5
-        );
-        assert!(
-            steady >= 0.985 * capacity,
-            "loss {loss}: {:.1} of {:.1} Mbit/s; trace {}",
-            steady / 1.25e5,
-            capacity / 1.25e5,
-            trace_mbit(&r)
-        );
+        assert_steady(&r, capacity, 0.985, &format!("loss {loss}"));
     }
 }
 
@@ -372,16 +373,7 @@ fn stalled_upload(
 fn a_stall_on_a_short_path_is_not_read_as_a_share() {
     let rate = 500 * MBIT;
     let r = stalled_upload(rate, 10, 0.0, (250, 20, 2), 4, 81);
-    let steady = steady_rate(&r);
-    let capacity = rate as f64 * payload_share();
-    eprintln!("{:.1} of {:.1} Mbit/s", steady / 1.25e5, capacity / 1.25e5);
-    assert!(
-        steady >= 0.8 * capacity,
-        "{:.1} of {:.1} Mbit/s; trace {}",
-        steady / 1.25e5,
-        capacity / 1.25e5,
-        trace_mbit(&r)
-    );
+    assert_steady(&r, rate as f64 * payload_share(), 0.8, "20 ms stalls");
 }
 
 /// A busy host (a descheduled VM, emulator or router) holds the path for tens of ms now and
@@ -422,20 +414,9 @@ fn stalls_on_a_long_path_are_not_read_as_shares() {
     ] {
         let rate = rate_mbit * MBIT;
         let r = stalled_upload(rate, 250, loss, (500, 20, 4), secs, seed);
-        let steady = steady_rate(&r);
         let capacity = rate as f64 * payload_share() * (1.0 - loss);
-        eprintln!(
-            "{rate_mbit} Mbit/s, seed {seed}: {:.1} of {:.1} Mbit/s",
-            steady / 1.25e5,
-            capacity / 1.25e5
-        );
-        assert!(
-            steady >= 0.97 * capacity,
-            "{rate_mbit} Mbit/s, seed {seed}: {:.1} of {:.1} Mbit/s; trace {}",
-            steady / 1.25e5,
-            capacity / 1.25e5,
-            trace_mbit(&r)
-        );
+        let label = format!("{rate_mbit} Mbit/s, loss {loss}, seed {seed}");
+        assert_steady(&r, capacity, 0.97, &label);
     }
 }
 
