@@ -13,6 +13,7 @@ use crate::control::{flags, Ctrl, CtrlRecv, CtrlSend, MetaEntry, MetaOp};
 use crate::crypto::{Psk, ReplayWindow, SessionKeys};
 use crate::handshake::{ClientHandshake, HandshakeError};
 use crate::pacer::Pacer;
+use crate::rng::Rng;
 use crate::rtt::RttEstimator;
 use crate::transfer::{DataVerdict, Incoming, Layout, Outgoing, XferId, REORDER_PACKETS};
 use crate::wire::{self, AckFrame, AddrFamily, Cid, Frame, Writer};
@@ -161,6 +162,8 @@ pub struct Stats {
     /// pacing rate; the pacer pays it back (see `pacer`).
     pub send_time_lost_bytes: u64,
     pub pings_sent: u64,
+    /// HelloRetries followed (the server asked this client to prove its address).
+    pub hello_retries: u64,
 }
 
 enum State {
@@ -235,6 +238,10 @@ pub struct Connection {
     rx_drops: u64,
     rx_drops_base: Option<u64>,
     last_rx_us: u64,
+    /// A PATH_CHALLENGE's token to echo in our next packet.
+    path_response_due: Option<[u8; wire::PATH_TOKEN_LEN]>,
+    /// The last PATH_RESPONSE's token, for the endpoint (see [`Connection::take_path_response`]).
+    path_response_rx: Option<[u8; wire::PATH_TOKEN_LEN]>,
 
     // Sending packets to the peer.
     next_pn: u64,
@@ -345,6 +352,8 @@ impl Connection {
             rx_drops: 0,
             rx_drops_base: None,
             last_rx_us: 0,
+            path_response_due: None,
+            path_response_rx: None,
             next_pn: 0,
             sent_base: 0,
             sent_times: VecDeque::new(),
@@ -380,7 +389,19 @@ impl Connection {
 
     /// A client session; its first `poll_transmit` yields the ClientHello.
     pub fn client(cfg: Config, psk: &Psk, fam: AddrFamily, now: Instant) -> Self {
-        let hs = ClientHandshake::new(psk, cfg.mtu);
+        Self::client_with_rng(cfg, psk, fam, now, &mut Rng::os())
+    }
+
+    /// [`client`](Self::client) with its cid, handshake random and key drawn from `rng` (a
+    /// seeded one makes a simulated run repeat exactly).
+    pub fn client_with_rng(
+        cfg: Config,
+        psk: &Psk,
+        fam: AddrFamily,
+        now: Instant,
+        rng: &mut Rng,
+    ) -> Self {
+        let hs = ClientHandshake::with_rng(psk, cfg.mtu, rng);
         let deadline_us = cfg.connect_timeout.as_micros() as u64;
         let (rate_max, rate_min, adaptive) = cfg.rate.to_params();
         let mut c = Connection::base(Side::Client, cfg, psk.clone(), fam, now);
@@ -741,8 +762,16 @@ impl Connection {
     // ----- receiving -----
 
     /// Process one datagram from the peer. Invalid datagrams are dropped and counted.
-    pub fn handle_datagram(&mut self, now: Instant, data: &mut [u8], sink: &mut dyn BlockSink) {
-        self.handle_datagram_at(now, now, data, sink);
+    /// Returns whether it was taken: a handshake reply that established the session, or a
+    /// sealed packet that opened under the session key and was not a replay. Only such a
+    /// datagram may teach the caller anything about the peer (its address, say).
+    pub fn handle_datagram(
+        &mut self,
+        now: Instant,
+        data: &mut [u8],
+        sink: &mut dyn BlockSink,
+    ) -> bool {
+        self.handle_datagram_at(now, now, data, sink)
     }
 
     /// [`handle_datagram`](Self::handle_datagram) for a datagram that reached the host at
@@ -757,13 +786,29 @@ impl Connection {
         arrived: Instant,
         data: &mut [u8],
         sink: &mut dyn BlockSink,
-    ) {
+    ) -> bool {
         let now_us = self.now_us(now);
         // Not capped at `now`: a driver reads the clock once per loop, so a datagram often
         // arrived after the `now` it is handled with, and capping it would date it early
         // (an ACK's RTT would read short and spoil the minimum RTT).
         let rx_at_us = self.now_us(arrived);
-        if let State::Handshake { hs, .. } = &self.state {
+        if let State::Handshake {
+            hs, next_send_us, ..
+        } = &mut self.state
+        {
+            if wire::peek_kind(data) == Ok(wire::PacketKind::HelloRetry) {
+                match hs.handle_retry(&self.psk, data) {
+                    Ok(true) => {
+                        // Answer at once: the server holds no state for us meanwhile.
+                        *next_send_us = now_us;
+                        self.stats.hello_retries += 1;
+                    }
+                    Ok(false) => self.stats.dropped_unexpected += 1,
+                    Err(HandshakeError::BadMac) => self.stats.dropped_auth += 1,
+                    Err(_) => self.stats.dropped_malformed += 1,
+                }
+                return false;
+            }
             match hs.handle(&self.psk, data) {
                 Ok(est) => {
                     self.peer_cid = est.server_cid;
@@ -789,6 +834,7 @@ impl Connection {
                         o.finish_empty_hash();
                     }
                     self.events.push_back(Event::Connected);
+                    return true;
                 }
                 Err(HandshakeError::Rejected(r)) => {
                     let reason = match r {
@@ -809,50 +855,50 @@ impl Connection {
                 Err(HandshakeError::BadMac) => self.stats.dropped_auth += 1,
                 Err(_) => self.stats.dropped_malformed += 1,
             }
-            return;
+            return false;
         }
         if matches!(self.state, State::Closed) {
             self.stats.dropped_unexpected += 1;
-            return;
+            return false;
         }
         match wire::peek_kind(data) {
             Ok(wire::PacketKind::Sealed) => {}
             Ok(_) => {
                 // Retransmitted hellos are the endpoint's business; anything else is noise.
                 self.stats.dropped_unexpected += 1;
-                return;
+                return false;
             }
             Err(_) => {
                 self.stats.dropped_malformed += 1;
-                return;
+                return false;
             }
         }
         if wire::sealed_dest_cid(data).ok() != Some(self.my_cid) {
             self.stats.dropped_unexpected += 1;
-            return;
+            return false;
         }
         let Ok(pn_bits) = wire::sealed_pn_bits(data) else {
             self.stats.dropped_malformed += 1;
-            return;
+            return false;
         };
         let pn = wire::decode_pn(pn_bits, self.largest_rx.map_or(0, |(l, _)| l + 1));
         if !self.replay.is_fresh(pn) {
             self.stats.dropped_replay += 1;
-            return;
+            return false;
         }
         let keys = self.keys.as_ref().expect("sealed packets only after keys");
         let plain = match keys.recv.open(data, pn) {
             Ok(p) => p,
             Err(_) => {
                 self.stats.dropped_auth += 1;
-                return;
+                return false;
             }
         };
         // Validate every frame before acting on any, so a malformed tail cannot leave a
         // packet half-applied.
         if wire::parse_frames(plain).any(|f| f.is_err()) {
             self.stats.dropped_malformed += 1;
-            return;
+            return false;
         }
         self.replay.mark(pn);
         self.stats.packets_received += 1;
@@ -867,7 +913,7 @@ impl Connection {
             if self.close_frame.is_none() {
                 self.close_frame = Some((0, "closed".into()));
             }
-            return;
+            return true;
         }
         if self.largest_rx.is_none_or(|(l, _)| pn > l) {
             self.largest_rx = Some((pn, rx_at_us));
@@ -894,7 +940,7 @@ impl Connection {
                         Ok(_) => self.drain_ctrl(now),
                         Err(e) => {
                             self.close(now, 2, &format!("protocol error: {e}"));
-                            return;
+                            return true;
                         }
                     }
                 }
@@ -914,13 +960,19 @@ impl Connection {
                     });
                     self.on_loss_map(&lm, fb);
                 }
+                Frame::PathChallenge(token) => {
+                    self.path_response_due = Some(token);
+                }
+                Frame::PathResponse(token) => {
+                    self.path_response_rx = Some(token);
+                }
                 Frame::Close { code, reason } => {
                     let error = (code != 0).then(|| format!("peer closed the session: {reason}"));
                     self.state = State::Draining {
                         until_us: now_us + DRAIN_US,
                     };
                     self.events.push_back(Event::Closed { error });
-                    return;
+                    return true;
                 }
             }
         }
@@ -963,6 +1015,7 @@ impl Connection {
                 self.ack_now = true;
             }
         }
+        true
     }
 
     fn in_flight_bytes(&self) -> u64 {
@@ -1408,7 +1461,11 @@ impl Connection {
             }
             State::AwaitConfirm | State::Established => {
                 min(self.last_rx_us + self.cfg.idle_timeout.as_micros() as u64);
-                if self.ack_now || self.ctrl_tx.has_unsent() || self.ping_pending || self.hash_work
+                if self.ack_now
+                    || self.ctrl_tx.has_unsent()
+                    || self.ping_pending
+                    || self.hash_work
+                    || self.path_response_due.is_some()
                 {
                     min(now_us);
                 }
@@ -1580,7 +1637,11 @@ impl Connection {
         let ack_due = self.ack_now
             || self.ack_pending >= ACK_EVERY
             || self.ack_deadline.is_some_and(|d| now_us >= d);
-        if ack_due || self.ctrl_tx.has_unsent() || self.ping_pending {
+        if ack_due
+            || self.ctrl_tx.has_unsent()
+            || self.ping_pending
+            || self.path_response_due.is_some()
+        {
             let sent = self.send_control(now_us, buf, ack_due);
             if !self.ctrl_tx.has_unsent() {
                 if let Some(at) = self.ctrl_twice.take() {
@@ -1623,6 +1684,9 @@ impl Connection {
         }
         if ping {
             let _ = Frame::Ping.encode(&mut w);
+        }
+        if let Some(token) = self.path_response_due.take() {
+            let _ = Frame::PathResponse(token).encode(&mut w);
         }
         // Control stream bytes, as many as fit.
         let room = w.remaining().saturating_sub(1 + 8 + 8);
@@ -1864,6 +1928,29 @@ impl Connection {
             self.sent_base += 1;
         }
         self.stats.packets_sent += 1;
+    }
+
+    /// A datagram that carries only a PATH_CHALLENGE with `token`, for the endpoint to send
+    /// to an address the peer seems to have moved to (see `Endpoint`). `None` before the
+    /// session has keys.
+    pub fn seal_path_challenge(
+        &mut self,
+        now: Instant,
+        token: [u8; wire::PATH_TOKEN_LEN],
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        if !matches!(self.state, State::Established | State::AwaitConfirm) {
+            return None;
+        }
+        let now_us = self.now_us(now);
+        self.seal_frames(now_us, buf, |w| {
+            Frame::PathChallenge(token).encode(w).expect("fits");
+        })
+    }
+
+    /// The token of the last PATH_RESPONSE the peer sent, once.
+    pub fn take_path_response(&mut self) -> Option<[u8; wire::PATH_TOKEN_LEN]> {
+        self.path_response_rx.take()
     }
 
     fn seal_frames(

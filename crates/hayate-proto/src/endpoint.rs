@@ -1,44 +1,89 @@
-//! Server side of many sessions on one socket: answers handshakes (without amplification),
-//! routes sealed packets to their connection by connection id, and forgets dead sessions.
+//! Server side of many sessions on one socket: answers handshakes (without amplification, and
+//! with a stateless retry when hellos come faster than it spends key exchanges on), routes
+//! sealed packets to their connection by connection id, moves a session to a new client
+//! address only after that address proves it (path validation), and forgets dead sessions.
+//!
+//! Nothing unauthenticated changes a session: a datagram from an address other than the
+//! session's is fed to the connection, and only if it opens under the session key and is not
+//! a replay does the endpoint challenge that address (a PATH_CHALLENGE, RFC 9000 section 8.2).
+//! Until the answer comes back from there, the session stays where it was and the new
+//! address gets at most [`PATH_AMPLIFICATION`] times the bytes it sent.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use crate::conn::{Config, Connection};
+use crate::conn::{BlockSink, Config, Connection};
 use crate::crypto::Psk;
 use crate::handshake::{self, HandshakeError};
-use crate::wire::{self, AddrFamily, Cid, PacketKind, RejectReason};
+use crate::retry::RetryTokens;
+use crate::rng::Rng;
+use crate::wire::{self, AddrFamily, Cid, PacketKind, RejectReason, PATH_TOKEN_LEN};
 
 /// Half-open sessions are capped so a flood of (replayed) hellos costs bounded memory.
 const MAX_HALF_OPEN: usize = 1024;
 const HALF_OPEN_TTL: Duration = Duration::from_secs(10);
 /// At most this many HelloRejects per second, whoever asks.
 const REJECTS_PER_SEC: u32 = 50;
+/// Key exchanges per second (and the burst) spent on hellos from addresses that have not
+/// proven themselves with a retry token. An X25519 accept costs ~0.1 ms of CPU here, so this
+/// is about 2 % of a core; beyond it every hello gets a HelloRetry, which costs a MAC.
+const HELLO_BUDGET_PER_SEC: f64 = 200.0;
+const HELLO_BURST: f64 = 32.0;
+/// A new address gets at most this many times the bytes it sent until it answers a
+/// challenge (RFC 9000 section 8).
+pub const PATH_AMPLIFICATION: u64 = 3;
+/// A challenge to the same address is repeated no sooner than this.
+const PATH_PROBE_INTERVAL: Duration = Duration::from_millis(100);
+/// Bytes of a sealed datagram carrying only a PATH_CHALLENGE.
+const PATH_CHALLENGE_LEN: usize = wire::SEALED_HEADER_LEN + 1 + PATH_TOKEN_LEN + wire::TAG_LEN;
 
 /// What to do with a datagram after the endpoint looked at it.
 #[derive(Debug)]
 pub enum Route {
-    /// Feed it to this connection (`Endpoint::conn_mut`).
+    /// Feed it to this connection with [`Endpoint::handle`].
     Conn(Cid),
     /// A new session was created (already answered); send `reply` back.
     NewConn(Cid, Vec<u8>),
-    /// Send these bytes back to the sender (a repeated ServerHello or a HelloReject).
+    /// Send these bytes back to the sender (a repeated ServerHello, a HelloRetry or a
+    /// HelloReject).
     Reply(Vec<u8>),
     /// Dropped; the reason was counted.
     Drop,
 }
 
+/// What the endpoint did with datagrams that did not simply go to a session.
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct EndpointStats {
     pub hellos_accepted: u64,
     pub hellos_repeated: u64,
     pub hellos_rejected_auth: u64,
+    /// Hellos answered with a HelloRetry (over the key-exchange budget, no valid token).
+    pub hellos_retried: u64,
+    /// Hellos whose retry token was not ours, expired, or for another address.
+    pub retry_tokens_invalid: u64,
     pub dropped_malformed: u64,
     pub dropped_unknown_cid: u64,
+    /// Datagrams for a session from another address that did not open or were replays.
+    pub dropped_other_path: u64,
     pub rejects_rate_limited: u64,
     pub half_open_evicted: u64,
     pub cid_collisions: u64,
+    /// PATH_CHALLENGEs sent to new addresses, and their bytes.
+    pub path_challenges_sent: u64,
+    pub path_challenge_bytes: u64,
+    /// Sessions moved to a new address after it answered a challenge.
+    pub paths_validated: u64,
+}
+
+/// A new address a session's peer seems to use, being validated.
+struct PathProbe {
+    addr: SocketAddr,
+    token: [u8; PATH_TOKEN_LEN],
+    /// Bytes of authenticated datagrams from it, and bytes we sent to it.
+    received: u64,
+    sent: u64,
+    last_sent: Option<Instant>,
 }
 
 struct Entry {
@@ -48,26 +93,66 @@ struct Entry {
     client_key: (u64, [u8; 32]),
     reply: Vec<u8>,
     created: Instant,
+    probe: Option<PathProbe>,
 }
 
+/// A token bucket of key exchanges.
+struct HelloBudget {
+    tokens: f64,
+    last: Instant,
+}
+
+impl HelloBudget {
+    fn take(&mut self, now: Instant) -> bool {
+        let dt = now.saturating_duration_since(self.last).as_secs_f64();
+        self.last = now;
+        self.tokens = (self.tokens + dt * HELLO_BUDGET_PER_SEC).min(HELLO_BURST);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// A server's sessions on one socket (see the module doc).
 pub struct Endpoint {
     psk: Psk,
     cfg: Config,
-    conns: HashMap<Cid, Entry>,
+    /// Ordered, so sessions are visited in the same order on every run.
+    conns: BTreeMap<Cid, Entry>,
     by_hello: HashMap<(u64, [u8; 32]), Cid>,
     stats: EndpointStats,
     reject_window: (Instant, u32),
+    rng: Rng,
+    tokens: RetryTokens,
+    budget: HelloBudget,
 }
 
 impl Endpoint {
+    /// An endpoint drawing its randomness from the OS.
     pub fn new(psk: Psk, cfg: Config, now: Instant) -> Self {
+        Self::with_rng(psk, cfg, now, Rng::os())
+    }
+
+    /// An endpoint drawing cids, handshake randoms, keys and tokens from `rng` (seeded: a
+    /// simulated run repeats exactly).
+    pub fn with_rng(psk: Psk, cfg: Config, now: Instant, mut rng: Rng) -> Self {
+        let tokens = RetryTokens::new(&mut rng, now);
         Endpoint {
             psk,
             cfg,
-            conns: HashMap::new(),
+            conns: BTreeMap::new(),
             by_hello: HashMap::new(),
             stats: EndpointStats::default(),
             reject_window: (now, 0),
+            rng,
+            tokens,
+            budget: HelloBudget {
+                tokens: HELLO_BURST,
+                last: now,
+            },
         }
     }
 
@@ -79,10 +164,12 @@ impl Endpoint {
         self.conns.get_mut(&cid).map(|e| &mut e.conn)
     }
 
+    /// Where the session's datagrams go: the client's address as last validated.
     pub fn conn_addr(&self, cid: Cid) -> Option<SocketAddr> {
         self.conns.get(&cid).map(|e| e.addr)
     }
 
+    /// The sessions, in cid order.
     pub fn cids(&self) -> Vec<Cid> {
         self.conns.keys().copied().collect()
     }
@@ -95,20 +182,11 @@ impl Endpoint {
         self.conns.is_empty()
     }
 
-    /// Look at a datagram from `from` and decide where it goes.
+    /// Look at a datagram from `from` and decide where it goes. Changes no session.
     pub fn route(&mut self, now: Instant, from: SocketAddr, data: &[u8]) -> Route {
         match wire::peek_kind(data) {
             Ok(PacketKind::Sealed) => match wire::sealed_dest_cid(data) {
-                Ok(cid) if self.conns.contains_key(&cid) => {
-                    // Follow the client if its address changed (NAT rebinding); the packet
-                    // still has to open under the session key before it counts.
-                    if let Some(e) = self.conns.get_mut(&cid) {
-                        if e.addr != from && e.conn.is_established() {
-                            e.addr = from;
-                        }
-                    }
-                    Route::Conn(cid)
-                }
+                Ok(cid) if self.conns.contains_key(&cid) => Route::Conn(cid),
                 _ => {
                     self.stats.dropped_unknown_cid += 1;
                     Route::Drop
@@ -129,6 +207,68 @@ impl Endpoint {
         }
     }
 
+    /// Feeds a datagram that [`route`](Self::route) sent to session `cid`. If it came from
+    /// an address other than the session's and was authentic and fresh, the session's peer
+    /// may have moved: returns a PATH_CHALLENGE to send back to `from` (within its
+    /// amplification budget), and moves the session there once `from` answers one.
+    pub fn handle(
+        &mut self,
+        cid: Cid,
+        now: Instant,
+        arrived: Instant,
+        from: SocketAddr,
+        data: &mut [u8],
+        sink: &mut dyn BlockSink,
+    ) -> Option<Vec<u8>> {
+        let e = self.conns.get_mut(&cid)?;
+        let len = data.len() as u64;
+        let taken = e.conn.handle_datagram_at(now, arrived, data, sink);
+        if from == e.addr {
+            // An answer that came back by the old path validates nothing.
+            if taken {
+                e.conn.take_path_response();
+            }
+            return None;
+        }
+        if !taken {
+            self.stats.dropped_other_path += 1;
+            return None;
+        }
+        if e.probe.as_ref().is_none_or(|p| p.addr != from) {
+            e.probe = Some(PathProbe {
+                addr: from,
+                token: self.rng.array(),
+                received: 0,
+                sent: 0,
+                last_sent: None,
+            });
+        }
+        let p = e.probe.as_mut().expect("just set");
+        p.received += len;
+        if e.conn.take_path_response() == Some(p.token) {
+            e.addr = from;
+            e.probe = None;
+            self.stats.paths_validated += 1;
+            return None;
+        }
+        let due = p
+            .last_sent
+            .is_none_or(|t| now.saturating_duration_since(t) >= PATH_PROBE_INTERVAL);
+        let fits = p.sent + PATH_CHALLENGE_LEN as u64 <= PATH_AMPLIFICATION * p.received;
+        if !due || !fits {
+            return None;
+        }
+        let mut buf = vec![0u8; e.conn.max_datagram()];
+        let n = e.conn.seal_path_challenge(now, p.token, &mut buf)?;
+        debug_assert_eq!(n, PATH_CHALLENGE_LEN);
+        buf.truncate(n);
+        p.sent += n as u64;
+        p.last_sent = Some(now);
+        self.stats.path_challenges_sent += 1;
+        self.stats.path_challenge_bytes += n as u64;
+        Some(buf)
+    }
+
     fn on_hello(&mut self, now: Instant, from: SocketAddr, data: &[u8]) -> Route {
         if let Some((cid, random)) = wire::client_hello_ids(data) {
             if let Some(sid) = self.by_hello.get(&(cid, random)) {
@@ -142,7 +282,38 @@ impl Endpoint {
                 return Route::Drop;
             }
         }
-        match handshake::server_accept(&self.psk, data, self.cfg.mtu) {
+        let ch = match handshake::verify_client_hello(&self.psk, data) {
+            Ok(ch) => ch,
+            Err(HandshakeError::BadMac) => {
+                self.stats.hellos_rejected_auth += 1;
+                return self.reject(now, data, RejectReason::AuthFailed);
+            }
+            Err(HandshakeError::UnsupportedVersion(_)) => {
+                return self.reject(now, data, RejectReason::VersionUnsupported)
+            }
+            Err(_) => {
+                self.stats.dropped_malformed += 1;
+                return Route::Drop;
+            }
+        };
+        let ids = (u64::from(ch.client_cid), ch.client_random);
+        let has_token = ch.token != [0; wire::RETRY_TOKEN_LEN];
+        let proven = has_token && self.tokens.check(now, from, ids.0, &ids.1, &ch.token);
+        if has_token && !proven {
+            self.stats.retry_tokens_invalid += 1;
+        }
+        if !proven && !self.budget.take(now) {
+            // Over budget: spend a MAC, not a key exchange, until the address answers.
+            let token = self.tokens.mint(now, from, ids.0, &ids.1);
+            return match handshake::hello_retry(data, token) {
+                Some(r) if r.len() < data.len() => {
+                    self.stats.hellos_retried += 1;
+                    Route::Reply(r.to_vec())
+                }
+                _ => Route::Drop,
+            };
+        }
+        match handshake::accept_verified(&self.psk, &ch, data, self.cfg.mtu, &mut self.rng) {
             Ok(acc) => {
                 self.evict_half_open(now);
                 let fam = if from.is_ipv4() {
@@ -156,29 +327,22 @@ impl Endpoint {
                     self.stats.cid_collisions += 1;
                     return Route::Drop;
                 }
-                let key = (u64::from(acc.client_cid), acc.client_random);
                 let reply = acc.reply.to_vec();
                 let conn = Connection::server(self.cfg.clone(), &self.psk, acc, fam, now);
-                self.by_hello.insert(key, sid);
+                self.by_hello.insert(ids, sid);
                 self.conns.insert(
                     sid,
                     Entry {
                         conn,
                         addr: from,
-                        client_key: key,
+                        client_key: ids,
                         reply: reply.clone(),
                         created: now,
+                        probe: None,
                     },
                 );
                 self.stats.hellos_accepted += 1;
                 Route::NewConn(sid, reply)
-            }
-            Err(HandshakeError::BadMac) => {
-                self.stats.hellos_rejected_auth += 1;
-                self.reject(now, data, RejectReason::AuthFailed)
-            }
-            Err(HandshakeError::UnsupportedVersion(_)) => {
-                self.reject(now, data, RejectReason::VersionUnsupported)
             }
             Err(_) => {
                 self.stats.dropped_malformed += 1;
@@ -221,7 +385,7 @@ impl Endpoint {
                 .iter()
                 .filter(|(k, _)| !expired.contains(k))
                 .collect();
-            rest.sort_by_key(|(_, t)| *t);
+            rest.sort_by_key(|(k, t)| (*t, *k));
             let n = rest.len() + 1 - MAX_HALF_OPEN;
             expired.extend(rest.iter().take(n).map(|(k, _)| *k));
             self.stats.half_open_evicted += n as u64;

@@ -5,12 +5,18 @@ use ring::hkdf::{KeyType, Prk, Salt, HKDF_SHA256};
 use ring::hmac;
 use x25519_dalek::{PublicKey, StaticSecret};
 
-use crate::crypto::{fill_random, PacketKey, Psk, SessionKeys};
+use crate::crypto::{PacketKey, Psk, SessionKeys};
+use crate::rng::Rng;
 use crate::wire::{
-    client_hello_ids, peek_kind, Cid, ClientHello, HelloReject, PacketKind, RejectReason,
-    ServerHello, WireError, CLIENT_HELLO_LEN, CLIENT_HELLO_MAC_OFFSET, HELLO_REJECT_LEN, MIN_MTU,
-    SERVER_HELLO_LEN, SERVER_HELLO_MAC_OFFSET, VERSION,
+    client_hello_ids, peek_kind, Cid, ClientHello, HelloReject, HelloRetry, PacketKind,
+    RejectReason, ServerHello, WireError, CLIENT_HELLO_LEN, CLIENT_HELLO_MAC_OFFSET,
+    HELLO_REJECT_LEN, HELLO_RETRY_LEN, MIN_MTU, RETRY_TOKEN_LEN, SERVER_HELLO_LEN,
+    SERVER_HELLO_MAC_OFFSET, VERSION,
 };
+
+/// A client follows at most this many HelloRetries in one handshake (a server restarted
+/// between two hellos may ask twice; more is a loop or an attack).
+const MAX_RETRIES: u8 = 3;
 
 const HELLO_SALT: &[u8] = b"hayate v1 hello";
 const LABEL_HELLO_MAC: &[u8] = b"client hello mac";
@@ -109,16 +115,8 @@ fn server_hello_mac_input(
     m
 }
 
-fn random_cid() -> Cid {
-    let mut b = [0u8; 4];
-    fill_random(&mut b);
-    Cid::from_be_bytes(b)
-}
-
-fn random32() -> [u8; 32] {
-    let mut b = [0u8; 32];
-    fill_random(&mut b);
-    b
+fn random_cid(rng: &mut Rng) -> Cid {
+    Cid::from_be_bytes(rng.array())
 }
 
 fn eq_ct(a: &[u8; 32], b: &[u8; 32]) -> bool {
@@ -135,6 +133,10 @@ pub struct ClientHandshake {
     // StaticSecret rather than EphemeralSecret: DH must be repeatable, or the first
     // forged ServerHello would consume the key.
     eph: StaticSecret,
+    /// The server's retry token carried by `hello` (zeros: none yet), and how many
+    /// HelloRetries were followed.
+    token: [u8; RETRY_TOKEN_LEN],
+    retries: u8,
 }
 
 /// Outcome of a successful client handshake.
@@ -150,25 +152,60 @@ impl ClientHandshake {
     /// Fresh cid, random and ephemeral key; builds and MACs the hello once. An `mtu` below
     /// `MIN_MTU` is raised to it (the protocol has no smaller paths).
     pub fn new(psk: &Psk, mtu: u16) -> Self {
+        Self::with_rng(psk, mtu, &mut Rng::os())
+    }
+
+    /// [`new`](Self::new) with the cid, random and ephemeral key drawn from `rng`.
+    pub fn with_rng(psk: &Psk, mtu: u16, rng: &mut Rng) -> Self {
         let mtu = mtu.max(MIN_MTU);
-        let eph = StaticSecret::from(random32());
-        let hello = ClientHello {
-            client_cid: random_cid(),
-            client_random: random32(),
-            client_eph: PublicKey::from(&eph).to_bytes(),
+        let eph = StaticSecret::from(rng.array::<32>());
+        let mut hs = ClientHandshake {
+            hello: [0; CLIENT_HELLO_LEN],
+            cid: random_cid(rng),
+            random: rng.array(),
             mtu,
+            eph,
+            token: [0; RETRY_TOKEN_LEN],
+            retries: 0,
+        };
+        hs.build_hello(psk);
+        hs
+    }
+
+    fn build_hello(&mut self, psk: &Psk) {
+        let hello = ClientHello {
+            client_cid: self.cid,
+            client_random: self.random,
+            client_eph: PublicKey::from(&self.eph).to_bytes(),
+            mtu: self.mtu,
+            token: self.token,
             mac: [0; 32],
         };
         let mut bytes = hello.encode();
         let mac = hmac::sign(&hello_mac_key(psk), &bytes[..CLIENT_HELLO_MAC_OFFSET]);
         bytes[CLIENT_HELLO_MAC_OFFSET..].copy_from_slice(mac.as_ref());
-        ClientHandshake {
-            hello: bytes,
-            cid: hello.client_cid,
-            random: hello.client_random,
-            mtu,
-            eph,
+        self.hello = bytes;
+    }
+
+    /// Feeds a HelloRetry: `Ok(true)` if it echoes our ids and carries a new token, in which
+    /// case [`hello`](Self::hello) now carries that token and should go out at once.
+    /// `Ok(false)`: a token we already carry, or more retries than a handshake follows.
+    pub fn handle_retry(&mut self, psk: &Psk, datagram: &[u8]) -> Result<bool, HandshakeError> {
+        let rt = HelloRetry::decode(datagram)?;
+        if rt.client_cid != u64::from(self.cid) {
+            return Err(HandshakeError::UnexpectedPacket);
         }
+        // As for a reject, the echoed random is its only authenticator.
+        if !eq_ct(&rt.client_random, &self.random) {
+            return Err(HandshakeError::BadMac);
+        }
+        if rt.token == self.token || self.retries >= MAX_RETRIES {
+            return Ok(false);
+        }
+        self.retries += 1;
+        self.token = rt.token;
+        self.build_hello(psk);
+        Ok(true)
     }
 
     /// The ClientHello datagram; the same bytes on every retransmission.
@@ -235,7 +272,9 @@ impl ClientHandshake {
                 }
                 Err(HandshakeError::Rejected(rj.reason))
             }
-            PacketKind::ClientHello | PacketKind::Sealed => Err(HandshakeError::UnexpectedPacket),
+            PacketKind::ClientHello | PacketKind::Sealed | PacketKind::HelloRetry => {
+                Err(HandshakeError::UnexpectedPacket)
+            }
         }
     }
 }
@@ -263,6 +302,12 @@ pub fn server_accept(
     hello: &[u8],
     max_mtu: u16,
 ) -> Result<ServerAccept, HandshakeError> {
+    server_accept_with(psk, hello, max_mtu, &mut Rng::os())
+}
+
+/// Checks a ClientHello's shape and MAC, the cheap part of [`server_accept`] (no key
+/// exchange), and returns it decoded.
+pub fn verify_client_hello(psk: &Psk, hello: &[u8]) -> Result<ClientHello, HandshakeError> {
     let ch = ClientHello::decode(hello)?;
     hmac::verify(
         &hello_mac_key(psk),
@@ -270,12 +315,34 @@ pub fn server_accept(
         &ch.mac,
     )
     .map_err(|_| HandshakeError::BadMac)?;
+    Ok(ch)
+}
 
-    let eph = StaticSecret::from(random32());
+/// [`server_accept`] with the cid, random and ephemeral key drawn from `rng`.
+pub fn server_accept_with(
+    psk: &Psk,
+    hello: &[u8],
+    max_mtu: u16,
+    rng: &mut Rng,
+) -> Result<ServerAccept, HandshakeError> {
+    let ch = verify_client_hello(psk, hello)?;
+    accept_verified(psk, &ch, hello, max_mtu, rng)
+}
+
+/// The key exchange of [`server_accept_with`] for a hello that [`verify_client_hello`]
+/// already passed (`ch` is `hello` decoded).
+pub fn accept_verified(
+    psk: &Psk,
+    ch: &ClientHello,
+    hello: &[u8],
+    max_mtu: u16,
+    rng: &mut Rng,
+) -> Result<ServerAccept, HandshakeError> {
+    let eph = StaticSecret::from(rng.array::<32>());
     let mut sh = ServerHello {
         client_cid: ch.client_cid,
-        server_cid: random_cid(),
-        server_random: random32(),
+        server_cid: random_cid(rng),
+        server_random: rng.array(),
         server_eph: PublicKey::from(&eph).to_bytes(),
         mtu: ch.mtu.min(max_mtu.max(MIN_MTU)),
         mac: [0; 32],
@@ -304,6 +371,20 @@ pub fn server_accept(
             recv: PacketKey::new(&s.c2s),
         },
     })
+}
+
+/// A HelloRetry carrying `token` for `hello`, if it is shaped like a ClientHello (always
+/// smaller than the hello it answers).
+pub fn hello_retry(hello: &[u8], token: [u8; RETRY_TOKEN_LEN]) -> Option<[u8; HELLO_RETRY_LEN]> {
+    let (client_cid, client_random) = client_hello_ids(hello)?;
+    Some(
+        HelloRetry {
+            client_cid,
+            client_random,
+            token,
+        }
+        .encode(),
+    )
 }
 
 /// A HelloReject for `hello` (which failed with `BadMac` or `UnsupportedVersion`), if it is

@@ -16,6 +16,8 @@ pub mod crypto;
 pub mod endpoint;
 pub mod handshake;
 pub mod pacer;
+pub mod retry;
+pub mod rng;
 pub mod rtt;
 pub mod sim;
 pub mod transfer;

@@ -13,6 +13,7 @@ use crate::cc::RateConfig;
 use crate::conn::{BlockSink, BlockSource, Config, Connection, Event, ReceiverState};
 use crate::crypto::Psk;
 use crate::endpoint::{Endpoint, Route};
+use crate::rng::Rng as KeyRng;
 use crate::transfer::XferId;
 use crate::wire::{AddrFamily, Cid};
 
@@ -522,15 +523,18 @@ struct Client {
     /// Its session ended; it is no longer driven.
     done: bool,
     res: ClientResult,
+    /// Seeds its cid, handshake random and key, so a run repeats exactly.
+    key_seed: u64,
 }
 
 impl Client {
     fn start(&mut self, now: Instant) {
-        let mut conn = Connection::client(
+        let mut conn = Connection::client_with_rng(
             self.spec.config.clone(),
             &self.spec.psk,
             AddrFamily::V4,
             now,
+            &mut KeyRng::seeded(self.key_seed),
         );
         if self.spec.cc_trace {
             conn.enable_cc_trace();
@@ -737,6 +741,7 @@ pub fn run(sc: &Scenario) -> SimResult {
             incoming_paths: HashMap::new(),
             bye: false,
             done: false,
+            key_seed: sc.seed ^ 0x4b45_5900 ^ ((n as u64) << 32),
         })
         .collect();
     let mut order_rng = Rng::new(sc.seed ^ 0x4f52_4445_5200);
@@ -745,7 +750,12 @@ pub fn run(sc: &Scenario) -> SimResult {
         .enumerate()
         .map(|(n, c)| (c.addr, n))
         .collect();
-    let mut server = Endpoint::new(sc.psk.clone(), sc.server.clone(), base);
+    let mut server = Endpoint::with_rng(
+        sc.psk.clone(),
+        sc.server.clone(),
+        base,
+        KeyRng::seeded(sc.seed ^ 0x5345_5256),
+    );
     // Per server connection: its files, and the paths of what it receives.
     let mut sfiles: HashMap<Cid, MemFiles> = HashMap::new();
     let mut server_paths: HashMap<(Cid, XferId), String> = HashMap::new();
@@ -794,12 +804,18 @@ pub fn run(sc: &Scenario) -> SimResult {
                         Route::Conn(cid) => match server.conn_mut(cid) {
                             Some(c) => {
                                 let before = c.stats().data_bytes_received;
-                                c.handle_datagram_at(
+                                let challenge = server.handle(
+                                    cid,
                                     at(now),
                                     at(arrived),
+                                    cl.addr,
                                     &mut d,
                                     sfiles.entry(cid).or_default(),
                                 );
+                                if let Some(ch) = challenge {
+                                    net.put(Dest::Client(from), now, &ch);
+                                }
+                                let c = server.conn_mut(cid).expect("just handled");
                                 c.stats().data_bytes_received.saturating_sub(before)
                             }
                             None => 0,

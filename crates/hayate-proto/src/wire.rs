@@ -5,11 +5,18 @@ use std::ops::Range;
 
 /// 2: 4-byte cids and packet numbers in the sealed header, 6-byte block numbers.
 /// 3: `Ready` says where an `INTO_DIR` offer's file goes.
-pub const VERSION: u8 = 4;
+/// 5: HelloRetry and the ClientHello's retry token; PATH_CHALLENGE / PATH_RESPONSE frames.
+pub const VERSION: u8 = 5;
 pub const MAGIC: [u8; 3] = *b"HYT";
 pub const CLIENT_HELLO_LEN: usize = 1200;
 pub const SERVER_HELLO_LEN: usize = 120;
 pub const HELLO_REJECT_LEN: usize = 48;
+/// Magic, kind, version, client cid slot, client random, token.
+pub const HELLO_RETRY_LEN: usize = 5 + 8 + 32 + RETRY_TOKEN_LEN;
+/// A server's address-validation token (see [`HelloRetry`]).
+pub const RETRY_TOKEN_LEN: usize = 32;
+/// A path challenge's random (see `Frame::PathChallenge`).
+pub const PATH_TOKEN_LEN: usize = 8;
 /// kind u8, dest_cid u32, pn u32 (the low half of the packet number; see [`decode_pn`]).
 pub const SEALED_HEADER_LEN: usize = 9;
 pub const TAG_LEN: usize = 16;
@@ -25,6 +32,7 @@ pub const KIND_CLIENT_HELLO: u8 = 0x01;
 pub const KIND_SERVER_HELLO: u8 = 0x02;
 pub const KIND_SEALED: u8 = 0x03;
 pub const KIND_HELLO_REJECT: u8 = 0x04;
+pub const KIND_HELLO_RETRY: u8 = 0x05;
 
 pub const FRAME_PADDING: u8 = 0x00;
 pub const FRAME_PING: u8 = 0x01;
@@ -33,6 +41,8 @@ pub const FRAME_CTRL: u8 = 0x03;
 pub const FRAME_DATA: u8 = 0x04;
 pub const FRAME_LOSSMAP: u8 = 0x05;
 pub const FRAME_CLOSE: u8 = 0x06;
+pub const FRAME_PATH_CHALLENGE: u8 = 0x07;
+pub const FRAME_PATH_RESPONSE: u8 = 0x08;
 
 /// Connection id: chosen by each side for the packets it receives, routed on before opening.
 pub type Cid = u32;
@@ -84,6 +94,7 @@ pub enum PacketKind {
     ServerHello,
     Sealed,
     HelloReject,
+    HelloRetry,
 }
 
 /// Classifies a datagram without validating more than its first bytes. A sealed packet must
@@ -113,6 +124,7 @@ pub fn peek_kind(datagram: &[u8]) -> Result<PacketKind, WireError> {
                 KIND_CLIENT_HELLO => Ok(PacketKind::ClientHello),
                 KIND_SERVER_HELLO => Ok(PacketKind::ServerHello),
                 KIND_HELLO_REJECT => Ok(PacketKind::HelloReject),
+                KIND_HELLO_RETRY => Ok(PacketKind::HelloRetry),
                 k => Err(WireError::UnknownKind(k)),
             }
         }
@@ -577,12 +589,19 @@ pub enum Frame<'a> {
         code: u64,
         reason: &'a str,
     },
+    /// Asks the peer to echo `token` in a PATH_RESPONSE (RFC 9000 section 8.2): sent by a
+    /// server to a client's new address before it moves the session there.
+    PathChallenge([u8; PATH_TOKEN_LEN]),
+    PathResponse([u8; PATH_TOKEN_LEN]),
 }
 
 impl Frame<'_> {
     /// Whether a packet carrying this frame asks the peer for an acknowledgement.
     pub fn is_ack_eliciting(&self) -> bool {
-        matches!(self, Frame::Ping | Frame::Ctrl { .. } | Frame::Data { .. })
+        matches!(
+            self,
+            Frame::Ping | Frame::Ctrl { .. } | Frame::Data { .. } | Frame::PathChallenge(_)
+        )
     }
 
     pub fn encoded_len(&self) -> usize {
@@ -597,6 +616,7 @@ impl Frame<'_> {
             Frame::Close { code, reason } => {
                 1 + varint_len(*code) + varint_len(reason.len() as u64) + reason.len()
             }
+            Frame::PathChallenge(_) | Frame::PathResponse(_) => 1 + PATH_TOKEN_LEN,
         }
     }
 
@@ -653,6 +673,14 @@ impl Frame<'_> {
                 w.put_varint(*code)?;
                 w.put_varint(reason.len() as u64)?;
                 w.put_bytes(reason.as_bytes())
+            }
+            Frame::PathChallenge(t) => {
+                w.put_u8(FRAME_PATH_CHALLENGE)?;
+                w.put_bytes(t)
+            }
+            Frame::PathResponse(t) => {
+                w.put_u8(FRAME_PATH_RESPONSE)?;
+                w.put_bytes(t)
             }
             Frame::LossMap(_) => unreachable!("handled above"),
         }
@@ -737,6 +765,8 @@ impl<'a> FrameIter<'a> {
                     .map_err(|_| WireError::BadValue("close reason not UTF-8"))?;
                 Ok(Frame::Close { code, reason })
             }
+            FRAME_PATH_CHALLENGE => Ok(Frame::PathChallenge(r.array()?)),
+            FRAME_PATH_RESPONSE => Ok(Frame::PathResponse(r.array()?)),
             t => Err(WireError::UnknownFrame(t)),
         }
     }
@@ -767,7 +797,9 @@ impl std::iter::FusedIterator for FrameIter<'_> {}
 pub const CLIENT_HELLO_MAC_OFFSET: usize = 1168;
 /// Offset of the MAC in a ServerHello (it covers ClientHello ‖ bytes `0..SERVER_HELLO_MAC_OFFSET`).
 pub const SERVER_HELLO_MAC_OFFSET: usize = 88;
-const CLIENT_HELLO_PAD: Range<usize> = 79..CLIENT_HELLO_MAC_OFFSET;
+/// Where a ClientHello carries the server's retry token (zeros when it has none).
+const CLIENT_HELLO_TOKEN: Range<usize> = 79..79 + RETRY_TOKEN_LEN;
+const CLIENT_HELLO_PAD: Range<usize> = CLIENT_HELLO_TOKEN.end..CLIENT_HELLO_MAC_OFFSET;
 
 fn check_len(d: &[u8], len: usize) -> Result<(), WireError> {
     match d.len().cmp(&len) {
@@ -840,6 +872,8 @@ pub struct ClientHello {
     pub client_random: [u8; 32],
     pub client_eph: [u8; 32],
     pub mtu: u16,
+    /// The token of the server's HelloRetry, all zeros in a first hello.
+    pub token: [u8; RETRY_TOKEN_LEN],
     pub mac: [u8; 32],
 }
 
@@ -851,6 +885,7 @@ impl ClientHello {
         b[13..45].copy_from_slice(&self.client_random);
         b[45..77].copy_from_slice(&self.client_eph);
         b[77..79].copy_from_slice(&self.mtu.to_be_bytes());
+        b[CLIENT_HELLO_TOKEN].copy_from_slice(&self.token);
         b[CLIENT_HELLO_MAC_OFFSET..].copy_from_slice(&self.mac);
         b
     }
@@ -867,6 +902,7 @@ impl ClientHello {
             client_random: arr32_at(d, 13),
             client_eph: arr32_at(d, 45),
             mtu: check_mtu(u16_at(d, 77))?,
+            token: arr32_at(d, CLIENT_HELLO_TOKEN.start),
             mac: arr32_at(d, CLIENT_HELLO_MAC_OFFSET),
         })
     }
@@ -970,6 +1006,37 @@ impl HelloReject {
             client_random: arr32_at(d, 13),
             reason: RejectReason::from_u8(d[45]).ok_or(WireError::BadValue("reject reason"))?,
             max_version: u16_at(d, 46),
+        })
+    }
+}
+
+/// A server's stateless answer to a ClientHello when hellos come faster than it will spend
+/// key exchanges on (QUIC's Retry, RFC 9000 section 8.1): the client sends its hello again
+/// with `token`, which proves it receives at its address. Authenticated only by the echoed
+/// cid and random, like a [`HelloReject`]; it is smaller than the hello it answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HelloRetry {
+    pub client_cid: u64,
+    pub client_random: [u8; 32],
+    pub token: [u8; RETRY_TOKEN_LEN],
+}
+
+impl HelloRetry {
+    pub fn encode(&self) -> [u8; HELLO_RETRY_LEN] {
+        let mut b = [0u8; HELLO_RETRY_LEN];
+        write_hello_prefix(&mut b, KIND_HELLO_RETRY);
+        b[5..13].copy_from_slice(&self.client_cid.to_be_bytes());
+        b[13..45].copy_from_slice(&self.client_random);
+        b[45..].copy_from_slice(&self.token);
+        b
+    }
+
+    pub fn decode(d: &[u8]) -> Result<Self, WireError> {
+        check_hello_prefix(d, HELLO_RETRY_LEN, KIND_HELLO_RETRY)?;
+        Ok(HelloRetry {
+            client_cid: u64_at(d, 5),
+            client_random: arr32_at(d, 13),
+            token: arr32_at(d, 45),
         })
     }
 }

@@ -13,6 +13,8 @@ enum Owned {
     Ping,
     Ack(AckFrame),
     Ctrl(u64, Vec<u8>),
+    PathChallenge([u8; 8]),
+    PathResponse([u8; 8]),
     Data(u32, u64, Vec<u8>),
     LossMap(LossMapFrame),
     Close(u64, String),
@@ -38,6 +40,8 @@ impl Owned {
                 code: *code,
                 reason,
             },
+            Owned::PathChallenge(t) => Frame::PathChallenge(*t),
+            Owned::PathResponse(t) => Frame::PathResponse(*t),
         }
     }
 }
@@ -113,6 +117,8 @@ fn inner_frame() -> impl Strategy<Value = Owned> {
             .prop_map(|(o, d)| Owned::Ctrl(o, d)),
         lossmap().prop_map(Owned::LossMap),
         (varint(), "\\PC{0,40}").prop_map(|(c, r)| Owned::Close(c, r)),
+        any::<[u8; 8]>().prop_map(Owned::PathChallenge),
+        any::<[u8; 8]>().prop_map(Owned::PathResponse),
     ]
 }
 

@@ -739,8 +739,8 @@ pub fn run_server(
             match ep.route(now, from, d) {
                 Route::Conn(c) => {
                     if Some(c) == cid {
-                        if let Some(conn) = ep.conn_mut(c) {
-                            conn.handle_datagram_at(now, at, d, &mut test.mem);
+                        if let Some(challenge) = ep.handle(c, now, at, from, d, &mut test.mem) {
+                            let _ = sock.send_to(from, &challenge);
                         }
                     }
                 }

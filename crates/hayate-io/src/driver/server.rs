@@ -237,8 +237,8 @@ impl Server {
                 links.recv(&mut |from, at, d| match ep.route(now, from, d) {
                     Route::Conn(cid) => {
                         let f = files.entry(cid).or_default();
-                        if let Some(c) = ep.conn_mut(cid) {
-                            c.handle_datagram_at(now, at, d, f);
+                        if let Some(challenge) = ep.handle(cid, now, at, from, d, f) {
+                            replies.push((from, challenge));
                         }
                     }
                     Route::NewConn(cid, reply) => {
