@@ -194,6 +194,11 @@ const ACK_EVERY: u32 = 32;
 const ACK_DELAY_US: u64 = 5_000;
 /// Sent-packet times kept for RTT and reordering decisions.
 const MAX_SENT_HISTORY: usize = 1 << 22;
+/// Most incoming files one session may have open at once (a client keeps at most 64 active),
+/// and most blocks they may hold together: each block costs a bit of loss map, so this caps
+/// a hostile peer's offers at 512 MiB of state (6 TB of file at 1500-byte packets).
+pub const MAX_OPEN_INCOMING: usize = 1024;
+pub const MAX_INCOMING_BLOCKS: u64 = 1 << 32;
 const DRAIN_US: u64 = 2_000_000;
 
 /// What the sender remembers of one packet it sent.
@@ -1316,9 +1321,24 @@ impl Connection {
                     return;
                 }
                 let layout = Layout::new(size, self.block_size);
-                if layout.blocks() > wire::BLOCK_LIMIT {
+                let held: u64 = self.incoming.values().map(|i| i.layout.blocks()).sum();
+                let refusal = if layout.blocks() > wire::BLOCK_LIMIT {
                     // Only a peer that ignores its own limit offers this; refuse it aloud.
-                    let reason = too_large(&path, size);
+                    Some(too_large(&path, size))
+                } else if self.incoming.len() >= MAX_OPEN_INCOMING {
+                    Some(format!(
+                        "{path}: more than {MAX_OPEN_INCOMING} files offered at once"
+                    ))
+                } else if held + layout.blocks() > MAX_INCOMING_BLOCKS {
+                    Some(format!(
+                        "{path}: {size} bytes is more than this receiver tracks at once \
+                         ({MAX_INCOMING_BLOCKS} blocks of {} bytes in all)",
+                        self.block_size
+                    ))
+                } else {
+                    None
+                };
+                if let Some(reason) = refusal {
                     self.ctrl_tx.push(&Ctrl::Reject {
                         xfer,
                         reason: reason.clone(),
@@ -1341,7 +1361,14 @@ impl Connection {
                 });
             }
             Ctrl::Get { xfer, path, flags } => {
-                if self.side == Side::Server {
+                if self.side == Side::Server && self.outgoing.len() >= MAX_OPEN_INCOMING {
+                    self.ctrl_tx.push(&Ctrl::Reject {
+                        xfer,
+                        reason: format!(
+                            "{path}: more than {MAX_OPEN_INCOMING} files asked for at once"
+                        ),
+                    });
+                } else if self.side == Side::Server {
                     self.events
                         .push_back(Event::GetRequested { xfer, path, flags });
                 } else {

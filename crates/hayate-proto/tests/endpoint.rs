@@ -294,3 +294,63 @@ fn a_seeded_simulation_repeats_exactly() {
     assert_eq!(a.server, b.server);
     assert_eq!(a.fwd_delivered, b.fwd_delivered);
 }
+
+/// Moves everything either side has to say to the other until both are quiet; returns the
+/// events of the server's session.
+fn pump(c: &mut Connection, ep: &mut Endpoint, id: u32, now: Instant) -> Vec<hayate_proto::Event> {
+    let mut events = Vec::new();
+    for _ in 0..10_000 {
+        let mut moved = false;
+        for mut d in drain(c, now) {
+            moved = true;
+            ep.handle(id, now, now, addr(A), &mut d, &mut Null);
+        }
+        let s = ep.conn_mut(id).unwrap();
+        while let Some(e) = s.poll_event() {
+            events.push(e);
+        }
+        for mut d in drain(s, now) {
+            moved = true;
+            c.handle_datagram(now, &mut d, &mut Null);
+        }
+        if !moved {
+            break;
+        }
+    }
+    events
+}
+
+#[test]
+fn a_peer_offering_more_than_a_receiver_tracks_is_refused_not_obeyed() {
+    use hayate_proto::conn::{MAX_INCOMING_BLOCKS, MAX_OPEN_INCOMING};
+    use hayate_proto::Event;
+    let now = Instant::now();
+    let (mut c, mut ep, id) = established(now);
+    // A file of more blocks than a receiver keeps loss maps for: refused by name.
+    let huge = MAX_INCOMING_BLOCKS * 2000;
+    c.send_file("huge.bin", huge, 0o644, 0);
+    // Then 3000 small files at once, where a real client keeps 64 going.
+    for i in 0..3000 {
+        c.send_file(&format!("f{i}"), 10, 0o644, 0);
+    }
+    let events = pump(&mut c, &mut ep, id, now);
+    let offered = events
+        .iter()
+        .filter(|e| matches!(e, Event::Offered { .. }))
+        .count();
+    assert_eq!(offered, MAX_OPEN_INCOMING);
+    let mut rejected = Vec::new();
+    while let Some(e) = c.poll_event() {
+        if let Event::Rejected { reason, .. } = e {
+            rejected.push(reason);
+        }
+    }
+    assert_eq!(rejected.len(), 3001 - MAX_OPEN_INCOMING);
+    assert!(rejected[0].starts_with("huge.bin: "), "{}", rejected[0]);
+    assert!(rejected[0].contains("more than this receiver tracks"));
+    assert!(
+        rejected[1].contains("files offered at once"),
+        "{}",
+        rejected[1]
+    );
+}
