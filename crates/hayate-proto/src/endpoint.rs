@@ -30,6 +30,9 @@ const REJECTS_PER_SEC: u32 = 50;
 /// is about 2 % of a core; beyond it every hello gets a HelloRetry, which costs a MAC.
 const HELLO_BUDGET_PER_SEC: f64 = 200.0;
 const HELLO_BURST: f64 = 32.0;
+/// At most this many HelloRetries and repeated ServerHellos per second: beyond it a flood
+/// costs a parse and a drop (a client whose hello is dropped sends it again).
+const REPLIES_PER_SEC: u32 = 20_000;
 /// A new address gets at most this many times the bytes it sent until it answers a
 /// challenge (RFC 9000 section 8).
 pub const PATH_AMPLIFICATION: u64 = 3;
@@ -67,6 +70,9 @@ pub struct EndpointStats {
     /// Datagrams for a session from another address that did not open or were replays.
     pub dropped_other_path: u64,
     pub rejects_rate_limited: u64,
+    /// Hellos dropped because more retries or repeated replies than the per-second cap
+    /// were due.
+    pub retries_rate_limited: u64,
     pub half_open_evicted: u64,
     pub cid_collisions: u64,
     /// PATH_CHALLENGEs sent to new addresses, and their bytes.
@@ -94,6 +100,33 @@ struct Entry {
     reply: Vec<u8>,
     created: Instant,
     probe: Option<PathProbe>,
+}
+
+/// Counts replies within the current second.
+struct PerSecond {
+    start: Instant,
+    count: u32,
+}
+
+impl PerSecond {
+    fn new(now: Instant) -> Self {
+        PerSecond {
+            start: now,
+            count: 0,
+        }
+    }
+
+    /// Whether one more fits under `limit` this second (and counts it if so).
+    fn admit(&mut self, now: Instant, limit: u32) -> bool {
+        if now.saturating_duration_since(self.start) >= Duration::from_secs(1) {
+            *self = PerSecond::new(now);
+        }
+        if self.count >= limit {
+            return false;
+        }
+        self.count += 1;
+        true
+    }
 }
 
 /// A token bucket of key exchanges.
@@ -124,7 +157,8 @@ pub struct Endpoint {
     conns: BTreeMap<Cid, Entry>,
     by_hello: HashMap<(u64, [u8; 32]), Cid>,
     stats: EndpointStats,
-    reject_window: (Instant, u32),
+    reject_window: PerSecond,
+    reply_window: PerSecond,
     rng: Rng,
     tokens: RetryTokens,
     budget: HelloBudget,
@@ -146,7 +180,8 @@ impl Endpoint {
             conns: BTreeMap::new(),
             by_hello: HashMap::new(),
             stats: EndpointStats::default(),
-            reject_window: (now, 0),
+            reject_window: PerSecond::new(now),
+            reply_window: PerSecond::new(now),
             rng,
             tokens,
             budget: HelloBudget {
@@ -274,7 +309,10 @@ impl Endpoint {
             if let Some(sid) = self.by_hello.get(&(cid, random)) {
                 if let Some(e) = self.conns.get(sid) {
                     // Same hello again (our reply was lost): same answer, never bigger.
-                    if data.len() == wire::CLIENT_HELLO_LEN && e.reply.len() < data.len() {
+                    if data.len() == wire::CLIENT_HELLO_LEN
+                        && e.reply.len() < data.len()
+                        && self.reply_window.admit(now, REPLIES_PER_SEC)
+                    {
                         self.stats.hellos_repeated += 1;
                         return Route::Reply(e.reply.clone());
                     }
@@ -282,19 +320,11 @@ impl Endpoint {
                 return Route::Drop;
             }
         }
-        let ch = match handshake::verify_client_hello(&self.psk, data) {
-            Ok(ch) => ch,
-            Err(HandshakeError::BadMac) => {
-                self.stats.hellos_rejected_auth += 1;
-                return self.reject(now, data, RejectReason::AuthFailed);
-            }
-            Err(HandshakeError::UnsupportedVersion(_)) => {
-                return self.reject(now, data, RejectReason::VersionUnsupported)
-            }
-            Err(_) => {
-                self.stats.dropped_malformed += 1;
-                return Route::Drop;
-            }
+        // Under a flood the cheapest answer wins: a hello without a valid token beyond the
+        // budget gets a retry before its MAC is checked (the token costs a short HMAC, the
+        // MAC one over 1168 bytes), and retries themselves are capped per second.
+        let Ok(ch) = wire::ClientHello::decode(data) else {
+            return self.hello_unverified(now, data);
         };
         let ids = (u64::from(ch.client_cid), ch.client_random);
         let has_token = ch.token != [0; wire::RETRY_TOKEN_LEN];
@@ -303,7 +333,10 @@ impl Endpoint {
             self.stats.retry_tokens_invalid += 1;
         }
         if !proven && !self.budget.take(now) {
-            // Over budget: spend a MAC, not a key exchange, until the address answers.
+            if !self.reply_window.admit(now, REPLIES_PER_SEC) {
+                self.stats.retries_rate_limited += 1;
+                return Route::Drop;
+            }
             let token = self.tokens.mint(now, from, ids.0, &ids.1);
             return match handshake::hello_retry(data, token) {
                 Some(r) if r.len() < data.len() => {
@@ -312,6 +345,10 @@ impl Endpoint {
                 }
                 _ => Route::Drop,
             };
+        }
+        if handshake::verify_client_hello(&self.psk, data).is_err() {
+            self.stats.hellos_rejected_auth += 1;
+            return self.reject(now, data, RejectReason::AuthFailed);
         }
         match handshake::accept_verified(&self.psk, &ch, data, self.cfg.mtu, &mut self.rng) {
             Ok(acc) => {
@@ -351,19 +388,27 @@ impl Endpoint {
         }
     }
 
-    fn reject(&mut self, now: Instant, data: &[u8], reason: RejectReason) -> Route {
-        if now.duration_since(self.reject_window.0) >= Duration::from_secs(1) {
-            self.reject_window = (now, 0);
+    /// A hello that does not decode: a version we do not speak gets a reject, anything
+    /// else is dropped.
+    fn hello_unverified(&mut self, now: Instant, data: &[u8]) -> Route {
+        match handshake::verify_client_hello(&self.psk, data) {
+            Err(HandshakeError::UnsupportedVersion(_)) => {
+                self.reject(now, data, RejectReason::VersionUnsupported)
+            }
+            _ => {
+                self.stats.dropped_malformed += 1;
+                Route::Drop
+            }
         }
-        if self.reject_window.1 >= REJECTS_PER_SEC {
+    }
+
+    fn reject(&mut self, now: Instant, data: &[u8], reason: RejectReason) -> Route {
+        if !self.reject_window.admit(now, REJECTS_PER_SEC) {
             self.stats.rejects_rate_limited += 1;
             return Route::Drop;
         }
         match handshake::hello_reject(data, reason) {
-            Some(r) if r.len() < data.len() => {
-                self.reject_window.1 += 1;
-                Route::Reply(r.to_vec())
-            }
+            Some(r) if r.len() < data.len() => Route::Reply(r.to_vec()),
             _ => Route::Drop,
         }
     }
