@@ -468,7 +468,7 @@ fn a_hello_flood_from_many_addresses_does_not_crowd_out_a_client() {
                 // About 20 000 hellos a second (190 Mbit/s): a hundred times the key-exchange
                 // budget, from a sender that leaves this 2-core host's other core to the
                 // server, its client and the relay.
-                if i % 64 == 0 {
+                if i.is_multiple_of(64) {
                     thread::sleep(Duration::from_millis(3));
                 }
             }
