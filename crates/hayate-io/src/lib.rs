@@ -7,3 +7,4 @@ pub mod fs;
 pub mod keyfile;
 pub mod ssh;
 pub mod udp;
+pub mod verify;

@@ -18,8 +18,9 @@ use hayate_proto::{BlockSink, BlockSource, Config, Connection, Event, FileOffer,
 use super::link::{Links, StreamLink, STREAM_PEER};
 use super::resume::{resumable, save_progress};
 use super::{dest_mode, systime, StopFlag};
-use crate::fs::{self, create_local_part, EntryKind, PartFile, Root, SourceFile};
+use crate::fs::{self, create_local_part, EntryKind, FsError, PartFile, Root, SourceFile};
 use crate::udp::UdpSocket;
+use crate::verify::Landing;
 
 /// Transfers in flight at once; more are queued (bounds open files and state).
 const MAX_ACTIVE: usize = 64;
@@ -171,6 +172,8 @@ struct Active {
     mtime: i64,
     file: Option<SourceFile>,
     part: Option<PartFile>,
+    /// A download's hash, computed as its blocks land.
+    landing: Option<Landing>,
     saved: Option<u64>,
     no_space: bool,
 }
@@ -193,11 +196,54 @@ impl BlockSource for Files {
 impl BlockSink for Files {
     fn write(&mut self, xfer: XferId, offset: u64, data: &[u8]) -> Result<(), String> {
         let a = self.act.get_mut(&xfer).ok_or("transfer not open")?;
-        let p = a.part.as_mut().ok_or("transfer not open")?;
-        p.write_at(offset, data).map_err(|e| {
-            a.no_space |= e.raw_os_error() == Some(libc::ENOSPC);
-            e.to_string()
-        })
+        let (Some(p), Some(l)) = (a.part.as_mut(), a.landing.as_mut()) else {
+            return Err("transfer not open".into());
+        };
+        p.write_at(offset, data)
+            .and_then(|()| l.wrote(p, offset, data.len() as u64))
+            .map_err(|e| {
+                a.no_space |= e.raw_os_error() == Some(libc::ENOSPC);
+                e.to_string()
+            })
+    }
+}
+
+/// Gives the verdict on every download whose blocks have all landed and whose hash the
+/// workers have finished: committed under its final name if it matches, else removed.
+fn settle_downloads(conn: &mut Connection, files: &mut Files, s: &mut Session<'_>) {
+    let ready: Vec<XferId> = files
+        .act
+        .iter()
+        .filter(|(_, a)| a.landing.as_ref().is_some_and(|l| l.verdict().is_some()))
+        .map(|(x, _)| *x)
+        .collect();
+    for xfer in ready {
+        let a = files.act.remove(&xfer).expect("listed");
+        let verdict = a.landing.as_ref().and_then(Landing::verdict).expect("ready");
+        let part = a.part.expect("accepted downloads have a part file");
+        let preserve = s.opts_flags & flags::PRESERVE != 0;
+        let verdict = match verdict {
+            Ok(h) => {
+                let mode = dest_mode(a.mode, s.opts_flags);
+                part.commit(Some(mode), preserve.then(|| systime(a.mtime)))
+                    .map(|_| h)
+                    .map_err(|e| format!("cannot rename into place: {e}"))
+            }
+            Err(e) => {
+                part.discard();
+                Err(e)
+            }
+        };
+        let r = &mut s.results[a.idx];
+        match &verdict {
+            Ok(h) => {
+                r.verified = true;
+                r.blake3 = Some(hex(h));
+                s.finished_bytes += a.size;
+            }
+            Err(e) => r.error = Some(e.clone()),
+        }
+        conn.finish_incoming(xfer, verdict);
     }
 }
 
@@ -734,6 +780,7 @@ impl<'a> Session<'a> {
                     mtime: m.mtime(),
                     file: Some(SourceFile::new(f, m.len())),
                     part: None,
+                    landing: None,
                     saved: None,
                     no_space: false,
                 },
@@ -754,6 +801,7 @@ impl<'a> Session<'a> {
                     mtime: 0,
                     file: None,
                     part: None,
+                    landing: None,
                     saved: None,
                     no_space: false,
                 },
@@ -980,11 +1028,18 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
                             continue;
                         }
                     }
-                    match create_local_part(&r.local, size) {
-                        Ok(p) => {
-                            let have = resumable(&p, size, mtime, conn.block_size() as u64);
-                            r.resumed_bytes = have_bytes(&have, conn.block_size() as u64, size);
+                    let bs = conn.block_size() as u64;
+                    let started = create_local_part(&r.local, size).and_then(|mut p| {
+                        let have = resumable(&p, size, mtime, bs);
+                        let landing = Landing::start(&mut p, size, &have, bs)
+                            .map_err(|e| FsError::Io(r.local.display().to_string(), e))?;
+                        Ok((p, have, landing))
+                    });
+                    match started {
+                        Ok((p, have, landing)) => {
+                            r.resumed_bytes = have_bytes(&have, bs, size);
                             a.part = Some(p);
+                            a.landing = Some(landing);
                             conn.accept(xfer, &have);
                         }
                         Err(e) => {
@@ -995,34 +1050,10 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
                     }
                 }
                 Event::IncomingComplete { xfer, blake3 } => {
-                    let Some(a) = files.act.remove(&xfer) else {
-                        continue;
-                    };
-                    let r = &mut s.results[a.idx];
-                    let mut part = a.part.expect("accepted downloads have a part file");
-                    let preserve = s.opts_flags & flags::PRESERVE != 0;
-                    let verdict = match part.hash() {
-                        Ok(h) if *h.as_bytes() == blake3 => {
-                            let mode = dest_mode(a.mode, s.opts_flags);
-                            part.commit(Some(mode), preserve.then(|| systime(a.mtime)))
-                                .map(|_| blake3)
-                                .map_err(|e| format!("cannot rename into place: {e}"))
-                        }
-                        Ok(_) => {
-                            part.discard();
-                            Err("BLAKE3 mismatch after transfer".to_string())
-                        }
-                        Err(e) => Err(format!("cannot read back for verification: {e}")),
-                    };
-                    match &verdict {
-                        Ok(h) => {
-                            r.verified = true;
-                            r.blake3 = Some(hex(h));
-                            s.finished_bytes += a.size;
-                        }
-                        Err(e) => r.error = Some(e.clone()),
+                    // The verdict follows when the last subtrees are hashed (below).
+                    if let Some(l) = files.act.get_mut(&xfer).and_then(|a| a.landing.as_mut()) {
+                        l.complete(blake3);
                     }
-                    conn.finish_incoming(xfer, verdict);
                 }
                 Event::IncomingFailed { xfer, reason } => {
                     if let Some(mut a) = files.act.remove(&xfer) {
@@ -1163,10 +1194,19 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
         if bye_at.is_some_and(|t| now.duration_since(t) > Duration::from_secs(2)) {
             break;
         }
-        let next = conn
+        settle_downloads(&mut conn, &mut files, &mut s);
+        let mut next = conn
             .poll_timeout(now)
             .unwrap_or(now + Duration::from_millis(100))
             .min(now + Duration::from_millis(100));
+        if files
+            .act
+            .values()
+            .any(|a| a.landing.as_ref().is_some_and(Landing::verifying))
+        {
+            // The hashing threads do not wake this loop: look again soon.
+            next = next.min(now + Duration::from_millis(2));
+        }
         if next > Instant::now() {
             if let Err(e) = links.wait_until(next) {
                 session_error.get_or_insert(format!("socket wait failed: {e}"));

@@ -22,11 +22,14 @@ use super::resume::{resumable, save_progress};
 use super::{dest_mode, systime, CcTrace, StopFlag};
 use crate::fs::{self, Entry, EntryKind, FsError, PartFile, Root, SourceFile};
 use crate::udp::UdpSocket;
+use crate::verify::Landing;
 
 /// Most entries one listing may return (a runaway tree is an error, not an OOM).
 const MAX_LIST: usize = 4_000_000;
 /// How often the resume state of running receives is written down.
 const STATE_EVERY: Duration = Duration::from_millis(500);
+/// How often a loop waiting for a file's last subtrees to be hashed looks for the result.
+const VERIFY_POLL: Duration = Duration::from_millis(2);
 /// How often `HAYATE_CC_TRACE` lines are written out.
 const TRACE_EVERY: Duration = Duration::from_millis(100);
 
@@ -58,6 +61,8 @@ struct Incoming {
     saved: Option<u64>,
     /// A write failed for lack of space: the partial file is removed, not kept.
     no_space: bool,
+    /// Its hash, computed as blocks land.
+    landing: Landing,
 }
 
 /// The files one session is reading and writing.
@@ -79,10 +84,47 @@ impl BlockSource for SessionFiles {
 impl BlockSink for SessionFiles {
     fn write(&mut self, xfer: XferId, offset: u64, data: &[u8]) -> Result<(), String> {
         let f = self.inc.get_mut(&xfer).ok_or("transfer not open")?;
-        f.part.write_at(offset, data).map_err(|e| {
-            f.no_space |= e.raw_os_error() == Some(libc::ENOSPC);
-            e.to_string()
-        })
+        f.part
+            .write_at(offset, data)
+            .and_then(|()| f.landing.wrote(&mut f.part, offset, data.len() as u64))
+            .map_err(|e| {
+                f.no_space |= e.raw_os_error() == Some(libc::ENOSPC);
+                e.to_string()
+            })
+    }
+}
+
+/// Gives the verdict on every upload whose blocks have all landed and whose hash the workers
+/// have finished: committed under its final name if it matches the sender's, else removed.
+fn settle_verified(c: &mut Connection, f: &mut SessionFiles, addr: SocketAddr, log: Log<'_>) {
+    let ready: Vec<XferId> = f
+        .inc
+        .iter()
+        .filter(|(_, i)| i.landing.verdict().is_some())
+        .map(|(x, _)| *x)
+        .collect();
+    for xfer in ready {
+        let inc = f.inc.remove(&xfer).expect("listed");
+        let result = match inc.landing.verdict().expect("ready") {
+            Ok(h) => {
+                let mtime = (inc.flags & flags::PRESERVE != 0).then(|| systime(inc.mtime));
+                match inc.part.commit(Some(dest_mode(inc.mode, inc.flags)), mtime) {
+                    Ok(()) => {
+                        log(&format!("{addr}: received {} (verified)", inc.path));
+                        Ok(h)
+                    }
+                    Err(e) => Err(format!("cannot rename into place: {e}")),
+                }
+            }
+            Err(e) => {
+                inc.part.discard();
+                Err(e)
+            }
+        };
+        if let Err(e) = &result {
+            log(&format!("{addr}: upload {} failed: {e}", inc.path));
+        }
+        c.finish_incoming(xfer, result);
     }
 }
 
@@ -285,6 +327,11 @@ impl Server {
                         busy_offers.push((cid, busy));
                     }
                 }
+                settle_verified(c, f, addr, log);
+                if f.inc.values().any(|i| i.landing.verifying()) {
+                    // The hashing threads do not wake this loop: look again soon.
+                    next = next.min(now + VERIFY_POLL);
+                }
                 if save_states {
                     for (x, inc) in f.inc.iter_mut() {
                         save_state(c, *x, inc);
@@ -466,7 +513,7 @@ fn on_event(
             flags,
             hash,
         } => {
-            let part = match open_part(root, path, size, retry) {
+            let mut part = match open_part(root, path, size, retry) {
                 Ok(p) => p,
                 Err(FsError::Busy(_)) if !retry => return Some(ev),
                 Err(e) => {
@@ -486,6 +533,14 @@ fn on_event(
                 return None;
             }
             let have = resumable(&part, size, mtime, c.block_size() as u64);
+            let landing = match Landing::start(&mut part, size, &have, c.block_size() as u64) {
+                Ok(l) => l,
+                Err(e) => {
+                    c.reject(xfer, &format!("{path}: {e}"));
+                    part.abandon();
+                    return None;
+                }
+            };
             let placed = (flags & flags::INTO_DIR != 0).then(|| path.clone());
             f.inc.insert(
                 xfer,
@@ -498,6 +553,7 @@ fn on_event(
                     flags,
                     saved: None,
                     no_space: false,
+                    landing,
                 },
             );
             c.accept_at(xfer, &have, placed.as_deref());
@@ -556,28 +612,11 @@ fn on_event(
             c.meta_reply(id, result.map_err(|e| e.to_string()));
         }
         Event::IncomingComplete { xfer, blake3 } => {
-            let mut inc = f.inc.remove(&xfer)?;
-            let result = match inc.part.hash() {
-                Ok(h) if *h.as_bytes() == blake3 => {
-                    let mtime = (inc.flags & flags::PRESERVE != 0).then(|| systime(inc.mtime));
-                    match inc.part.commit(Some(dest_mode(inc.mode, inc.flags)), mtime) {
-                        Ok(()) => {
-                            log(&format!("{addr}: received {} (verified)", inc.path));
-                            Ok(blake3)
-                        }
-                        Err(e) => Err(format!("cannot rename into place: {e}")),
-                    }
-                }
-                Ok(_) => {
-                    inc.part.discard();
-                    Err("BLAKE3 mismatch: the data written differs from the source".into())
-                }
-                Err(e) => Err(format!("cannot read back for verification: {e}")),
-            };
-            if let Err(e) = &result {
-                log(&format!("{addr}: upload {} failed: {e}", inc.path));
+            // The verdict follows when the last subtrees are hashed (`settle_verified`).
+            if let Some(inc) = f.inc.get_mut(&xfer) {
+                inc.landing.complete(blake3);
             }
-            c.finish_incoming(xfer, result);
+            settle_verified(c, f, addr, log);
         }
         Event::IncomingFailed { xfer, reason } => {
             if let Some(mut inc) = f.inc.remove(&xfer) {
