@@ -447,14 +447,15 @@ impl<'a> Session<'a> {
         let dest_is_dir = dest_kind == Some(WireKind::Dir) || self.into_dir;
         let into_dir = several || dest.is_empty() || dest.ends_with('/') || dest_is_dir;
         if into_dir && !dest_is_dir && !dest.is_empty() {
-            if dest_kind.is_some() {
-                self.fail(
-                    Kind::Dir,
-                    true,
-                    PathBuf::new(),
-                    dest.clone(),
-                    "not a directory".into(),
-                );
+            // As scp: only `-r` makes the destination directory, and only it (its parent
+            // must exist); without `-r` a missing one is a typo to report, not to build.
+            if dest_kind.is_some() || !self.recursive {
+                let why = if dest_kind.is_some() {
+                    "not a directory"
+                } else {
+                    "no such directory"
+                };
+                self.fail(Kind::Dir, true, PathBuf::new(), dest.clone(), why.into());
                 return;
             }
             self.meta_op(

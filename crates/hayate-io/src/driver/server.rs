@@ -200,7 +200,9 @@ impl Server {
                 dir.display().to_string(),
             ),
             Scope::WholeFs(cwd) => (
-                Root::whole_fs(cwd).map_err(|e| anyhow::anyhow!("{e}"))?,
+                Root::whole_fs(cwd)
+                    .map_err(|e| anyhow::anyhow!("{e}"))?
+                    .expand_tilde(),
                 "/".to_string(),
             ),
         };
@@ -401,10 +403,17 @@ impl Server {
 
 fn abandon(f: SessionFiles, log: Log<'_>) {
     for (_, inc) in f.inc {
-        log(&format!(
-            "incomplete upload kept as {} (a rerun resumes it)",
-            inc.part.part_name()
-        ));
+        if inc.part.in_place() {
+            log(&format!(
+                "incomplete upload into {} (a device or FIFO: nothing kept)",
+                inc.path
+            ));
+        } else {
+            log(&format!(
+                "incomplete upload kept as {} (a rerun resumes it)",
+                inc.part.part_name()
+            ));
+        }
         inc.part.abandon();
     }
 }
