@@ -8,7 +8,8 @@ mod units;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -59,11 +60,17 @@ pub struct KeyArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // HAYATE_KEY_FILE is for hayate:// servers: an ssh copy ignores it, and only refuses a
+    // --key-file given on the command line.
+    let key_from_env = matches
+        .subcommand_matches("cp")
+        .is_some_and(|m| m.value_source("key_file") == Some(ValueSource::EnvVariable));
     let result = match cli.cmd {
         Command::Keygen { out, force } => cmd::keygen::run(&out, force),
         Command::Serve(a) => cmd::serve::run(a),
-        Command::Cp(a) => cmd::cp::run(a),
+        Command::Cp(a) => cmd::cp::run(a, key_from_env),
         Command::Perf(c) => hayate_perf::run_perf(c),
         Command::Bench(BenchCommand::Mem(a)) => hayate_perf::run_bench_mem(a),
     };

@@ -954,3 +954,138 @@ fn interrupted_download_leaves_only_part_and_state_files() {
         [".big.bin.hayate-part", ".big.bin.hayate-state"]
     );
 }
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: plain mkfifo(3) on a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+}
+
+/// Reads a FIFO to its end in the background.
+fn drain_fifo(path: &Path) -> std::thread::JoinHandle<Vec<u8>> {
+    let path = path.to_path_buf();
+    std::thread::spawn(move || fs::read(path).unwrap())
+}
+
+fn is_fifo(path: &Path) -> bool {
+    std::os::unix::fs::FileTypeExt::is_fifo(&fs::symlink_metadata(path).unwrap().file_type())
+}
+
+#[test]
+fn served_destinations_follow_links_beneath_the_root_and_write_fifos_in_place() {
+    let fx = Fx::new();
+    let src = fx.local.join("d.bin");
+    let want = write_random(&src, 2_000_003, 21);
+
+    // A link inside the root: its target is replaced, the link stays.
+    fs::create_dir(fx.root.join("sub")).unwrap();
+    fs::write(fx.root.join("sub/target.bin"), b"old").unwrap();
+    symlink("sub/target.bin", fx.root.join("ln")).unwrap();
+    fx.cp(&[s(&src), fx.url("ln")]).assert_ok();
+    assert_eq!(hash_file(&fx.root.join("sub/target.bin")), want);
+    assert_eq!(
+        fs::read_link(fx.root.join("ln")).unwrap(),
+        Path::new("sub/target.bin")
+    );
+
+    // A link leading out of the root: refused, nothing outside written.
+    fs::write(fx.outside.join("victim"), b"keep").unwrap();
+    symlink(fx.outside.join("victim"), fx.root.join("abs-out")).unwrap();
+    symlink("../outside/victim", fx.root.join("rel-out")).unwrap();
+    for name in ["abs-out", "rel-out"] {
+        let r = fx.cp(&[s(&src), fx.url(name)]);
+        r.assert_failed();
+        assert!(r.stderr.contains("escapes the served root"), "{r:#?}");
+        assert!(!r.stderr.contains(&s(&fx.root)), "leaks the root: {r:#?}");
+    }
+    assert_eq!(fs::read(fx.outside.join("victim")).unwrap(), b"keep");
+
+    // A FIFO: the bytes come out of it in order, and it stays a FIFO.
+    mkfifo(&fx.root.join("fifo"));
+    let reader = drain_fifo(&fx.root.join("fifo"));
+    fx.cp(&[s(&src), fx.url("fifo")]).assert_ok();
+    // Checked first: a FIFO replaced by a file leaves its reader waiting for ever.
+    assert!(is_fifo(&fx.root.join("fifo")));
+    assert_eq!(blake3::hash(&reader.join().unwrap()), want);
+
+    // Downloads into a local FIFO and through a local link, likewise.
+    mkfifo(&fx.local.join("fifo"));
+    let reader = drain_fifo(&fx.local.join("fifo"));
+    fx.cp(&[fx.url("ln"), s(&fx.local.join("fifo"))])
+        .assert_ok();
+    assert!(is_fifo(&fx.local.join("fifo")));
+    assert_eq!(blake3::hash(&reader.join().unwrap()), want);
+    fs::write(fx.local.join("real.bin"), b"old").unwrap();
+    symlink("real.bin", fx.local.join("down-ln")).unwrap();
+    fx.cp(&[fx.url("ln"), s(&fx.local.join("down-ln"))])
+        .assert_ok();
+    assert_eq!(hash_file(&fx.local.join("real.bin")), want);
+    assert!(fs::symlink_metadata(fx.local.join("down-ln"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(part_files(fx.tmp.path()), Vec::<String>::new());
+}
+
+#[test]
+fn served_uploads_need_the_parent_directory() {
+    let fx = Fx::new();
+    let src = fx.local.join("p.bin");
+    write_random(&src, 10_000, 22);
+    let r = fx.cp(&[s(&src), fx.url("no/such/p.bin")]);
+    r.assert_failed();
+    assert!(r.stderr.contains("no/such (parent directory)"), "{r:#?}");
+    assert!(!fx.root.join("no").exists());
+    // Several files into a missing directory, without -r: nothing is made.
+    let r = fx.cp(&[s(&src), s(&src), fx.url("newdir/")]);
+    r.assert_failed();
+    assert!(!fx.root.join("newdir").exists());
+    // -r makes the top directory only.
+    fs::create_dir(fx.local.join("tree")).unwrap();
+    fs::write(fx.local.join("tree/f"), b"f").unwrap();
+    let r = fx.cp(&["-r".to_string(), s(&fx.local.join("tree")), fx.url("a/b/")]);
+    r.assert_failed();
+    assert!(!fx.root.join("a").exists());
+    fx.cp(&["-r".to_string(), s(&fx.local.join("tree")), fx.url("top/")])
+        .assert_ok();
+    assert_eq!(fs::read(fx.root.join("top/tree/f")).unwrap(), b"f");
+}
+
+#[test]
+fn a_huge_key_file_is_refused_after_a_bounded_read() {
+    let fx = Fx::new();
+    let src = fx.local.join("k.bin");
+    write_random(&src, 1000, 23);
+    let r = cp(Path::new("/dev/zero"), &[s(&src), fx.url("k.bin")]);
+    r.assert_failed();
+    assert_eq!(
+        r.stderr.trim(),
+        "hayate: cannot read key file /dev/zero: larger than 4096 bytes: not a key file"
+    );
+    assert!(r.elapsed < Duration::from_secs(10), "{r:#?}");
+    assert!(!fx.root.join("k.bin").exists());
+}
+
+#[test]
+fn keygen_force_writes_through_a_link_to_stdout_and_keeps_it() {
+    let tmp = TempDir::new().unwrap();
+    // What /dev/stdout is: a link to the process's fd 1 (here a pipe).
+    let out = tmp.path().join("stdout");
+    symlink("/proc/self/fd/1", &out).unwrap();
+    let r = run(["keygen", "--out", &s(&out), "--force"]);
+    r.assert_ok();
+    assert!(r.stdout.contains("hayate-key-v1"), "{r:#?}");
+    assert!(fs::symlink_metadata(&out).unwrap().file_type().is_symlink());
+    assert_eq!(fs::read_link(&out).unwrap(), Path::new("/proc/self/fd/1"));
+    // A link to a regular file: the file gets the key, the link stays.
+    fs::write(tmp.path().join("real"), b"old").unwrap();
+    symlink("real", tmp.path().join("k")).unwrap();
+    run(["keygen", "--out", &s(&tmp.path().join("k")), "--force"]).assert_ok();
+    assert!(fs::read_to_string(tmp.path().join("real"))
+        .unwrap()
+        .contains("hayate-key-v1"));
+    assert!(fs::symlink_metadata(tmp.path().join("k"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+}

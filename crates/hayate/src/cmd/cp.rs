@@ -229,7 +229,8 @@ fn resolve(host: &str, port: u16) -> anyhow::Result<SocketAddr> {
         .with_context(|| format!("no address for {host}"))
 }
 
-pub fn run(a: CpArgs) -> anyhow::Result<i32> {
+/// `key_from_env`: `--key-file` came from `HAYATE_KEY_FILE`, which an ssh copy ignores.
+pub fn run(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
     let (far, job) = plan(&a.paths)?;
     if !(a.connect_timeout > 0.0 && a.connect_timeout < 3600.0) {
         bail!("--connect-timeout must be between 0 and 3600 seconds");
@@ -269,7 +270,7 @@ pub fn run(a: CpArgs) -> anyhow::Result<i32> {
             (Transport::Udp(resolve(host, *port)?), psk, None)
         }
         Far::Ssh { user, host } => {
-            if a.key.key_file.is_some() {
+            if a.key.key_file.is_some() && !key_from_env {
                 bail!("--key-file is for hayate:// servers; over ssh a fresh key is made for each copy");
             }
             let (t, psk, child) = start_far_side(&a, user.clone(), host, &mut out)?;
