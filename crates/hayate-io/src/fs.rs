@@ -199,6 +199,26 @@ impl Root {
         PartFile::create(&lookup, dir, name, rel, size)
     }
 
+    /// (device, inode) of what `rel` leads to now, as [`open_read`](Self::open_read) would
+    /// open it.
+    pub fn identity(&self, rel: &str) -> Result<(u64, u64), FsError> {
+        let expanded = self.expand(rel)?;
+        let rel = expanded.as_ref();
+        let (abs, comps) = self.parse(rel, false)?;
+        let fd = self.at(&path_str(abs, &comps), OFlags::PATH, rel)?;
+        let st = rfs::fstat(&fd).map_err(|e| errno_error(e, rel))?;
+        Ok((st.st_dev, st.st_ino))
+    }
+
+    /// Another handle on the same root (the same directory, not its name).
+    pub fn try_clone(&self) -> io::Result<Root> {
+        Ok(Root {
+            dir: self.dir.try_clone()?,
+            confined: self.confined,
+            tilde: self.tilde,
+        })
+    }
+
     /// lstat of `rel` (a symlink is reported as a symlink, with its target). `path` is "".
     /// As in a shell, a trailing `/` (or `/.`) follows a final symlink (beneath the root).
     pub fn stat(&self, rel: &str) -> Result<Entry, FsError> {
@@ -1408,6 +1428,12 @@ impl Stream {
 /// 80 000 `pread`s a second fewer, on a sender that shares its cores with the receiver).
 /// Blocks asked for out of order (retransmissions) are read on their own, leaving the
 /// chunk for the in-order stream.
+///
+/// A file that changes while it is sent would arrive as neither its old nor its new self
+/// (or cut at the old size) and still verify, as the hash is of what was read: so its size,
+/// mtime and inode (and, with [`watch`](Self::watch), what its name leads to) are checked
+/// against what they were when it was opened, on every read from the file and at its last
+/// block, before the sender announces the hash; a change fails the read.
 pub struct SourceFile {
     file: File,
     size: u64,
@@ -1415,30 +1441,115 @@ pub struct SourceFile {
     /// File offset of `ahead[0]`, and how many bytes of `ahead` hold the file's.
     start: u64,
     len: usize,
+    /// The file as it was opened.
+    was: Ident,
+    locate: Option<Locate>,
+    /// Why a read failed, in this side's own words.
+    failure: Option<String>,
+}
+
+/// Where a source's name leads now: (device, inode).
+pub type Locate = Box<dyn Fn() -> io::Result<(u64, u64)> + Send>;
+
+/// What tells a file's contents changed: size, mtime, and which inode it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ident {
+    size: u64,
+    mtime: (i64, i64),
+    dev: u64,
+    ino: u64,
+}
+
+impl Ident {
+    fn of(file: &File) -> io::Result<Ident> {
+        use std::os::unix::fs::MetadataExt;
+        let m = file.metadata()?;
+        Ok(Ident {
+            size: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
 }
 
 impl SourceFile {
     /// Bytes read ahead at a time (less for a smaller file).
     pub const CHUNK: usize = 256 * 1024;
 
-    /// `size`: the file's length as offered.
+    /// `size`: the file's length as offered (the file as it is now is what later reads
+    /// are checked against).
     pub fn new(file: File, size: u64) -> Self {
+        let was = Ident::of(&file).unwrap_or(Ident {
+            size,
+            mtime: (0, 0),
+            dev: 0,
+            ino: 0,
+        });
         SourceFile {
             file,
             size,
             ahead: Vec::new(),
             start: 0,
             len: 0,
+            was,
+            locate: None,
+            failure: None,
         }
     }
 
-    /// Fills `out` with the file's bytes at `offset`; an error if the file ends first.
+    /// Also checks that the file's name still leads to this file (not replaced by another,
+    /// as an editor's save or a second copy does): `locate` says where it leads now.
+    pub fn watch(mut self, locate: Locate) -> Self {
+        self.locate = Some(locate);
+        self
+    }
+
+    /// Why a read failed, if one did (this side's words; the protocol's error names the
+    /// far side's path).
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.as_deref()
+    }
+
+    /// Whether the file is still as it was opened: "changed while being sent" and how, if not.
+    pub fn check(&self) -> Result<(), String> {
+        let now = Ident::of(&self.file).map_err(|e| e.to_string())?;
+        let how = if now.size != self.was.size {
+            format!("size {} -> {} bytes", self.was.size, now.size)
+        } else if now.mtime != self.was.mtime {
+            "modified".to_string()
+        } else if let Some(l) = &self.locate {
+            match l() {
+                Ok(at) if at == (self.was.dev, self.was.ino) => return Ok(()),
+                Ok(_) => "replaced by another file".to_string(),
+                Err(e) => format!("its name now leads nowhere: {e}"),
+            }
+        } else {
+            return Ok(());
+        };
+        Err(format!("changed while being sent ({how})"))
+    }
+
+    /// Fills `out` with the file's bytes at `offset`; an error if the file ends first or
+    /// changed since it was opened.
     pub fn read_block(&mut self, offset: u64, out: &mut [u8]) -> Result<(), String> {
+        let r = self.read_checked(offset, out);
+        if let Err(e) = &r {
+            self.failure.get_or_insert_with(|| e.clone());
+        }
+        r
+    }
+
+    fn read_checked(&mut self, offset: u64, out: &mut [u8]) -> Result<(), String> {
         let end = offset + out.len() as u64;
         let held = self.start + self.len as u64;
         if offset >= self.start && end <= held {
             let from = (offset - self.start) as usize;
             out.copy_from_slice(&self.ahead[from..from + out.len()]);
+            if end >= self.size {
+                // The last block: after it the hash is announced.
+                self.check()?;
+            }
             return Ok(());
         }
         let in_order = self.len == 0 || (offset >= self.start && offset <= held);
@@ -1460,10 +1571,11 @@ impl SourceFile {
         } else {
             read_at(&self.file, offset, out).map_err(|e| e.to_string())?
         };
+        self.check()?;
         if n == out.len() {
             Ok(())
         } else {
-            Err("file shrank while being sent".into())
+            Err("changed while being sent (it shrank)".into())
         }
     }
 }

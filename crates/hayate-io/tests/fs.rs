@@ -1,5 +1,6 @@
 use std::fs;
-use std::io::Read;
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, SystemTime};
@@ -1137,4 +1138,65 @@ fn tilde_means_a_home_directory_only_when_asked_for() {
     assert_eq!(read_all(&plain, "~/f"), b"literal");
     let confined = Root::open(dir.path()).unwrap().expand_tilde();
     assert_eq!(read_all(&confined, "~/f"), b"literal");
+}
+
+#[test]
+fn a_source_that_changes_fails_its_reads_and_says_how() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("src.bin");
+    let data = vec![5u8; SourceFile::CHUNK * 3];
+    let open = |p: &Path| {
+        let p2 = p.to_path_buf();
+        SourceFile::new(fs::File::open(p).unwrap(), data.len() as u64).watch(Box::new(move || {
+            fs::metadata(&p2).map(|m| (m.dev(), m.ino()))
+        }))
+    };
+    let mut buf = vec![0u8; 1430];
+    let last = (data.len() - 1430) as u64;
+
+    // Appended to: the next read from the file fails, and the failure is kept.
+    fs::write(&path, &data).unwrap();
+    let mut src = open(&path);
+    src.read_block(0, &mut buf).unwrap();
+    src.check().unwrap();
+    fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap()
+        .write_all(b"more")
+        .unwrap();
+    let e = src.read_block(last, &mut buf).unwrap_err();
+    assert_eq!(
+        e,
+        format!(
+            "changed while being sent (size {} -> {} bytes)",
+            data.len(),
+            data.len() + 4
+        )
+    );
+    assert_eq!(src.failure(), Some(e.as_str()));
+
+    // Overwritten in place, same size: the mtime tells, even for a block read ahead.
+    fs::write(&path, &data).unwrap();
+    let mut src = open(&path);
+    src.read_block(last - SourceFile::CHUNK as u64 + 1430, &mut buf)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .write_all_at(b"x", 10)
+        .unwrap();
+    let e = src.read_block(last, &mut buf).unwrap_err();
+    assert_eq!(e, "changed while being sent (modified)");
+
+    // Replaced under its name (the open file itself unchanged).
+    let mut src = open(&path);
+    let other = dir.path().join("other.bin");
+    fs::write(&other, &data).unwrap();
+    fs::rename(&other, &path).unwrap();
+    let e = src.read_block(last, &mut buf).unwrap_err();
+    assert_eq!(e, "changed while being sent (replaced by another file)");
 }

@@ -753,3 +753,70 @@ fn hayate_key_file_in_the_environment_is_ignored_over_ssh() {
         "{r:#?}"
     );
 }
+
+/// How a source is changed while it is being sent.
+#[derive(Debug, Clone, Copy)]
+enum Change {
+    Append,
+    Truncate,
+    Overwrite,
+}
+
+fn change(path: &Path, how: Change) {
+    let f = fs::OpenOptions::new().write(true).open(path).unwrap();
+    match how {
+        Change::Append => {
+            let len = f.metadata().unwrap().len();
+            std::os::unix::fs::FileExt::write_all_at(&f, b"appended", len).unwrap()
+        }
+        Change::Truncate => f.set_len(f.metadata().unwrap().len() / 2).unwrap(),
+        Change::Overwrite => {
+            std::os::unix::fs::FileExt::write_all_at(&f, b"overwritten", 1000).unwrap()
+        }
+    }
+}
+
+#[test]
+fn a_source_changed_while_sent_fails_both_ways_and_is_never_verified() {
+    let fx = fx!();
+    for how in [Change::Append, Change::Truncate, Change::Overwrite] {
+        for up in [true, false] {
+            let (src, dst) = if up {
+                (fx.p("near-src.bin"), fx.p("far-dst.bin"))
+            } else {
+                (fx.p("far-src.bin"), fx.p("near-dst.bin"))
+            };
+            let _ = fs::remove_file(&dst);
+            write(&src, 16 << 20, 9);
+            let part = dst.with_file_name(format!(
+                ".{}.hayate-part",
+                dst.file_name().unwrap().to_str().unwrap()
+            ));
+            let _ = fs::remove_file(&part);
+            let (from, to) = if up {
+                (src.display().to_string(), fx.remote("far-dst.bin"))
+            } else {
+                (fx.remote("far-src.bin"), dst.display().to_string())
+            };
+            // 16 MiB at 50 Mbit/s: about 3 s, time to change it on the way.
+            let running = spawn_cmd(fx.cmd().args(["--json", "--rate", "50M", &from, &to]));
+            assert!(
+                common::eventually(Duration::from_secs(30), || part.exists()),
+                "{how:?} up={up}: the transfer did not start"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+            change(&src, how);
+            let r = running.wait(Duration::from_secs(120));
+            assert_eq!(r.status.code(), Some(1), "{how:?} up={up}: {r:#?}");
+            assert!(
+                r.stderr.contains("changed while being sent"),
+                "{how:?} up={up}: {r:#?}"
+            );
+            assert_eq!(json(&r)["verified"], false, "{how:?} up={up}");
+            assert!(
+                !dst.exists(),
+                "{how:?} up={up}: a changed source was put in place"
+            );
+        }
+    }
+}

@@ -733,7 +733,10 @@ impl<'a> Session<'a> {
                     size: m.len(),
                     mode: m.mode(),
                     mtime: m.mtime(),
-                    file: Some(SourceFile::new(f, m.len())),
+                    file: Some(SourceFile::new(f, m.len()).watch({
+                        let path = r.local.clone();
+                        Box::new(move || std::fs::metadata(&path).map(|m| (m.dev(), m.ino())))
+                    })),
                     part: None,
                     saved: None,
                     no_space: false,
@@ -1044,13 +1047,19 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
                 Event::OutgoingDone { xfer, result } => {
                     if let Some(a) = files.act.remove(&xfer) {
                         let r = &mut s.results[a.idx];
-                        match result {
-                            Ok(h) => {
+                        // Checked after the far side's verdict too: a file changed after its
+                        // last read is not the one that was verified.
+                        let src = a.file.as_ref();
+                        let local = src.and_then(|f| f.failure().map(str::to_string));
+                        let changed = src.and_then(|f| f.check().err());
+                        match (result, local.or(changed)) {
+                            (_, Some(e)) => r.error = Some(e),
+                            (Ok(h), None) => {
                                 r.verified = true;
                                 r.blake3 = Some(hex(&h));
                                 s.finished_bytes += a.size;
                             }
-                            Err(e) => r.error = Some(format!("far side: {e}")),
+                            (Err(e), None) => r.error = Some(format!("far side: {e}")),
                         }
                     }
                 }

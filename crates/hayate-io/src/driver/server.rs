@@ -535,7 +535,14 @@ fn on_event(
                         hash,
                     },
                 );
-                f.out.insert(xfer, SourceFile::new(file, meta.len()));
+                let src = SourceFile::new(file, meta.len());
+                let src = match root.try_clone() {
+                    Ok(r) => src.watch(Box::new(move || {
+                        r.identity(&path).map_err(std::io::Error::other)
+                    })),
+                    Err(_) => src,
+                };
+                f.out.insert(xfer, src);
             }
             Err(e) => {
                 log(&format!("{addr}: refused download: {e}"));
