@@ -59,6 +59,18 @@ pub struct KeyArgs {
     pub key_file: Option<PathBuf>,
 }
 
+/// A mistake on the command line found after parsing: exit code 2, as clap's own.
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
 fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
@@ -78,7 +90,7 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
             eprintln!("hayate: {e:#}");
-            ExitCode::from(1)
+            ExitCode::from(if e.is::<Usage>() { 2 } else { 1 })
         }
     }
 }

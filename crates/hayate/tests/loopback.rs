@@ -174,6 +174,7 @@ fn several_files_into_a_remote_dir_and_back() {
     }
     let srcs: Vec<String> = sizes.iter().map(|(n, _)| s(&fx.local.join(n))).collect();
 
+    fs::create_dir(fx.root.join("dir")).unwrap();
     let mut args = vec!["--json".to_string()];
     args.extend(srcs.clone());
     args.push(fx.url("dir/"));
@@ -223,11 +224,17 @@ fn several_files_into_a_remote_dir_and_back() {
 }
 
 #[test]
-fn several_sources_make_the_remote_path_a_directory() {
-    // No trailing slash: with several sources PATH is still a directory.
+fn several_sources_need_the_remote_path_to_be_a_directory() {
+    // No trailing slash: with several sources PATH is still a directory, which must exist
+    // (as with scp: a typo is not made into a directory).
     let fx = Fx::new();
     write_random(&fx.local.join("a"), 10, 1);
     write_random(&fx.local.join("b"), 20, 2);
+    let r = fx.cp(&[s(&fx.local.join("a")), s(&fx.local.join("b")), fx.url("d")]);
+    assert_eq!(r.status.code(), Some(1), "{r:#?}");
+    assert_eq!(r.stderr.trim(), "hayate: d: no such directory", "{r:#?}");
+    assert_eq!(tree(&fx.root), Vec::<String>::new());
+    fs::create_dir(fx.root.join("d")).unwrap();
     fx.cp(&[s(&fx.local.join("a")), s(&fx.local.join("b")), fx.url("d")])
         .assert_ok();
     assert_eq!(tree(&fx.root), ["d", "d/a", "d/b"]);
@@ -270,13 +277,13 @@ fn one_file_goes_into_an_existing_remote_dir_or_becomes_the_path() {
     write_random(&src, 5000, 21);
     fs::create_dir(fx.root.join("d")).unwrap();
     fs::write(fx.root.join("old"), b"x").unwrap();
-    // A link to a directory is not one (lstat, as `cp -r` trees are looked at): replaced.
+    // A link to a directory leads into it, as with scp (the link stays).
     std::os::unix::fs::symlink("d", fx.root.join("ln")).unwrap();
     for (dest, lands) in [
         ("d", "d/f.bin"),
         ("new", "new"),
         ("old", "old"),
-        ("ln", "ln"),
+        ("ln", "ln/f.bin"),
         ("d/g", "d/g"),
     ] {
         let up = fx.cp(&["--json".into(), s(&src), fx.url(dest)]);
@@ -288,6 +295,7 @@ fn one_file_goes_into_an_existing_remote_dir_or_becomes_the_path() {
         assert_eq!(fs::read(&got).unwrap(), fs::read(&src).unwrap(), "{dest}");
     }
     assert_eq!(tree(&fx.root), ["d", "d/f.bin", "d/g", "ln", "new", "old"]);
+    assert_eq!(fs::read_link(fx.root.join("ln")).unwrap(), Path::new("d"));
 }
 
 #[test]
@@ -625,6 +633,7 @@ fn missing_source_is_named_and_the_others_still_go() {
     write_random(&fx.local.join("a"), 1000, 12);
     write_random(&fx.local.join("b"), 100_003, 13);
     let missing = fx.local.join("no-such-file");
+    fs::create_dir(fx.root.join("m")).unwrap();
     let up = fx.cp(&[
         s(&fx.local.join("a")),
         s(&missing),
@@ -1088,4 +1097,55 @@ fn keygen_force_writes_through_a_link_to_stdout_and_keeps_it() {
         .unwrap()
         .file_type()
         .is_symlink());
+}
+
+#[test]
+fn errors_name_what_is_wrong_once() {
+    let fx = Fx::new();
+    let src = fx.local.join("n.bin");
+    write_random(&src, 1000, 24);
+    // A destination that must be a directory and is a file: it is named, not an empty source.
+    fs::write(fx.root.join("plain"), b"p").unwrap();
+    let r = fx.cp(&[s(&src), fx.url("plain/")]);
+    r.assert_failed();
+    assert_eq!(r.stderr.trim(), "hayate: plain/: not a directory", "{r:#?}");
+    let r = fx.cp(&[s(&src), fx.url("missing/")]);
+    r.assert_failed();
+    assert_eq!(
+        r.stderr.trim(),
+        "hayate: missing/: no such directory",
+        "{r:#?}"
+    );
+    // Limits say what is allowed.
+    let r = fx.cp(&[
+        "--udp-timeout".to_string(),
+        "0".into(),
+        s(&src),
+        "h:x".into(),
+    ]);
+    assert_eq!(r.status.code(), Some(2), "a usage error: {r:#?}");
+    assert_eq!(
+        r.stderr.trim(),
+        "hayate: --udp-timeout must be more than 0 and less than 3600 seconds"
+    );
+    let r = run(["perf", "client", "127.0.0.1", "--rate", "abc"]);
+    r.assert_failed();
+    assert_eq!(r.stderr.trim(), "hayate: not a number: \"abc\"", "{r:#?}");
+}
+
+#[test]
+fn an_interrupted_copy_exits_128_plus_the_signal() {
+    for (sig, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
+        let fx = Fx::new();
+        let mut client = slow_upload(&fx, "big.bin");
+        assert!(
+            !client.try_finished(),
+            "upload finished too early to interrupt"
+        );
+        signal(client.pid(), sig);
+        let run = client.wait(Duration::from_secs(10));
+        assert_eq!(run.status.code(), Some(code), "{run:#?}");
+        assert!(lower(&run.stderr).contains("interrupted"), "{run:#?}");
+        assert!(!fx.root.join("big.bin").exists());
+    }
 }

@@ -711,7 +711,15 @@ fn missing_parent_directories_are_an_error_both_ways() {
     let r = fx.cp(&[&m, &fx.remote("no/such/m.bin")]);
     r.assert_failed();
     assert_eq!(r.status.code(), Some(1));
-    assert!(r.stderr.contains("(parent directory)"), "{r:#?}");
+    // Said once, by the near side, naming the missing directory.
+    assert_eq!(
+        r.stderr.trim(),
+        format!(
+            "hayate: {m}: refused: no such file or directory: {} (parent directory)",
+            fx.p("no/such").display()
+        ),
+        "{r:#?}"
+    );
     assert!(!fx.p("no").exists());
     let r = fx.cp(&[
         &fx.remote("m.bin"),

@@ -418,9 +418,9 @@ fn abandon(f: SessionFiles, log: Log<'_>) {
     }
 }
 
-/// An `INTO_DIR` offer of `DIR/NAME` names `DIR/NAME` if `DIR` is a directory (not a link
-/// to one: as the client's own look at the destination, by lstat), else `DIR` itself. The
-/// flag stays set, so that `Ready` tells the client which.
+/// An `INTO_DIR` offer of `DIR/NAME` names `DIR/NAME` if `DIR` is a directory (or a link to
+/// one: a destination link is followed, as scp does), else `DIR` itself. The flag stays set,
+/// so that `Ready` tells the client which.
 fn place_into_dir(root: &Root, mut ev: Event) -> Event {
     if let Event::Offered {
         path, flags: fl, ..
@@ -429,7 +429,10 @@ fn place_into_dir(root: &Root, mut ev: Event) -> Event {
         if *fl & flags::INTO_DIR != 0 {
             // A path without a directory part leaves nothing to choose.
             if let Some((dir, _)) = path.trim_end_matches('/').rsplit_once('/') {
-                if !dir.is_empty() && !root.stat(dir).is_ok_and(|e| e.kind == EntryKind::Dir) {
+                // The trailing '/' follows a final symlink (beneath a confined root).
+                let followed = format!("{dir}/");
+                if !dir.is_empty() && !root.stat(&followed).is_ok_and(|e| e.kind == EntryKind::Dir)
+                {
                     *path = dir.to_string();
                 }
             }
