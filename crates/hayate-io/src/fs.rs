@@ -14,15 +14,16 @@
 //! there anyway): paths resolve as in a shell from a working directory, `..`, absolute paths
 //! and absolute symlinks included; only `/proc` magic links stay refused.
 
+use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fs::{File, FileTimes, Metadata, Permissions};
-use std::io::{self, Read};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, OnceLock};
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use rustix::fs::{
     self as rfs, AtFlags, FallocateFlags, FileType, FlockOperation, Mode, OFlags, ResolveFlags,
@@ -89,6 +90,9 @@ pub struct Entry {
 pub struct Root {
     dir: OwnedFd,
     confined: bool,
+    /// `~` and `~user` at the start of a path mean home directories (the far side of an ssh
+    /// copy, as scp's remote paths); elsewhere `~` is an ordinary name.
+    tilde: bool,
 }
 
 impl Root {
@@ -97,6 +101,7 @@ impl Root {
         Ok(Self {
             dir: open_dir(dir)?,
             confined: true,
+            tilde: false,
         })
     }
 
@@ -110,11 +115,42 @@ impl Root {
         Ok(Self {
             dir: open_dir(cwd)?,
             confined: false,
+            tilde: false,
         })
+    }
+
+    /// Paths starting with `~` or `~user` (then `/` or the end) start in that home directory,
+    /// as a remote path given to scp does: the far side of an ssh copy, where no shell
+    /// expanded them. Only for [`whole_fs`](Self::whole_fs) roots.
+    pub fn expand_tilde(mut self) -> Self {
+        self.tilde = !self.confined;
+        self
+    }
+
+    /// `rel` with a leading `~` or `~user` replaced by that home directory (when enabled).
+    fn expand<'a>(&self, rel: &'a str) -> Result<std::borrow::Cow<'a, str>, FsError> {
+        use std::borrow::Cow;
+        let Some(rest) = rel.strip_prefix('~').filter(|_| self.tilde) else {
+            return Ok(Cow::Borrowed(rel));
+        };
+        let (user, tail) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        let home = home_dir((!user.is_empty()).then_some(user)).ok_or_else(|| {
+            if user.is_empty() {
+                FsError::NotFound(format!("{rel}: no home directory"))
+            } else {
+                FsError::NotFound(format!("{rel}: no such user {user}"))
+            }
+        })?;
+        Ok(Cow::Owned(format!("{}{tail}", home.trim_end_matches('/'))))
     }
 
     /// Opens the regular file `rel` (relative to the root) for reading.
     pub fn open_read(&self, rel: &str) -> Result<(File, Metadata), FsError> {
+        let expanded = self.expand(rel)?;
+        let rel = expanded.as_ref();
         let (abs, comps) = self.parse(rel, false)?;
         let path = path_str(abs, &comps);
         // Look at the target through O_PATH first so that opening a FIFO or device (which
@@ -139,19 +175,55 @@ impl Root {
         Ok((file, meta))
     }
 
-    /// Prepares the upload destination `rel`: creates missing parent directories beneath the
-    /// root and opens (creating, mode 0600) the temp file `.<name>.hayate-part` next to the
-    /// final name, sized to `size`. An existing temp file is kept (for resume), only resized.
-    /// [`FsError::Busy`] if another open `PartFile` holds it.
+    /// Prepares the upload destination `rel`, whose parent directory must exist (as with
+    /// scp: a typo in it is an error, not a new tree). A regular file (or nothing) there is
+    /// written as the temp file `.<name>.hayate-part` next to it (created mode 0600, sized to
+    /// `size`, kept for resume), renamed over it by [`PartFile::commit`]; a symlink is
+    /// followed (beneath the root when confined) and its target written so; a device or FIFO
+    /// is written in place, in order, never replaced. [`FsError::Busy`] if another open
+    /// `PartFile` holds the temp file.
     pub fn create_part(&self, rel: &str, size: u64) -> Result<PartFile, FsError> {
+        let expanded = self.expand(rel)?;
+        let rel = expanded.as_ref();
         let (abs, parents, name) = self.parse_named(rel)?;
-        let dir = self.dir_at(abs, &parents, Some(Mode::from_raw_mode(0o755)))?;
-        PartFile::create(dir, name, rel, size)
+        let dir_path = path_str(abs, &parents);
+        let dir = self.dir_at(abs, &parents, None).map_err(|e| match e {
+            FsError::NotFound(_) => FsError::NotFound(format!("{dir_path} (parent directory)")),
+            e => e,
+        })?;
+        let lookup = Lookup {
+            base: self.dir.as_fd(),
+            resolve: self.resolve_flags(),
+            dir_path: Some(dir_path.clone()),
+        };
+        PartFile::create(&lookup, dir, name, rel, size)
+    }
+
+    /// (device, inode) of what `rel` leads to now, as [`open_read`](Self::open_read) would
+    /// open it.
+    pub fn identity(&self, rel: &str) -> Result<(u64, u64), FsError> {
+        let expanded = self.expand(rel)?;
+        let rel = expanded.as_ref();
+        let (abs, comps) = self.parse(rel, false)?;
+        let fd = self.at(&path_str(abs, &comps), OFlags::PATH, rel)?;
+        let st = rfs::fstat(&fd).map_err(|e| errno_error(e, rel))?;
+        Ok((st.st_dev, st.st_ino))
+    }
+
+    /// Another handle on the same root (the same directory, not its name).
+    pub fn try_clone(&self) -> io::Result<Root> {
+        Ok(Root {
+            dir: self.dir.try_clone()?,
+            confined: self.confined,
+            tilde: self.tilde,
+        })
     }
 
     /// lstat of `rel` (a symlink is reported as a symlink, with its target). `path` is "".
     /// As in a shell, a trailing `/` (or `/.`) follows a final symlink (beneath the root).
     pub fn stat(&self, rel: &str) -> Result<Entry, FsError> {
+        let expanded = self.expand(rel)?;
+        let rel = expanded.as_ref();
         let (abs, comps) = self.parse(rel, true)?;
         let fd = self.at(&path_str(abs, &comps), lstat_flags(rel), rel)?;
         let st = rfs::fstat(&fd).map_err(|e| errno_error(e, rel))?;
@@ -165,6 +237,8 @@ impl Root {
     /// target). Stops with an error after `max` entries. Unreadable subdirectories are an
     /// error naming them. `rel` itself is looked at as by [`stat`](Self::stat).
     pub fn list(&self, rel: &str, recursive: bool, max: usize) -> Result<Vec<Entry>, FsError> {
+        let expanded = self.expand(rel)?;
+        let rel = expanded.as_ref();
         let (abs, comps) = self.parse(rel, true)?;
         let top = self.at(&path_str(abs, &comps), lstat_flags(rel), rel)?;
         let st = rfs::fstat(&top).map_err(|e| errno_error(e, rel))?;
@@ -229,9 +303,12 @@ impl Root {
         Ok(out)
     }
 
-    /// mkdir -p; `mode` (masked 0o777) applied to the last component only when given (also
-    /// if it already exists). Error if a component exists and is not a directory.
+    /// mkdir of `rel` (fine if it is a directory already), whose parent must exist; `mode`
+    /// (masked 0o777) applied when given (also if it already existed). Error if it exists and
+    /// is not a directory.
     pub fn mkdirs(&self, rel: &str, mode: Option<u32>) -> Result<(), FsError> {
+        let expanded = self.expand(rel)?;
+        let rel = expanded.as_ref();
         let (abs, comps) = self.parse(rel, !self.confined)?;
         let dir = self.dir_at(abs, &comps, Some(Mode::from_raw_mode(0o777)))?;
         if let Some(mode) = mode {
@@ -242,10 +319,12 @@ impl Root {
 
     /// Creates symlink `rel` -> `target` (target stored verbatim, never resolved); replaces an
     /// existing symlink or regular file at `rel` atomically (created under a temp name, then
-    /// renamed), refuses to replace a directory. Parents are created as by [`mkdirs`](Self::mkdirs).
+    /// renamed), refuses to replace a directory. The parent directory must exist.
     /// A target pointing out of a confined root is allowed: it is only a link, and opens
     /// through it are refused like any other escape.
     pub fn symlink(&self, rel: &str, target: &str) -> Result<(), FsError> {
+        let expanded = self.expand(rel)?;
+        let rel = expanded.as_ref();
         if target.is_empty() || target.contains('\0') {
             return Err(FsError::InvalidPath(format!(
                 "{rel}: invalid symbolic link target"
@@ -253,7 +332,7 @@ impl Root {
         }
         let (abs, parents, name) = self.parse_named(rel)?;
         reserved(name, rel)?;
-        let dir = self.dir_at(abs, &parents, Some(Mode::from_raw_mode(0o777)))?;
+        let dir = self.dir_at(abs, &parents, None)?;
         let is_dir = || FsError::InvalidPath(format!("{rel}: is a directory"));
         match rfs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
             Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
@@ -298,6 +377,8 @@ impl Root {
         mode: Option<u32>,
         mtime: Option<(i64, u32)>,
     ) -> Result<(), FsError> {
+        let expanded = self.expand(rel)?;
+        let rel = expanded.as_ref();
         let (abs, comps) = self.parse(rel, !self.confined)?;
         let fd = self.at(&path_str(abs, &comps), OFlags::PATH | OFlags::NOFOLLOW, rel)?;
         let st = rfs::fstat(&fd).map_err(|e| errno_error(e, rel))?;
@@ -367,33 +448,27 @@ impl Root {
         }
     }
 
-    /// `O_PATH` fd of the directory `comps`, creating missing ones with `create` (mkdir -p).
-    /// Errors name the client's prefix that failed.
+    /// `O_PATH` fd of the directory `comps`. With `create`, its last component is made (with
+    /// that mode) if missing, never its parents: a missing parent is an error, as with scp
+    /// and `mkdir` without `-p`. Errors name the client's prefix that failed.
     fn dir_at(&self, abs: bool, comps: &[&str], create: Option<Mode>) -> Result<OwnedFd, FsError> {
         let dir_flags = OFlags::PATH | OFlags::DIRECTORY;
         let full = path_str(abs, comps);
-        let mode = match (self.at(&full, dir_flags, &full), create) {
-            (Err(FsError::NotFound(_)), Some(mode)) if !comps.is_empty() => mode,
+        let (mode, (last, parents)) = match (self.at(&full, dir_flags, &full), create) {
+            (Err(FsError::NotFound(_)), Some(mode)) if !comps.is_empty() => {
+                (mode, comps.split_last().expect("not empty"))
+            }
             (r, _) => return r,
         };
-        let base = path_str(abs, &[]);
-        let mut dir = self.at(&base, dir_flags, &base)?;
-        for i in 0..comps.len() {
-            let prefix = path_str(abs, &comps[..=i]);
-            dir = match self.at(&prefix, dir_flags, &prefix) {
-                Err(FsError::NotFound(_)) => {
-                    // Create it inside the already-resolved parent; mkdirat never follows a
-                    // symlink in its last component, so this cannot land outside the root.
-                    match rfs::mkdirat(&dir, comps[i], mode) {
-                        Ok(()) | Err(Errno::EXIST) => {}
-                        Err(e) => return Err(errno_error(e, &prefix)),
-                    }
-                    self.at(&prefix, dir_flags, &prefix)?
-                }
-                other => other?,
-            };
+        let parent_path = path_str(abs, parents);
+        let parent = self.at(&parent_path, dir_flags, &parent_path)?;
+        // Made inside the already-resolved parent; mkdirat never follows a symlink in its
+        // last component, so this cannot land outside the root.
+        match rfs::mkdirat(&parent, *last, mode) {
+            Ok(()) | Err(Errno::EXIST) => {}
+            Err(e) => return Err(errno_error(e, &full)),
         }
-        Ok(dir)
+        self.at(&full, dir_flags, &full)
     }
 }
 
@@ -601,6 +676,11 @@ pub struct PartFile {
     existing_len: u64,
     /// Space for a large file, being reserved in the background.
     space: Option<Reserve>,
+    /// The destination is a device or FIFO: written in place, in order; `file` is then an
+    /// unnamed temp file holding blocks that arrived ahead of the ones still missing.
+    stream: Option<Box<Stream>>,
+    /// The symlink the destination was reached through, if it was.
+    link: Option<Entry>,
 }
 
 /// Reserves a file's space (`fallocate`) in the background, a chunk at a time, so a disk
@@ -715,15 +795,49 @@ impl PartFile {
     /// Contiguous bytes gathered before they are written.
     pub const RUN: usize = 256 * 1024;
 
-    fn create(dir: OwnedFd, name: &str, shown: &str, size: u64) -> Result<Self, FsError> {
+    fn create(
+        lookup: &Lookup<'_>,
+        dir: OwnedFd,
+        name: &str,
+        shown: &str,
+        size: u64,
+    ) -> Result<Self, FsError> {
         reserved(name, shown)?;
-        match rfs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
-                return Err(FsError::NotAFile(shown.to_string()))
+        let (found, link) = find_dest(lookup, dir, name, shown)?;
+        let (dir, name) = match found {
+            Found::Replace(dir, name) => (dir, name),
+            Found::Special(out, dir, name) => {
+                let file = spill_file().map_err(|e| {
+                    FsError::Io(
+                        shown.to_string(),
+                        io::Error::new(e.kind(), format!("no temporary file for reordering: {e}")),
+                    )
+                })?;
+                return Ok(Self {
+                    file,
+                    run: Vec::new(),
+                    run_at: 0,
+                    size,
+                    failed: None,
+                    dir,
+                    part_name: String::new(),
+                    state_name: String::new(),
+                    final_name: name,
+                    shown: shown.to_string(),
+                    existing_len: 0,
+                    space: None,
+                    stream: Some(Box::new(Stream {
+                        out,
+                        next: 0,
+                        held: BTreeMap::new(),
+                        hasher: blake3::Hasher::new(),
+                    })),
+                    link,
+                });
             }
-            Ok(_) | Err(Errno::NOENT) => {}
-            Err(e) => return Err(errno_error(e, shown)),
-        }
+        };
+        let name = name.as_str();
+        reserved(name, shown)?;
         let part_name = format!(".{name}{PART_SUFFIX}");
         // NOFOLLOW: a planted symlink named like our temp file must not redirect the write.
         let fd = rfs::openat2(
@@ -778,6 +892,8 @@ impl PartFile {
             shown: shown.to_string(),
             existing_len,
             space,
+            stream: None,
+            link,
         })
     }
 
@@ -787,14 +903,22 @@ impl PartFile {
         self.existing_len
     }
 
-    /// lstat of the final destination name (None if absent), for --no-clobber/--update.
+    /// Whether this is a device or FIFO written in place (no temp file, no resume).
+    pub fn in_place(&self) -> bool {
+        self.stream.is_some()
+    }
+
+    /// What is at the destination (None if nothing), for --no-clobber/--update: the file a
+    /// symlink leads to, or the dangling symlink itself.
     pub fn final_exists(&self) -> Option<Entry> {
-        let st = rfs::statat(
+        let st = match rfs::statat(
             &self.dir,
             self.final_name.as_str(),
             AtFlags::SYMLINK_NOFOLLOW,
-        )
-        .ok()?;
+        ) {
+            Ok(st) => st,
+            Err(_) => return self.link.clone(),
+        };
         let target = link_target(&st, &self.dir, &self.final_name, &self.shown).unwrap_or_default();
         Some(entry(&st, String::new(), target))
     }
@@ -804,6 +928,9 @@ impl PartFile {
     /// state never claims bytes the file does not hold.
     pub fn save_state(&mut self, data: &[u8]) -> io::Result<()> {
         self.flush()?;
+        if self.stream.is_some() {
+            return Ok(());
+        }
         let tmp = format!("{}.tmp", self.state_name);
         let ctx = |e: io::Error| {
             io::Error::new(
@@ -833,6 +960,9 @@ impl PartFile {
     /// The resume state saved by [`save_state`](Self::save_state), if present and a regular
     /// file of at most 16 MiB.
     pub fn load_state(&self) -> Option<Vec<u8>> {
+        if self.stream.is_some() {
+            return None;
+        }
         let fd = rfs::openat(
             &self.dir,
             self.state_name.as_str(),
@@ -860,6 +990,13 @@ impl PartFile {
         Ok(&self.file)
     }
 
+    /// Whether the destination is a device or FIFO, written in order as blocks come: its
+    /// [`hash`](Self::hash) is then of what went out, and [`file`](Self::file) holds only
+    /// blocks that came early.
+    pub fn writes_in_order(&self) -> bool {
+        self.stream.is_some()
+    }
+
     /// The temp file's name inside the destination directory.
     pub fn part_name(&self) -> &str {
         &self.part_name
@@ -869,6 +1006,9 @@ impl PartFile {
     /// else after what was gathered (pwrite, restarting on short writes).
     pub fn write_at(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
         self.check()?;
+        if let Some(s) = &mut self.stream {
+            return s.put(&self.file, offset, data);
+        }
         let end = self.run_at + self.run.len() as u64;
         if self.run.is_empty() || offset != end || self.run.len() + data.len() > Self::RUN {
             self.flush()?;
@@ -917,15 +1057,24 @@ impl PartFile {
     /// BLAKE3 of the temp file's current contents (multi-threaded).
     pub fn hash(&mut self) -> io::Result<blake3::Hash> {
         self.flush()?;
-        hash_file(&self.file)
+        match &self.stream {
+            // What went out to the device, in order: nothing else is left to read back.
+            Some(s) => s.complete(self.size).map(|()| s.hasher.finalize()),
+            None => hash_file(&self.file),
+        }
     }
 
     /// Sets permissions (`mode & 0o777`: setuid/setgid/sticky bits from a remote peer are
     /// never applied) and mtime, then renames the temp file to the final name. Call only after
     /// the hash was verified. Does not fsync (like cp/scp); call `file().sync_all()` first if
     /// durability across power loss matters.
+    /// A device or FIFO is only checked to have had every byte: its mode and times are the
+    /// system's, not the source's.
     pub fn commit(mut self, mode: Option<u32>, mtime: Option<SystemTime>) -> io::Result<()> {
         self.flush()?;
+        if let Some(s) = &self.stream {
+            return s.complete(self.size);
+        }
         if let Some(mode) = mode {
             self.file
                 .set_permissions(Permissions::from_mode(mode & 0o777))?;
@@ -965,6 +1114,9 @@ impl PartFile {
     /// Removes the temp file and its resume state (after a failed verification).
     pub fn discard(mut self) {
         self.run.clear();
+        if self.stream.is_some() {
+            return;
+        }
         let tmp_state = format!("{}.tmp", self.state_name);
         for name in [&self.part_name, &self.state_name, &tmp_state] {
             let _ = rfs::unlinkat(&self.dir, name.as_str(), AtFlags::empty());
@@ -981,14 +1133,14 @@ impl Drop for PartFile {
     }
 }
 
-/// Client side: a temp-then-rename destination for a download at the user's own `dest`
-/// (not sandboxed; the parent directory must exist).
+/// Client side: the destination of a download at the user's own `dest` (not sandboxed; the
+/// parent directory must exist), treated as [`Root::create_part`] treats an upload's.
 pub fn create_local_part(dest: &Path, size: u64) -> Result<PartFile, FsError> {
     let shown = dest.display().to_string();
     let name = dest
         .file_name()
         .and_then(OsStr::to_str)
-        .filter(|n| *n != "." && *n != "..")
+        .filter(|n| *n != "." && *n != ".." && !dest.as_os_str().as_encoded_bytes().ends_with(b"/"))
         .ok_or_else(|| FsError::InvalidPath(format!("{shown}: no usable file name")))?;
     let parent = match dest.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
@@ -1005,7 +1157,277 @@ pub fn create_local_part(dest: &Path, size: u64) -> Result<PartFile, FsError> {
         }
         e => errno_error(e, &parent.display().to_string()),
     })?;
-    PartFile::create(dir, name, &shown, size)
+    // The user's own paths: symlinks (also /proc's, as /dev/stdout is) are followed as any
+    // program opening the name would.
+    let lookup = Lookup {
+        base: rfs::CWD,
+        resolve: ResolveFlags::empty(),
+        dir_path: parent.to_str().map(str::to_string),
+    };
+    PartFile::create(&lookup, dir, name, &shown, size)
+}
+
+/// How to open the directories symlink targets name: from `base` with `resolve` (a confined
+/// root's `RESOLVE_BENEATH` keeps a followed link beneath it).
+struct Lookup<'a> {
+    base: BorrowedFd<'a>,
+    resolve: ResolveFlags,
+    /// The destination's directory as a path from `base` (None: not valid UTF-8, and then
+    /// no relative link target can be followed).
+    dir_path: Option<String>,
+}
+
+/// What a destination name leads to.
+enum Found {
+    /// Nothing yet, or a regular file: the directory and name the temp file is renamed to.
+    Replace(OwnedFd, String),
+    /// A device or FIFO, open for writing (blocking); its directory and name.
+    Special(File, OwnedFd, String),
+}
+
+/// Symlinks followed at most, as the kernel's own limit.
+const MAX_LINKS: usize = 40;
+
+/// Follows `name` in `dir` through symlinks (dangling ones too: their target is what gets
+/// created, as open(2) with O_CREAT does); returns what it leads to and the first link.
+fn find_dest(
+    l: &Lookup<'_>,
+    mut dir: OwnedFd,
+    name: &str,
+    shown: &str,
+) -> Result<(Found, Option<Entry>), FsError> {
+    let mut name = name.to_string();
+    let mut dir_path = l.dir_path.clone();
+    let mut link = None;
+    for _ in 0..MAX_LINKS {
+        let st = match rfs::statat(&dir, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(Errno::NOENT) => return Ok((Found::Replace(dir, name), link)),
+            Err(e) => return Err(errno_error(e, shown)),
+        };
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::RegularFile => return Ok((Found::Replace(dir, name), link)),
+            FileType::Directory => return Err(FsError::NotAFile(shown.to_string())),
+            FileType::Socket => {
+                return Err(FsError::NotAFile(format!(
+                    "{shown} (a socket: nothing can be written to it)"
+                )))
+            }
+            FileType::Symlink => {
+                let target = link_target(&st, &dir, &name, shown)?;
+                if link.is_none() {
+                    link = Some(entry(&st, String::new(), target.clone()));
+                }
+                let (tdir, tname) = match target.rsplit_once('/') {
+                    Some(("", n)) => (Some("/"), n),
+                    Some((d, n)) => (Some(d), n),
+                    None => (None, target.as_str()),
+                };
+                if matches!(tname, "" | "." | "..") {
+                    // Ends in a directory: nothing to write a file to.
+                    return Err(FsError::NotAFile(shown.to_string()));
+                }
+                if let Some(d) = tdir {
+                    let next = if d.starts_with('/') {
+                        d.to_string()
+                    } else {
+                        let here = dir_path.as_deref().ok_or_else(|| {
+                            FsError::InvalidPath(format!(
+                                "{shown}: directory name is not valid UTF-8"
+                            ))
+                        })?;
+                        format!("{here}/{d}")
+                    };
+                    dir = openat2_retry(
+                        l.base,
+                        next.as_str(),
+                        OFlags::PATH | OFlags::DIRECTORY,
+                        l.resolve,
+                        shown,
+                    )?;
+                    dir_path = Some(next);
+                }
+                name = tname.to_string();
+            }
+            _ => {
+                let out = open_special(&dir, &name, shown)?;
+                return Ok((Found::Special(out, dir, name), link));
+            }
+        }
+    }
+    Err(FsError::InvalidPath(format!(
+        "{shown}: too many symbolic links"
+    )))
+}
+
+/// How long a FIFO destination may have no reader before the copy gives up on it (the far
+/// side waits this long without serving its session).
+const FIFO_READER_WAIT: Duration = Duration::from_secs(5);
+
+/// Opens the device or FIFO `name` for writing, as it is (no O_TRUNC, never created). A FIFO
+/// without a reader is waited for, briefly. Writes then block as they would for any writer.
+fn open_special(dir: &OwnedFd, name: &str, shown: &str) -> Result<File, FsError> {
+    let until = Instant::now() + FIFO_READER_WAIT;
+    let fd = loop {
+        match rfs::openat(
+            dir,
+            name,
+            OFlags::WRONLY | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => break fd,
+            Err(Errno::NXIO) if Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(Errno::NXIO) => {
+                return Err(FsError::Io(
+                    shown.to_string(),
+                    io::Error::other(format!(
+                        "nothing reads from this FIFO (waited {} s)",
+                        FIFO_READER_WAIT.as_secs()
+                    )),
+                ))
+            }
+            Err(e) => return Err(errno_error(e, shown)),
+        }
+    };
+    let st = rfs::fstat(&fd).map_err(|e| errno_error(e, shown))?;
+    if matches!(
+        FileType::from_raw_mode(st.st_mode),
+        FileType::RegularFile | FileType::Directory | FileType::Symlink
+    ) {
+        // Swapped for a file since it was looked at: that one would be written in place.
+        return Err(FsError::Io(
+            shown.to_string(),
+            io::Error::other("changed while being opened"),
+        ));
+    }
+    let flags = rfs::fcntl_getfl(&fd).map_err(|e| errno_error(e, shown))?;
+    rfs::fcntl_setfl(&fd, flags - OFlags::NONBLOCK).map_err(|e| errno_error(e, shown))?;
+    Ok(File::from(fd))
+}
+
+/// An unnamed temp file (nothing to clean up, whatever happens): `O_TMPFILE` in the temp
+/// directory, or a name removed at once where that is not supported.
+fn spill_file() -> io::Result<File> {
+    let tmp = std::env::temp_dir();
+    if let Ok(fd) = rfs::open(
+        &tmp,
+        OFlags::TMPFILE | OFlags::RDWR | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    ) {
+        return Ok(File::from(fd));
+    }
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    loop {
+        let path = tmp.join(format!(
+            ".hayate-spill.{}.{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        match rfs::open(
+            &path,
+            OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        ) {
+            Ok(fd) => {
+                let _ = rfs::unlink(&path);
+                return Ok(File::from(fd));
+            }
+            Err(Errno::EXIST) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// A device or FIFO being written: the bytes go out strictly in order, as they would from
+/// scp, and are hashed as they go, so what is verified is exactly what was written. Blocks
+/// that arrive ahead of a missing one wait in an unnamed temp file (its space freed as they
+/// go out), so only what is in flight is held, not the whole file.
+#[derive(Debug)]
+struct Stream {
+    out: File,
+    /// Bytes written to `out` so far.
+    next: u64,
+    /// Ranges `[start, end)` held in the temp file, disjoint, none adjacent.
+    held: BTreeMap<u64, u64>,
+    hasher: blake3::Hasher,
+}
+
+impl Stream {
+    /// Bytes moved from the temp file to the destination at a time.
+    const CHUNK: usize = 1 << 20;
+
+    fn put(&mut self, spill: &File, offset: u64, data: &[u8]) -> io::Result<()> {
+        let end = offset + data.len() as u64;
+        if end <= self.next {
+            return Ok(());
+        }
+        if offset > self.next {
+            spill.write_all_at(data, offset)?;
+            let (mut a, mut b) = (offset, end);
+            let touching: Vec<u64> = self
+                .held
+                .range(..=b)
+                .rev()
+                .take_while(|(_, &e)| e >= a)
+                .map(|(&s, _)| s)
+                .collect();
+            for s in touching {
+                let e = self.held.remove(&s).expect("listed");
+                a = a.min(s);
+                b = b.max(e);
+            }
+            self.held.insert(a, b);
+            return Ok(());
+        }
+        self.emit(&data[(self.next - offset) as usize..])?;
+        let mut buf = Vec::new();
+        while let Some((&s, &e)) = self.held.first_key_value() {
+            if s > self.next {
+                break;
+            }
+            self.held.pop_first();
+            if buf.is_empty() {
+                buf = vec![0; Self::CHUNK];
+            }
+            while self.next < e {
+                let n = (e - self.next).min(Self::CHUNK as u64) as usize;
+                let got = read_at(spill, self.next, &mut buf[..n])?;
+                if got < n {
+                    return Err(io::Error::other("temporary file lost data"));
+                }
+                self.emit(&buf[..n])?;
+            }
+            // Gone out: its space is not needed any more.
+            let _ = rfs::fallocate(
+                spill,
+                FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+                s,
+                e - s,
+            );
+        }
+        Ok(())
+    }
+
+    fn emit(&mut self, data: &[u8]) -> io::Result<()> {
+        (&self.out).write_all(data)?;
+        self.hasher.update(data);
+        self.next += data.len() as u64;
+        Ok(())
+    }
+
+    /// Every one of `size` bytes went out.
+    fn complete(&self, size: u64) -> io::Result<()> {
+        if self.next == size {
+            Ok(())
+        } else {
+            Err(io::Error::other(format!(
+                "only {} of {size} bytes reached the destination",
+                self.next
+            )))
+        }
+    }
 }
 
 /// A file being sent. New data goes out in order, a datagram's worth at a time: reading
@@ -1013,6 +1435,12 @@ pub fn create_local_part(dest: &Path, size: u64) -> Result<PartFile, FsError> {
 /// 80 000 `pread`s a second fewer, on a sender that shares its cores with the receiver).
 /// Blocks asked for out of order (retransmissions) are read on their own, leaving the
 /// chunk for the in-order stream.
+///
+/// A file that changes while it is sent would arrive as neither its old nor its new self
+/// (or cut at the old size) and still verify, as the hash is of what was read: so its size,
+/// mtime and inode (and, with [`watch`](Self::watch), what its name leads to) are checked
+/// against what they were when it was opened, on every read from the file and at its last
+/// block, before the sender announces the hash; a change fails the read.
 pub struct SourceFile {
     file: File,
     size: u64,
@@ -1020,30 +1448,115 @@ pub struct SourceFile {
     /// File offset of `ahead[0]`, and how many bytes of `ahead` hold the file's.
     start: u64,
     len: usize,
+    /// The file as it was opened.
+    was: Ident,
+    locate: Option<Locate>,
+    /// Why a read failed, in this side's own words.
+    failure: Option<String>,
+}
+
+/// Where a source's name leads now: (device, inode).
+pub type Locate = Box<dyn Fn() -> io::Result<(u64, u64)> + Send>;
+
+/// What tells a file's contents changed: size, mtime, and which inode it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Ident {
+    size: u64,
+    mtime: (i64, i64),
+    dev: u64,
+    ino: u64,
+}
+
+impl Ident {
+    fn of(file: &File) -> io::Result<Ident> {
+        use std::os::unix::fs::MetadataExt;
+        let m = file.metadata()?;
+        Ok(Ident {
+            size: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            dev: m.dev(),
+            ino: m.ino(),
+        })
+    }
 }
 
 impl SourceFile {
     /// Bytes read ahead at a time (less for a smaller file).
     pub const CHUNK: usize = 256 * 1024;
 
-    /// `size`: the file's length as offered.
+    /// `size`: the file's length as offered (the file as it is now is what later reads
+    /// are checked against).
     pub fn new(file: File, size: u64) -> Self {
+        let was = Ident::of(&file).unwrap_or(Ident {
+            size,
+            mtime: (0, 0),
+            dev: 0,
+            ino: 0,
+        });
         SourceFile {
             file,
             size,
             ahead: Vec::new(),
             start: 0,
             len: 0,
+            was,
+            locate: None,
+            failure: None,
         }
     }
 
-    /// Fills `out` with the file's bytes at `offset`; an error if the file ends first.
+    /// Also checks that the file's name still leads to this file (not replaced by another,
+    /// as an editor's save or a second copy does): `locate` says where it leads now.
+    pub fn watch(mut self, locate: Locate) -> Self {
+        self.locate = Some(locate);
+        self
+    }
+
+    /// Why a read failed, if one did (this side's words; the protocol's error names the
+    /// far side's path).
+    pub fn failure(&self) -> Option<&str> {
+        self.failure.as_deref()
+    }
+
+    /// Whether the file is still as it was opened: "changed while being sent" and how, if not.
+    pub fn check(&self) -> Result<(), String> {
+        let now = Ident::of(&self.file).map_err(|e| e.to_string())?;
+        let how = if now.size != self.was.size {
+            format!("size {} -> {} bytes", self.was.size, now.size)
+        } else if now.mtime != self.was.mtime {
+            "modified".to_string()
+        } else if let Some(l) = &self.locate {
+            match l() {
+                Ok(at) if at == (self.was.dev, self.was.ino) => return Ok(()),
+                Ok(_) => "replaced by another file".to_string(),
+                Err(e) => format!("its name now leads nowhere: {e}"),
+            }
+        } else {
+            return Ok(());
+        };
+        Err(format!("changed while being sent ({how})"))
+    }
+
+    /// Fills `out` with the file's bytes at `offset`; an error if the file ends first or
+    /// changed since it was opened.
     pub fn read_block(&mut self, offset: u64, out: &mut [u8]) -> Result<(), String> {
+        let r = self.read_checked(offset, out);
+        if let Err(e) = &r {
+            self.failure.get_or_insert_with(|| e.clone());
+        }
+        r
+    }
+
+    fn read_checked(&mut self, offset: u64, out: &mut [u8]) -> Result<(), String> {
         let end = offset + out.len() as u64;
         let held = self.start + self.len as u64;
         if offset >= self.start && end <= held {
             let from = (offset - self.start) as usize;
             out.copy_from_slice(&self.ahead[from..from + out.len()]);
+            if end >= self.size {
+                // The last block: after it the hash is announced.
+                self.check()?;
+            }
             return Ok(());
         }
         let in_order = self.len == 0 || (offset >= self.start && offset <= held);
@@ -1065,10 +1578,11 @@ impl SourceFile {
         } else {
             read_at(&self.file, offset, out).map_err(|e| e.to_string())?
         };
+        self.check()?;
         if n == out.len() {
             Ok(())
         } else {
-            Err("file shrank while being sent".into())
+            Err("changed while being sent (it shrank)".into())
         }
     }
 }
@@ -1194,7 +1708,7 @@ fn split(rel: &str, whole: bool) -> Result<(bool, Vec<&str>), FsError> {
 
 /// `openat2` retried on EAGAIN, errors named `shown`.
 fn openat2_retry(
-    dir: &OwnedFd,
+    dir: impl AsFd,
     path: &str,
     flags: OFlags,
     resolve: ResolveFlags,
@@ -1228,4 +1742,46 @@ fn errno_error(e: Errno, shown: &str) -> FsError {
         Errno::LOOP => FsError::InvalidPath(format!("{shown}: too many symbolic links")),
         e => FsError::Io(shown, io::Error::from(e)),
     }
+}
+
+/// The home directory of `user` (the password database), or of the current user (`$HOME`,
+/// else the password database) when None.
+fn home_dir(user: Option<&str>) -> Option<String> {
+    if user.is_none() {
+        if let Some(h) = std::env::var("HOME").ok().filter(|h| !h.is_empty()) {
+            return Some(h);
+        }
+    }
+    let name = match user {
+        Some(u) => Some(std::ffi::CString::new(u).ok()?),
+        None => None,
+    };
+    let mut pw: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut found: *mut libc::passwd = std::ptr::null_mut();
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: the reentrant lookups write only into `pw` and `buf` (whose length is passed)
+    // and set `found` to `&mut pw` or null.
+    let r = unsafe {
+        match &name {
+            Some(n) => {
+                libc::getpwnam_r(n.as_ptr(), &mut pw, buf.as_mut_ptr(), buf.len(), &mut found)
+            }
+            None => libc::getpwuid_r(
+                libc::geteuid(),
+                &mut pw,
+                buf.as_mut_ptr(),
+                buf.len(),
+                &mut found,
+            ),
+        }
+    };
+    if r != 0 || found.is_null() || pw.pw_dir.is_null() {
+        return None;
+    }
+    // SAFETY: pw_dir points into `buf`, NUL-terminated, alive until `buf` is dropped.
+    let dir = unsafe { std::ffi::CStr::from_ptr(pw.pw_dir) };
+    dir.to_str()
+        .ok()
+        .filter(|d| !d.is_empty())
+        .map(str::to_string)
 }

@@ -2,7 +2,7 @@
 //! overwritten.
 
 use std::fs::{self, File, OpenOptions, Permissions};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -33,9 +33,14 @@ pub struct KeyFileContents {
     pub mode: u32,
 }
 
+/// Largest key file [`read_key_file`] reads (a key file is under 100 bytes).
+pub const MAX_KEY_FILE: u64 = 4096;
+
 /// Writes a new key file with mode 0600. Without `force`, fails if `path` exists
-/// (`O_CREAT|O_EXCL`, so no race either). With `force`, writes a private temp sibling and
-/// renames it over `path`, so the old key is replaced atomically and never exposed.
+/// (`O_CREAT|O_EXCL`, so no race either). With `force`, a regular file at `path` (or where
+/// a symlink there leads: the link stays) is replaced atomically by a private temp sibling
+/// renamed over it, so the old key is never exposed; a device, FIFO or terminal (e.g.
+/// `/dev/stdout`) is written to as it is, never replaced.
 pub fn write_new_key_file(
     path: &Path,
     contents: &str,
@@ -61,6 +66,21 @@ pub fn write_new_key_file(
         return Ok(());
     }
 
+    match fs::metadata(path) {
+        Ok(m) if m.is_dir() => {
+            return Err(io_err(io::Error::new(
+                io::ErrorKind::IsADirectory,
+                "is a directory",
+            )))
+        }
+        Ok(m) if !m.is_file() => {
+            let mut f = OpenOptions::new().write(true).open(path).map_err(io_err)?;
+            return f.write_all(contents.as_bytes()).map_err(io_err);
+        }
+        _ => {}
+    }
+    let real = follow_links(path).map_err(io_err)?;
+    let path = real.as_path();
     let name = path
         .file_name()
         .ok_or_else(|| io_err(io::Error::new(io::ErrorKind::InvalidInput, "no file name")))?;
@@ -84,14 +104,47 @@ pub fn write_new_key_file(
     Ok(())
 }
 
-/// Reads a key file; `too_open` tells the caller to warn about group/other access.
+/// Where `path` leads through symlinks, itself when it is none; a dangling link leads to
+/// the name it would create.
+fn follow_links(path: &Path) -> io::Result<PathBuf> {
+    let mut p = path.to_path_buf();
+    for _ in 0..40 {
+        match fs::symlink_metadata(&p) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target = fs::read_link(&p)?;
+                p = match p.parent() {
+                    Some(dir) => dir.join(target),
+                    None => target,
+                };
+            }
+            _ => return Ok(p),
+        }
+    }
+    Err(io::Error::other("too many symbolic links"))
+}
+
+/// Reads a key file (at most [`MAX_KEY_FILE`] bytes of it: anything bigger is no key file,
+/// and `/dev/zero` must not fill memory); `too_open` tells the caller to warn about
+/// group/other access.
 pub fn read_key_file(path: &Path) -> Result<KeyFileContents, KeyFileReadError> {
     let err = |err| KeyFileReadError {
         path: path.to_path_buf(),
         err,
     };
-    let contents = fs::read_to_string(path).map_err(err)?;
-    let mode = fs::metadata(path).map_err(err)?.permissions().mode() & 0o7777;
+    let file = File::open(path).map_err(err)?;
+    let mode = file.metadata().map_err(err)?.permissions().mode() & 0o7777;
+    let mut data = Vec::new();
+    file.take(MAX_KEY_FILE + 1)
+        .read_to_end(&mut data)
+        .map_err(err)?;
+    if data.len() as u64 > MAX_KEY_FILE {
+        return Err(err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("larger than {MAX_KEY_FILE} bytes: not a key file"),
+        )));
+    }
+    let contents = String::from_utf8(data)
+        .map_err(|_| err(io::Error::new(io::ErrorKind::InvalidData, "not text")))?;
     Ok(KeyFileContents {
         contents,
         too_open: mode & 0o077 != 0,

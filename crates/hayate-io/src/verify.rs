@@ -232,7 +232,9 @@ fn node(cv: &dyn Fn(u64) -> ChainingValue, start: u64, len: u64) -> ChainingValu
 
 /// An incoming file's temp file and its streaming hash, as a driver keeps them together.
 pub struct Landing {
-    hash: StreamHash,
+    /// The subtree hashes; `None` for a device or FIFO destination, which its `PartFile`
+    /// hashes in order as the bytes go out.
+    tree: Option<StreamHash>,
     /// The sender's hash, once every block has landed: the verdict is due.
     expect: Option<[u8; 32]>,
 }
@@ -247,6 +249,12 @@ impl Landing {
         have: &[(u64, u64)],
         block: u64,
     ) -> std::io::Result<Self> {
+        if part.writes_in_order() {
+            return Ok(Landing {
+                tree: None,
+                expect: None,
+            });
+        }
         let mut hash = StreamHash::new(part.file()?.try_clone()?, size);
         let mut whole = Vec::new();
         for &(a, b) in have {
@@ -254,7 +262,10 @@ impl Landing {
             whole.extend(hash.landed(start, end - start));
         }
         hash.submit(&whole);
-        Ok(Landing { hash, expect: None })
+        Ok(Landing {
+            tree: Some(hash),
+            expect: None,
+        })
     }
 
     /// `len` bytes were written at `offset` through `part`; whole subtrees go to the workers
@@ -265,10 +276,13 @@ impl Landing {
         offset: u64,
         len: u64,
     ) -> std::io::Result<()> {
-        let whole = self.hash.landed(offset, len);
+        let Some(hash) = &mut self.tree else {
+            return Ok(());
+        };
+        let whole = hash.landed(offset, len);
         if !whole.is_empty() {
             part.flush()?;
-            self.hash.submit(&whole);
+            hash.submit(&whole);
         }
         Ok(())
     }
@@ -280,13 +294,17 @@ impl Landing {
 
     /// Whether the verdict is due but the workers are not done.
     pub fn verifying(&self) -> bool {
-        self.expect.is_some() && self.hash.result().is_none()
+        self.expect.is_some() && self.tree.as_ref().is_some_and(|t| t.result().is_none())
     }
 
     /// Once due and ready: `Ok(hash)` if the file matches the sender's hash, else why not.
-    pub fn verdict(&self) -> Option<Result<[u8; 32], String>> {
+    pub fn verdict(&self, part: &mut crate::fs::PartFile) -> Option<Result<[u8; 32], String>> {
         let want = self.expect?;
-        Some(match self.hash.result()? {
+        let got = match &self.tree {
+            Some(t) => t.result()?,
+            None => part.hash().map_err(|e| format!("cannot verify: {e}")),
+        };
+        Some(match got {
             Ok(h) if *h.as_bytes() == want => Ok(want),
             Ok(_) => Err("BLAKE3 mismatch: the data written differs from the source".into()),
             Err(e) => Err(e),

@@ -1,5 +1,6 @@
 use std::fs;
-use std::io::Read;
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
 use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::Path;
 use std::time::{Duration, SystemTime};
@@ -123,9 +124,18 @@ fn invalid_and_missing_paths() {
 }
 
 #[test]
-fn create_part_creates_parents_writes_and_commits() {
+fn create_part_needs_its_parent_writes_and_commits() {
     let (dir, root) = setup();
     let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    // A missing parent is an error naming it, and nothing is created.
+    let e = root.create_part("new/deeper/file.bin", 1).unwrap_err();
+    assert!(matches!(e, FsError::NotFound(_)), "{e:?}");
+    assert_eq!(
+        e.to_string(),
+        "no such file or directory: new/deeper (parent directory)"
+    );
+    assert!(!dir.path().join("new").exists());
+    fs::create_dir_all(dir.path().join("new/deeper")).unwrap();
     let mut part = root
         .create_part("new/deeper/file.bin", data.len() as u64)
         .unwrap();
@@ -318,7 +328,13 @@ fn whole_fs_resolves_like_a_shell() {
     let e = root.open_read(&magic).unwrap_err();
     assert!(matches!(e, FsError::InvalidPath(_)), "{e:?}");
 
-    // Writes: relative with `..`, and absolute, parents created.
+    // Writes: relative with `..`, and absolute; parents must exist.
+    assert!(matches!(
+        root.create_part("../made/x.bin", 2),
+        Err(FsError::NotFound(_))
+    ));
+    fs::create_dir(dir.path().join("made")).unwrap();
+    fs::create_dir(dir.path().join("abs")).unwrap();
     let mut p = root.create_part("../made/x.bin", 2).unwrap();
     p.write_at(0, b"xy").unwrap();
     p.commit(None, None).unwrap();
@@ -337,6 +353,7 @@ fn whole_fs_resolves_like_a_shell() {
     let link = root.stat("abs-link").unwrap();
     assert_eq!(link.kind, EntryKind::Symlink);
     assert_eq!(link.target, dir.path().join("up.txt").to_str().unwrap());
+    root.mkdirs("../d1", None).unwrap();
     root.mkdirs("../d1/d2", Some(0o700)).unwrap();
     assert!(dir.path().join("d1/d2").is_dir());
     root.symlink("../d1/l", "/etc/hostname").unwrap();
@@ -481,6 +498,12 @@ fn stat_reports_links_and_metadata() {
 #[test]
 fn mkdirs_creates_applies_mode_and_refuses_files() {
     let (dir, _outside, root) = tree();
+    // Only the last component is made: a missing parent is an error.
+    let e = root.mkdirs("x/y/z", None).unwrap_err();
+    assert!(matches!(e, FsError::NotFound(_)), "{e:?}");
+    assert!(!dir.path().join("x").exists());
+    root.mkdirs("x", None).unwrap();
+    root.mkdirs("x/y", None).unwrap();
     root.mkdirs("x/y/z", None).unwrap();
     let m = fs::metadata(dir.path().join("x/y/z")).unwrap();
     assert!(m.is_dir());
@@ -521,6 +544,11 @@ fn mkdirs_creates_applies_mode_and_refuses_files() {
 #[test]
 fn symlink_creates_replaces_and_refuses_directories() {
     let (dir, _outside, root) = tree();
+    assert!(matches!(
+        root.symlink("new/dir/l1", "../../a/f"),
+        Err(FsError::NotFound(_))
+    ));
+    fs::create_dir_all(dir.path().join("new/dir")).unwrap();
     root.symlink("new/dir/l1", "../../a/f").unwrap();
     let l1 = dir.path().join("new/dir/l1");
     assert_eq!(fs::read_link(&l1).unwrap(), Path::new("../../a/f"));
@@ -716,13 +744,18 @@ fn resume_state_save_load_commit_discard() {
         root.create_part("t.hayate-state", 1),
         Err(FsError::InvalidPath(_))
     ));
-    // final_exists reports a symlink as one.
+    // final_exists reports what a symlink leads to, or the link itself when it dangles.
     symlink("hello.txt", dir.path().join("ln")).unwrap();
     let part = root.create_part("ln", 1).unwrap();
     let fin = part.final_exists().unwrap();
+    assert_eq!((fin.kind, fin.size), (EntryKind::File, 11));
+    part.discard();
+    symlink("nowhere", dir.path().join("dangling")).unwrap();
+    let part = root.create_part("dangling", 1).unwrap();
+    let fin = part.final_exists().unwrap();
     assert_eq!(
         (fin.kind, fin.target.as_str()),
-        (EntryKind::Symlink, "hello.txt")
+        (EntryKind::Symlink, "nowhere")
     );
     part.discard();
 }
@@ -910,4 +943,270 @@ fn skip(reason: &str) {
         "cannot run under CI: {reason}"
     );
     println!("SKIP: {reason}");
+}
+
+/// Skips (printing SKIP) where a test needs root, but fails under CI, which runs as root.
+fn need_root(what: &str) -> bool {
+    if unsafe { libc::geteuid() } == 0 {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "{what} needs root, and CI is set: failing instead of skipping"
+    );
+    eprintln!("SKIP: {what} needs root");
+    false
+}
+
+fn mknod(path: &Path, mode: libc::mode_t, dev: libc::dev_t) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    assert_eq!(
+        unsafe { libc::mknod(c.as_ptr(), mode, dev) },
+        0,
+        "mknod {path:?}"
+    );
+}
+
+#[test]
+fn a_symlinked_destination_is_followed_and_stays_a_link() {
+    let (dir, root) = setup();
+    fs::write(dir.path().join("sub/target.bin"), b"old").unwrap();
+    symlink("sub/target.bin", dir.path().join("ln")).unwrap();
+    let mut part = root.create_part("ln", 3).unwrap();
+    assert!(!part.in_place());
+    assert!(
+        dir.path().join("sub/.target.bin.hayate-part").exists(),
+        "the temp file is next to the link's target"
+    );
+    part.write_at(0, b"new").unwrap();
+    part.commit(Some(0o644), None).unwrap();
+    let ln = dir.path().join("ln");
+    assert!(fs::symlink_metadata(&ln).unwrap().file_type().is_symlink());
+    assert_eq!(fs::read_link(&ln).unwrap(), Path::new("sub/target.bin"));
+    assert_eq!(fs::read(dir.path().join("sub/target.bin")).unwrap(), b"new");
+
+    // A dangling link: its target is created, through a chain of links and `..`.
+    symlink("../made.bin", dir.path().join("sub/up")).unwrap();
+    symlink("sub/up", dir.path().join("chain")).unwrap();
+    let mut part = root.create_part("chain", 1).unwrap();
+    part.write_at(0, b"m").unwrap();
+    part.commit(None, None).unwrap();
+    assert_eq!(fs::read(dir.path().join("made.bin")).unwrap(), b"m");
+    assert!(fs::symlink_metadata(dir.path().join("chain"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+
+    // Confined: a link leading out of the root is refused, and nothing outside is touched.
+    let outside = tempfile::tempdir().unwrap();
+    fs::write(outside.path().join("victim"), b"keep").unwrap();
+    symlink(outside.path().join("victim"), dir.path().join("abs-out")).unwrap();
+    symlink("../../escape", dir.path().join("sub/rel-out")).unwrap();
+    for rel in ["abs-out", "sub/rel-out"] {
+        let e = root.create_part(rel, 1).unwrap_err();
+        assert!(matches!(e, FsError::Escapes(_)), "{rel}: {e:?}");
+        assert_no_leak(&e, dir.path());
+    }
+    assert_eq!(fs::read(outside.path().join("victim")).unwrap(), b"keep");
+    // A link to a directory is a directory.
+    symlink("sub", dir.path().join("to-dir")).unwrap();
+    assert!(matches!(
+        root.create_part("to-dir", 1),
+        Err(FsError::NotAFile(_))
+    ));
+}
+
+#[test]
+fn a_fifo_destination_is_written_in_order_and_never_replaced() {
+    let (dir, root) = setup();
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || fs::read(fifo).unwrap())
+    };
+    // Through a symlink too.
+    symlink("fifo", dir.path().join("to-fifo")).unwrap();
+    let mut part = root.create_part("to-fifo", data.len() as u64).unwrap();
+    assert!(part.in_place());
+    // Blocks arrive out of order, with duplicates and overlaps.
+    let cuts = [0, 1000, 700_000, 1_500_000, 2_999_999, 3_000_000];
+    for &(a, b) in &[(3, 4), (1, 2), (4, 5), (2, 3), (1, 2), (0, 1)] {
+        part.write_at(cuts[a] as u64, &data[cuts[a]..cuts[b]])
+            .unwrap();
+    }
+    part.write_at(500, &data[500..800_000]).unwrap();
+    assert_eq!(part.hash().unwrap(), blake3::hash(&data));
+    part.commit(Some(0o644), None).unwrap();
+    // Checked first: a FIFO replaced by a file leaves its reader waiting for ever.
+    let m = fs::symlink_metadata(&fifo).unwrap();
+    assert!(std::os::unix::fs::FileTypeExt::is_fifo(&m.file_type()));
+    assert_eq!(reader.join().unwrap(), data);
+    assert_eq!(m.mode() & 0o777, 0o600, "the FIFO's mode is its own");
+    assert!(names(dir.path()).iter().all(|n| !n.contains("hayate")));
+
+    // Short of data: not complete, so neither hashed nor committed.
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || fs::read(fifo).unwrap())
+    };
+    let mut part = root.create_part("fifo", 10).unwrap();
+    part.write_at(5, b"fghij").unwrap();
+    let e = part.hash().unwrap_err();
+    assert_eq!(e.to_string(), "only 0 of 10 bytes reached the destination");
+    drop(part);
+    assert_eq!(reader.join().unwrap(), b"");
+}
+
+#[test]
+fn a_device_destination_is_written_and_never_replaced() {
+    if !need_root("mknod of a test /dev/null") {
+        return;
+    }
+    let (dir, root) = setup();
+    // The null device (1, 3), made here rather than touching the real one.
+    let null = dir.path().join("null");
+    mknod(&null, libc::S_IFCHR | 0o666, libc::makedev(1, 3));
+    fs::set_permissions(&null, fs::Permissions::from_mode(0o666)).unwrap();
+    let full = dir.path().join("full");
+    mknod(&full, libc::S_IFCHR | 0o666, libc::makedev(1, 7));
+    let data = vec![7u8; 2 << 20];
+    let mut part = root.create_part("null", data.len() as u64).unwrap();
+    part.write_at(1 << 20, &data[1 << 20..]).unwrap();
+    part.write_at(0, &data[..1 << 20]).unwrap();
+    assert_eq!(part.hash().unwrap(), blake3::hash(&data));
+    part.commit(Some(0o600), None).unwrap();
+    let m = fs::symlink_metadata(&null).unwrap();
+    assert!(std::os::unix::fs::FileTypeExt::is_char_device(
+        &m.file_type()
+    ));
+    assert_eq!(m.rdev(), libc::makedev(1, 3));
+    assert_eq!(m.mode() & 0o777, 0o666);
+    // /dev/full: the write error comes back, and the device stays.
+    let mut part = root.create_part("full", 10).unwrap();
+    let e = part.write_at(0, b"0123456789").unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
+    part.discard();
+    assert!(std::os::unix::fs::FileTypeExt::is_char_device(
+        &fs::symlink_metadata(&full).unwrap().file_type()
+    ));
+    // The real /dev/null, as a download's destination.
+    let mut part = create_local_part(Path::new("/dev/null"), 3).unwrap();
+    part.write_at(0, b"abc").unwrap();
+    part.commit(Some(0o600), None).unwrap();
+    let m = fs::metadata("/dev/null").unwrap();
+    assert!(std::os::unix::fs::FileTypeExt::is_char_device(
+        &m.file_type()
+    ));
+    assert_eq!(m.mode() & 0o777, 0o666);
+    assert!(!Path::new("/dev/.null.hayate-part").exists());
+}
+
+#[test]
+fn a_socket_destination_is_refused() {
+    let (dir, root) = setup();
+    let _l = std::os::unix::net::UnixListener::bind(dir.path().join("sock")).unwrap();
+    let e = root.create_part("sock", 1).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "not a regular file: sock (a socket: nothing can be written to it)"
+    );
+}
+
+#[test]
+fn tilde_means_a_home_directory_only_when_asked_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let home = std::env::var("HOME").unwrap();
+    let root = Root::whole_fs(dir.path()).unwrap().expand_tilde();
+    assert_eq!(root.stat("~").unwrap().kind, EntryKind::Dir);
+    let mut mine = tempfile::Builder::new()
+        .prefix("hayate-tilde")
+        .tempfile_in(&home)
+        .unwrap();
+    std::io::Write::write_all(&mut mine, b"in home").unwrap();
+    let name = mine
+        .path()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(read_all(&root, &format!("~/{name}")), b"in home");
+    // `~root` from the password database.
+    assert_eq!(root.stat("~root/").unwrap().kind, EntryKind::Dir);
+    let e = root.stat("~no-such-user-hayate/x").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "no such file or directory: ~no-such-user-hayate/x: no such user no-such-user-hayate"
+    );
+    // Not expanded: a name like any other.
+    let plain = Root::whole_fs(dir.path()).unwrap();
+    fs::create_dir(dir.path().join("~")).unwrap();
+    fs::write(dir.path().join("~/f"), b"literal").unwrap();
+    assert_eq!(read_all(&plain, "~/f"), b"literal");
+    let confined = Root::open(dir.path()).unwrap().expand_tilde();
+    assert_eq!(read_all(&confined, "~/f"), b"literal");
+}
+
+#[test]
+fn a_source_that_changes_fails_its_reads_and_says_how() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("src.bin");
+    let data = vec![5u8; SourceFile::CHUNK * 3];
+    let open = |p: &Path| {
+        let p2 = p.to_path_buf();
+        SourceFile::new(fs::File::open(p).unwrap(), data.len() as u64).watch(Box::new(move || {
+            fs::metadata(&p2).map(|m| (m.dev(), m.ino()))
+        }))
+    };
+    let mut buf = vec![0u8; 1430];
+    let last = (data.len() - 1430) as u64;
+
+    // Appended to: the next read from the file fails, and the failure is kept.
+    fs::write(&path, &data).unwrap();
+    let mut src = open(&path);
+    src.read_block(0, &mut buf).unwrap();
+    src.check().unwrap();
+    fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap()
+        .write_all(b"more")
+        .unwrap();
+    let e = src.read_block(last, &mut buf).unwrap_err();
+    assert_eq!(
+        e,
+        format!(
+            "changed while being sent (size {} -> {} bytes)",
+            data.len(),
+            data.len() + 4
+        )
+    );
+    assert_eq!(src.failure(), Some(e.as_str()));
+
+    // Overwritten in place, same size: the mtime tells, even for a block read ahead.
+    fs::write(&path, &data).unwrap();
+    let mut src = open(&path);
+    src.read_block(last - SourceFile::CHUNK as u64 + 1430, &mut buf)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .write_all_at(b"x", 10)
+        .unwrap();
+    let e = src.read_block(last, &mut buf).unwrap_err();
+    assert_eq!(e, "changed while being sent (modified)");
+
+    // Replaced under its name (the open file itself unchanged).
+    let mut src = open(&path);
+    let other = dir.path().join("other.bin");
+    fs::write(&other, &data).unwrap();
+    fs::rename(&other, &path).unwrap();
+    let e = src.read_block(last, &mut buf).unwrap_err();
+    assert_eq!(e, "changed while being sent (replaced by another file)");
 }

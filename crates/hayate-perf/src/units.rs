@@ -1,6 +1,6 @@
 //! Parsing of rates and sizes, and the number formats of the report.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 
 /// A rate in bits/s: `50M`, `1.5G`, `800k`, `1000000`. Decimal multipliers, as on the wire.
 pub fn parse_rate(s: &str) -> Result<u64> {
@@ -28,9 +28,11 @@ fn split_suffix(s: &str, base: f64) -> Result<(f64, f64)> {
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
         .unwrap_or(s.len());
     let (num, suf) = s.split_at(idx);
+    // The parser's own words ("cannot parse float from empty string") describe the part
+    // before the suffix, not what the user typed.
     let num: f64 = num
         .parse()
-        .with_context(|| format!("not a number: {s:?}"))?;
+        .map_err(|_| anyhow::anyhow!("not a number: {s:?}"))?;
     let suf = suf.trim();
     let suf = suf
         .strip_suffix("bps")
@@ -90,6 +92,9 @@ mod tests {
         assert!(parse_rate("10X").is_err());
         assert!(parse_rate("0").is_err());
         assert!(parse_rate("").is_err());
+        // Named as typed, not as the number parser saw the part before the suffix.
+        let e = parse_rate("abc").unwrap_err();
+        assert_eq!(format!("{e:#}"), "not a number: \"abc\"");
     }
 
     #[test]

@@ -194,10 +194,11 @@ const ACK_EVERY: u32 = 32;
 const ACK_DELAY_US: u64 = 5_000;
 /// Sent-packet times kept for RTT and reordering decisions.
 const MAX_SENT_HISTORY: usize = 1 << 22;
-/// Most incoming files one session may have open at once (a client keeps at most 64 active),
-/// and most blocks they may hold together: each block costs a bit of loss map, so this caps
-/// a hostile peer's offers at 512 MiB of state (6 TB of file at 1500-byte packets).
-pub const MAX_OPEN_INCOMING: usize = 1024;
+/// Most incoming files one session may have open at once (`hayate cp` keeps 64 active; a
+/// peer may pipeline more, up to this), and most blocks they may hold together: each block
+/// costs a bit of loss map, so this caps a hostile peer's offers at 512 MiB of state (6 TB
+/// of file at 1500-byte packets) and a few MB of bookkeeping.
+pub const MAX_OPEN_INCOMING: usize = 16384;
 pub const MAX_INCOMING_BLOCKS: u64 = 1 << 32;
 const DRAIN_US: u64 = 2_000_000;
 

@@ -590,9 +590,10 @@ fn padding_rules() {
     assert!(parse_all(&[1, 0, 0, 1]).is_err());
     assert_eq!(parse_all(&[]).unwrap(), vec![]);
     assert_eq!(
-        parse_all(&[0x07]).unwrap_err(),
-        WireError::UnknownFrame(0x07)
+        parse_all(&[0x09]).unwrap_err(),
+        WireError::UnknownFrame(0x09)
     );
+    assert_eq!(parse_all(&[0x07, 1, 2]).unwrap_err(), WireError::Truncated);
     // after an error the iterator ends
     let mut it = parse_frames(&[1, 0xff, 1, 1]);
     assert_eq!(it.next(), Some(Ok(Frame::Ping)));

@@ -8,7 +8,8 @@ mod units;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -58,12 +59,30 @@ pub struct KeyArgs {
     pub key_file: Option<PathBuf>,
 }
 
+/// A mistake on the command line found after parsing: exit code 2, as clap's own.
+#[derive(Debug)]
+pub struct Usage(pub String);
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for Usage {}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // HAYATE_KEY_FILE is for hayate:// servers: an ssh copy ignores it, and only refuses a
+    // --key-file given on the command line.
+    let key_from_env = matches
+        .subcommand_matches("cp")
+        .is_some_and(|m| m.value_source("key_file") == Some(ValueSource::EnvVariable));
     let result = match cli.cmd {
         Command::Keygen { out, force } => cmd::keygen::run(&out, force),
         Command::Serve(a) => cmd::serve::run(a),
-        Command::Cp(a) => cmd::cp::run(a),
+        Command::Cp(a) => cmd::cp::run(a, key_from_env),
         Command::Perf(c) => hayate_perf::run_perf(c),
         Command::Bench(BenchCommand::Mem(a)) => hayate_perf::run_bench_mem(a),
     };
@@ -71,7 +90,7 @@ fn main() -> ExitCode {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
             eprintln!("hayate: {e:#}");
-            ExitCode::from(1)
+            ExitCode::from(if e.is::<Usage>() { 2 } else { 1 })
         }
     }
 }

@@ -127,7 +127,13 @@ impl Output {
         }
         for f in &r.files {
             if let Some(e) = &f.error {
-                eprintln!("hayate: {}: {e}", f.source());
+                // A failure of the destination itself (not a directory, none there) has no
+                // source to name: the destination is what is wrong.
+                let name = match f.source() {
+                    s if s.is_empty() => f.remote.clone(),
+                    s => s,
+                };
+                eprintln!("hayate: {name}: {e}");
             }
         }
         if let Some(e) = &r.error {

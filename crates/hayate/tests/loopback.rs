@@ -174,6 +174,7 @@ fn several_files_into_a_remote_dir_and_back() {
     }
     let srcs: Vec<String> = sizes.iter().map(|(n, _)| s(&fx.local.join(n))).collect();
 
+    fs::create_dir(fx.root.join("dir")).unwrap();
     let mut args = vec!["--json".to_string()];
     args.extend(srcs.clone());
     args.push(fx.url("dir/"));
@@ -223,11 +224,17 @@ fn several_files_into_a_remote_dir_and_back() {
 }
 
 #[test]
-fn several_sources_make_the_remote_path_a_directory() {
-    // No trailing slash: with several sources PATH is still a directory.
+fn several_sources_need_the_remote_path_to_be_a_directory() {
+    // No trailing slash: with several sources PATH is still a directory, which must exist
+    // (as with scp: a typo is not made into a directory).
     let fx = Fx::new();
     write_random(&fx.local.join("a"), 10, 1);
     write_random(&fx.local.join("b"), 20, 2);
+    let r = fx.cp(&[s(&fx.local.join("a")), s(&fx.local.join("b")), fx.url("d")]);
+    assert_eq!(r.status.code(), Some(1), "{r:#?}");
+    assert_eq!(r.stderr.trim(), "hayate: d: no such directory", "{r:#?}");
+    assert_eq!(tree(&fx.root), Vec::<String>::new());
+    fs::create_dir(fx.root.join("d")).unwrap();
     fx.cp(&[s(&fx.local.join("a")), s(&fx.local.join("b")), fx.url("d")])
         .assert_ok();
     assert_eq!(tree(&fx.root), ["d", "d/a", "d/b"]);
@@ -270,13 +277,13 @@ fn one_file_goes_into_an_existing_remote_dir_or_becomes_the_path() {
     write_random(&src, 5000, 21);
     fs::create_dir(fx.root.join("d")).unwrap();
     fs::write(fx.root.join("old"), b"x").unwrap();
-    // A link to a directory is not one (lstat, as `cp -r` trees are looked at): replaced.
+    // A link to a directory leads into it, as with scp (the link stays).
     std::os::unix::fs::symlink("d", fx.root.join("ln")).unwrap();
     for (dest, lands) in [
         ("d", "d/f.bin"),
         ("new", "new"),
         ("old", "old"),
-        ("ln", "ln"),
+        ("ln", "ln/f.bin"),
         ("d/g", "d/g"),
     ] {
         let up = fx.cp(&["--json".into(), s(&src), fx.url(dest)]);
@@ -288,6 +295,7 @@ fn one_file_goes_into_an_existing_remote_dir_or_becomes_the_path() {
         assert_eq!(fs::read(&got).unwrap(), fs::read(&src).unwrap(), "{dest}");
     }
     assert_eq!(tree(&fx.root), ["d", "d/f.bin", "d/g", "ln", "new", "old"]);
+    assert_eq!(fs::read_link(fx.root.join("ln")).unwrap(), Path::new("d"));
 }
 
 #[test]
@@ -625,6 +633,7 @@ fn missing_source_is_named_and_the_others_still_go() {
     write_random(&fx.local.join("a"), 1000, 12);
     write_random(&fx.local.join("b"), 100_003, 13);
     let missing = fx.local.join("no-such-file");
+    fs::create_dir(fx.root.join("m")).unwrap();
     let up = fx.cp(&[
         s(&fx.local.join("a")),
         s(&missing),
@@ -953,4 +962,190 @@ fn interrupted_download_leaves_only_part_and_state_files() {
         tree(&fx.local),
         [".big.bin.hayate-part", ".big.bin.hayate-state"]
     );
+}
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: plain mkfifo(3) on a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+}
+
+/// Reads a FIFO to its end in the background.
+fn drain_fifo(path: &Path) -> std::thread::JoinHandle<Vec<u8>> {
+    let path = path.to_path_buf();
+    std::thread::spawn(move || fs::read(path).unwrap())
+}
+
+fn is_fifo(path: &Path) -> bool {
+    std::os::unix::fs::FileTypeExt::is_fifo(&fs::symlink_metadata(path).unwrap().file_type())
+}
+
+#[test]
+fn served_destinations_follow_links_beneath_the_root_and_write_fifos_in_place() {
+    let fx = Fx::new();
+    let src = fx.local.join("d.bin");
+    let want = write_random(&src, 2_000_003, 21);
+
+    // A link inside the root: its target is replaced, the link stays.
+    fs::create_dir(fx.root.join("sub")).unwrap();
+    fs::write(fx.root.join("sub/target.bin"), b"old").unwrap();
+    symlink("sub/target.bin", fx.root.join("ln")).unwrap();
+    fx.cp(&[s(&src), fx.url("ln")]).assert_ok();
+    assert_eq!(hash_file(&fx.root.join("sub/target.bin")), want);
+    assert_eq!(
+        fs::read_link(fx.root.join("ln")).unwrap(),
+        Path::new("sub/target.bin")
+    );
+
+    // A link leading out of the root: refused, nothing outside written.
+    fs::write(fx.outside.join("victim"), b"keep").unwrap();
+    symlink(fx.outside.join("victim"), fx.root.join("abs-out")).unwrap();
+    symlink("../outside/victim", fx.root.join("rel-out")).unwrap();
+    for name in ["abs-out", "rel-out"] {
+        let r = fx.cp(&[s(&src), fx.url(name)]);
+        r.assert_failed();
+        assert!(r.stderr.contains("escapes the served root"), "{r:#?}");
+        assert!(!r.stderr.contains(&s(&fx.root)), "leaks the root: {r:#?}");
+    }
+    assert_eq!(fs::read(fx.outside.join("victim")).unwrap(), b"keep");
+
+    // A FIFO: the bytes come out of it in order, and it stays a FIFO.
+    mkfifo(&fx.root.join("fifo"));
+    let reader = drain_fifo(&fx.root.join("fifo"));
+    fx.cp(&[s(&src), fx.url("fifo")]).assert_ok();
+    // Checked first: a FIFO replaced by a file leaves its reader waiting for ever.
+    assert!(is_fifo(&fx.root.join("fifo")));
+    assert_eq!(blake3::hash(&reader.join().unwrap()), want);
+
+    // Downloads into a local FIFO and through a local link, likewise.
+    mkfifo(&fx.local.join("fifo"));
+    let reader = drain_fifo(&fx.local.join("fifo"));
+    fx.cp(&[fx.url("ln"), s(&fx.local.join("fifo"))])
+        .assert_ok();
+    assert!(is_fifo(&fx.local.join("fifo")));
+    assert_eq!(blake3::hash(&reader.join().unwrap()), want);
+    fs::write(fx.local.join("real.bin"), b"old").unwrap();
+    symlink("real.bin", fx.local.join("down-ln")).unwrap();
+    fx.cp(&[fx.url("ln"), s(&fx.local.join("down-ln"))])
+        .assert_ok();
+    assert_eq!(hash_file(&fx.local.join("real.bin")), want);
+    assert!(fs::symlink_metadata(fx.local.join("down-ln"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    assert_eq!(part_files(fx.tmp.path()), Vec::<String>::new());
+}
+
+#[test]
+fn served_uploads_need_the_parent_directory() {
+    let fx = Fx::new();
+    let src = fx.local.join("p.bin");
+    write_random(&src, 10_000, 22);
+    let r = fx.cp(&[s(&src), fx.url("no/such/p.bin")]);
+    r.assert_failed();
+    assert!(r.stderr.contains("no/such (parent directory)"), "{r:#?}");
+    assert!(!fx.root.join("no").exists());
+    // Several files into a missing directory, without -r: nothing is made.
+    let r = fx.cp(&[s(&src), s(&src), fx.url("newdir/")]);
+    r.assert_failed();
+    assert!(!fx.root.join("newdir").exists());
+    // -r makes the top directory only.
+    fs::create_dir(fx.local.join("tree")).unwrap();
+    fs::write(fx.local.join("tree/f"), b"f").unwrap();
+    let r = fx.cp(&["-r".to_string(), s(&fx.local.join("tree")), fx.url("a/b/")]);
+    r.assert_failed();
+    assert!(!fx.root.join("a").exists());
+    fx.cp(&["-r".to_string(), s(&fx.local.join("tree")), fx.url("top/")])
+        .assert_ok();
+    assert_eq!(fs::read(fx.root.join("top/tree/f")).unwrap(), b"f");
+}
+
+#[test]
+fn a_huge_key_file_is_refused_after_a_bounded_read() {
+    let fx = Fx::new();
+    let src = fx.local.join("k.bin");
+    write_random(&src, 1000, 23);
+    let r = cp(Path::new("/dev/zero"), &[s(&src), fx.url("k.bin")]);
+    r.assert_failed();
+    assert_eq!(
+        r.stderr.trim(),
+        "hayate: cannot read key file /dev/zero: larger than 4096 bytes: not a key file"
+    );
+    assert!(r.elapsed < Duration::from_secs(10), "{r:#?}");
+    assert!(!fx.root.join("k.bin").exists());
+}
+
+#[test]
+fn keygen_force_writes_through_a_link_to_stdout_and_keeps_it() {
+    let tmp = TempDir::new().unwrap();
+    // What /dev/stdout is: a link to the process's fd 1 (here a pipe).
+    let out = tmp.path().join("stdout");
+    symlink("/proc/self/fd/1", &out).unwrap();
+    let r = run(["keygen", "--out", &s(&out), "--force"]);
+    r.assert_ok();
+    assert!(r.stdout.contains("hayate-key-v1"), "{r:#?}");
+    assert!(fs::symlink_metadata(&out).unwrap().file_type().is_symlink());
+    assert_eq!(fs::read_link(&out).unwrap(), Path::new("/proc/self/fd/1"));
+    // A link to a regular file: the file gets the key, the link stays.
+    fs::write(tmp.path().join("real"), b"old").unwrap();
+    symlink("real", tmp.path().join("k")).unwrap();
+    run(["keygen", "--out", &s(&tmp.path().join("k")), "--force"]).assert_ok();
+    assert!(fs::read_to_string(tmp.path().join("real"))
+        .unwrap()
+        .contains("hayate-key-v1"));
+    assert!(fs::symlink_metadata(tmp.path().join("k"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+}
+
+#[test]
+fn errors_name_what_is_wrong_once() {
+    let fx = Fx::new();
+    let src = fx.local.join("n.bin");
+    write_random(&src, 1000, 24);
+    // A destination that must be a directory and is a file: it is named, not an empty source.
+    fs::write(fx.root.join("plain"), b"p").unwrap();
+    let r = fx.cp(&[s(&src), fx.url("plain/")]);
+    r.assert_failed();
+    assert_eq!(r.stderr.trim(), "hayate: plain/: not a directory", "{r:#?}");
+    let r = fx.cp(&[s(&src), fx.url("missing/")]);
+    r.assert_failed();
+    assert_eq!(
+        r.stderr.trim(),
+        "hayate: missing/: no such directory",
+        "{r:#?}"
+    );
+    // Limits say what is allowed.
+    let r = fx.cp(&[
+        "--udp-timeout".to_string(),
+        "0".into(),
+        s(&src),
+        "h:x".into(),
+    ]);
+    assert_eq!(r.status.code(), Some(2), "a usage error: {r:#?}");
+    assert_eq!(
+        r.stderr.trim(),
+        "hayate: --udp-timeout must be more than 0 and less than 3600 seconds"
+    );
+    let r = run(["perf", "client", "127.0.0.1", "--rate", "abc"]);
+    r.assert_failed();
+    assert_eq!(r.stderr.trim(), "hayate: not a number: \"abc\"", "{r:#?}");
+}
+
+#[test]
+fn an_interrupted_copy_exits_128_plus_the_signal() {
+    for (sig, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
+        let fx = Fx::new();
+        let mut client = slow_upload(&fx, "big.bin");
+        assert!(
+            !client.try_finished(),
+            "upload finished too early to interrupt"
+        );
+        signal(client.pid(), sig);
+        let run = client.wait(Duration::from_secs(10));
+        assert_eq!(run.status.code(), Some(code), "{run:#?}");
+        assert!(lower(&run.stderr).contains("interrupted"), "{run:#?}");
+        assert!(!fx.root.join("big.bin").exists());
+    }
 }

@@ -551,3 +551,280 @@ fn no_space_left_fails_without_presenting_anything_as_complete() {
         fs::read(mnt.join("tiny")).unwrap()
     );
 }
+
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: plain mkfifo(3) on a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+}
+
+fn is_fifo(path: &Path) -> bool {
+    std::os::unix::fs::FileTypeExt::is_fifo(&fs::symlink_metadata(path).unwrap().file_type())
+}
+
+/// The null device (1, 3) and nothing else: a type, numbers and mode never changed.
+fn assert_null_device(path: &Path) {
+    let m = fs::symlink_metadata(path).unwrap();
+    assert!(
+        std::os::unix::fs::FileTypeExt::is_char_device(&m.file_type()),
+        "{} is no longer a device",
+        path.display()
+    );
+    assert_eq!(m.rdev(), libc::makedev(1, 3), "{}", path.display());
+}
+
+#[test]
+fn dev_null_fifos_and_links_as_destinations_both_ways() {
+    let fx = fx!();
+    write(&fx.p("a.bin"), 3_000_001, 7);
+    let data = fs::read(fx.p("a.bin")).unwrap();
+    let a = fx.p("a.bin").display().to_string();
+
+    // Links, both ways: the target gets the data, the link stays.
+    write(&fx.p("far/target.bin"), 10, 1);
+    std::os::unix::fs::symlink("target.bin", fx.p("far/ln")).unwrap();
+    fx.cp(&[&a, &fx.remote("far/ln")]).assert_ok();
+    assert_eq!(fs::read(fx.p("far/target.bin")).unwrap(), data);
+    assert!(fs::symlink_metadata(fx.p("far/ln"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    fs::write(fx.p("here.bin"), b"old").unwrap();
+    std::os::unix::fs::symlink("here.bin", fx.p("here-ln")).unwrap();
+    let here_ln = fx.p("here-ln").display().to_string();
+    fx.cp(&[&fx.remote("far/ln"), &here_ln]).assert_ok();
+    assert_eq!(fs::read(fx.p("here.bin")).unwrap(), data);
+    assert!(fs::symlink_metadata(fx.p("here-ln"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+
+    // FIFOs, both ways: read in order, still FIFOs.
+    for (name, up) in [("far/fifo", true), ("near-fifo", false)] {
+        mkfifo(&fx.p(name));
+        let reader = {
+            let p = fx.p(name);
+            std::thread::spawn(move || fs::read(p).unwrap())
+        };
+        let r = if up {
+            fx.cp(&[&a, &fx.remote(name)])
+        } else {
+            fx.cp(&[&fx.remote("a.bin"), fx.p(name).to_str().unwrap()])
+        };
+        r.assert_ok();
+        // Checked first: a FIFO replaced by a file leaves its reader waiting for ever.
+        assert!(is_fifo(&fx.p(name)), "{name}");
+        assert_eq!(reader.join().unwrap(), data, "{name}");
+    }
+
+    if !common::sshd::is_root() {
+        common::sshd::skip_unless_ci("writing to /dev/null and making a device need root");
+        return;
+    }
+    // A device made here, then the real /dev/null, both ways.
+    let null = fx.p("null");
+    let c = std::ffi::CString::new(null.to_str().unwrap()).unwrap();
+    // SAFETY: plain mknod(2) on a NUL-terminated path.
+    let made = unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(1, 3)) };
+    assert_eq!(made, 0, "mknod");
+    let r = fx.cp(&["--json", &a, &fx.remote("null")]);
+    r.assert_ok();
+    assert_eq!(json(&r)["verified"], true);
+    assert_null_device(&null);
+    let dev_null = format!("{}:/dev/null", fx.sshd.target());
+    fx.cp(&[&a, &dev_null]).assert_ok();
+    assert_null_device(Path::new("/dev/null"));
+    fx.cp(&[&fx.remote("a.bin"), "/dev/null"]).assert_ok();
+    assert_null_device(Path::new("/dev/null"));
+    assert!(fs::read_dir("/dev").unwrap().all(|e| !e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .contains("hayate")));
+}
+
+/// The far side's home, as its ssh session sees it.
+fn remote_home(fx: &Fx) -> PathBuf {
+    let out = fx
+        .sshd
+        .command()
+        .arg(fx.sshd.target())
+        .arg("pwd")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+}
+
+#[test]
+fn tilde_is_the_far_sides_home_both_ways() {
+    let fx = fx!();
+    let home = remote_home(&fx);
+    let literal_before = home.join("~").exists();
+    let dir = tempfile::Builder::new()
+        .prefix("hayate-tilde-")
+        .tempdir_in(&home)
+        .unwrap();
+    let name = dir
+        .path()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    write(&fx.p("t.bin"), 100_000, 3);
+    let t = fx.p("t.bin").display().to_string();
+    let user = fx.sshd.target().split('@').next().unwrap().to_string();
+    let host = fx.sshd.target();
+
+    fx.cp(&[&t, &format!("{host}:~/{name}/")]).assert_ok();
+    assert_eq!(
+        fs::read(dir.path().join("t.bin")).unwrap(),
+        fs::read(&t).unwrap()
+    );
+    fx.cp(&[&t, &format!("{host}:~{user}/{name}/u.bin")])
+        .assert_ok();
+    assert!(dir.path().join("u.bin").is_file());
+    let back = fx.p("back.bin").display().to_string();
+    fx.cp(&[&format!("{host}:~/{name}/u.bin"), &back])
+        .assert_ok();
+    assert_eq!(fs::read(&back).unwrap(), fs::read(&t).unwrap());
+    let back2 = fx.p("back2.bin").display().to_string();
+    fx.cp(&[&format!("{host}:~{user}/{name}/t.bin"), &back2])
+        .assert_ok();
+    assert_eq!(fs::read(&back2).unwrap(), fs::read(&t).unwrap());
+    // Never a directory named `~`.
+    assert_eq!(home.join("~").exists(), literal_before);
+    let r = fx.cp(&[&t, &format!("{host}:~no-such-user-hayate/x")]);
+    r.assert_failed();
+    assert!(
+        r.stderr.contains("no such user no-such-user-hayate"),
+        "{r:#?}"
+    );
+}
+
+#[test]
+fn missing_parent_directories_are_an_error_both_ways() {
+    let fx = fx!();
+    write(&fx.p("m.bin"), 1000, 4);
+    let m = fx.p("m.bin").display().to_string();
+    let r = fx.cp(&[&m, &fx.remote("no/such/m.bin")]);
+    r.assert_failed();
+    assert_eq!(r.status.code(), Some(1));
+    // Said once, by the near side, naming the missing directory.
+    assert_eq!(
+        r.stderr.trim(),
+        format!(
+            "hayate: {m}: refused: no such file or directory: {} (parent directory)",
+            fx.p("no/such").display()
+        ),
+        "{r:#?}"
+    );
+    assert!(!fx.p("no").exists());
+    let r = fx.cp(&[
+        &fx.remote("m.bin"),
+        fx.p("nope/deeper/m.bin").to_str().unwrap(),
+    ]);
+    r.assert_failed();
+    assert!(r.stderr.contains("(parent directory)"), "{r:#?}");
+    assert!(!fx.p("nope").exists());
+    // -r: the top directory only.
+    write(&fx.p("tree/f"), 10, 5);
+    let tree = fx.p("tree").display().to_string();
+    fx.cp(&["-r", &tree, &fx.remote("x/y/")]).assert_failed();
+    assert!(!fx.p("x").exists());
+    fx.cp(&["-r", &tree, &fx.remote("top/")]).assert_ok();
+    assert!(fx.p("top/tree/f").is_file());
+    fx.cp(&["-r", &fx.remote("tree"), fx.p("down/a/b").to_str().unwrap()])
+        .assert_failed();
+    assert!(!fx.p("down").exists());
+}
+
+#[test]
+fn hayate_key_file_in_the_environment_is_ignored_over_ssh() {
+    let fx = fx!();
+    write(&fx.p("k.bin"), 5000, 6);
+    let k = fx.p("k.bin").display().to_string();
+    let r = run(
+        fx.cmd()
+            .env("HAYATE_KEY_FILE", fx.p("no-such.key"))
+            .args([&k, &fx.remote("k2.bin")]),
+        Duration::from_secs(120),
+    );
+    r.assert_ok();
+    assert_eq!(fs::read(fx.p("k2.bin")).unwrap(), fs::read(&k).unwrap());
+    // Given on the command line it is still a mistake to point out.
+    let r = fx.cp(&["--key-file", "/dev/null", &k, &fx.remote("k3.bin")]);
+    r.assert_failed();
+    assert!(
+        r.stderr.contains("--key-file is for hayate:// servers"),
+        "{r:#?}"
+    );
+}
+
+/// How a source is changed while it is being sent.
+#[derive(Debug, Clone, Copy)]
+enum Change {
+    Append,
+    Truncate,
+    Overwrite,
+}
+
+fn change(path: &Path, how: Change) {
+    let f = fs::OpenOptions::new().write(true).open(path).unwrap();
+    match how {
+        Change::Append => {
+            let len = f.metadata().unwrap().len();
+            std::os::unix::fs::FileExt::write_all_at(&f, b"appended", len).unwrap()
+        }
+        Change::Truncate => f.set_len(f.metadata().unwrap().len() / 2).unwrap(),
+        Change::Overwrite => {
+            std::os::unix::fs::FileExt::write_all_at(&f, b"overwritten", 1000).unwrap()
+        }
+    }
+}
+
+#[test]
+fn a_source_changed_while_sent_fails_both_ways_and_is_never_verified() {
+    let fx = fx!();
+    for how in [Change::Append, Change::Truncate, Change::Overwrite] {
+        for up in [true, false] {
+            let (src, dst) = if up {
+                (fx.p("near-src.bin"), fx.p("far-dst.bin"))
+            } else {
+                (fx.p("far-src.bin"), fx.p("near-dst.bin"))
+            };
+            let _ = fs::remove_file(&dst);
+            write(&src, 16 << 20, 9);
+            let part = dst.with_file_name(format!(
+                ".{}.hayate-part",
+                dst.file_name().unwrap().to_str().unwrap()
+            ));
+            let _ = fs::remove_file(&part);
+            let (from, to) = if up {
+                (src.display().to_string(), fx.remote("far-dst.bin"))
+            } else {
+                (fx.remote("far-src.bin"), dst.display().to_string())
+            };
+            // 16 MiB at 50 Mbit/s: about 3 s, time to change it on the way.
+            let running = spawn_cmd(fx.cmd().args(["--json", "--rate", "50M", &from, &to]));
+            assert!(
+                common::eventually(Duration::from_secs(30), || part.exists()),
+                "{how:?} up={up}: the transfer did not start"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+            change(&src, how);
+            let r = running.wait(Duration::from_secs(120));
+            assert_eq!(r.status.code(), Some(1), "{how:?} up={up}: {r:#?}");
+            assert!(
+                r.stderr.contains("changed while being sent"),
+                "{how:?} up={up}: {r:#?}"
+            );
+            assert_eq!(json(&r)["verified"], false, "{how:?} up={up}");
+            assert!(
+                !dst.exists(),
+                "{how:?} up={up}: a changed source was put in place"
+            );
+        }
+    }
+}

@@ -211,15 +211,13 @@ impl BlockSink for Files {
 /// Gives the verdict on every download whose blocks have all landed and whose hash the
 /// workers have finished: committed under its final name if it matches, else removed.
 fn settle_downloads(conn: &mut Connection, files: &mut Files, s: &mut Session<'_>) {
-    let ready: Vec<XferId> = files
+    let ready: Vec<(XferId, Result<[u8; 32], String>)> = files
         .act
-        .iter()
-        .filter(|(_, a)| a.landing.as_ref().is_some_and(|l| l.verdict().is_some()))
-        .map(|(x, _)| *x)
+        .iter_mut()
+        .filter_map(|(x, a)| Some((*x, a.landing.as_ref()?.verdict(a.part.as_mut()?)?)))
         .collect();
-    for xfer in ready {
+    for (xfer, verdict) in ready {
         let a = files.act.remove(&xfer).expect("listed");
-        let verdict = a.landing.as_ref().and_then(Landing::verdict).expect("ready");
         let part = a.part.expect("accepted downloads have a part file");
         let preserve = s.opts_flags & flags::PRESERVE != 0;
         let verdict = match verdict {
@@ -493,14 +491,15 @@ impl<'a> Session<'a> {
         let dest_is_dir = dest_kind == Some(WireKind::Dir) || self.into_dir;
         let into_dir = several || dest.is_empty() || dest.ends_with('/') || dest_is_dir;
         if into_dir && !dest_is_dir && !dest.is_empty() {
-            if dest_kind.is_some() {
-                self.fail(
-                    Kind::Dir,
-                    true,
-                    PathBuf::new(),
-                    dest.clone(),
-                    "not a directory".into(),
-                );
+            // As scp: only `-r` makes the destination directory, and only it (its parent
+            // must exist); without `-r` a missing one is a typo to report, not to build.
+            if dest_kind.is_some() || !self.recursive {
+                let why = if dest_kind.is_some() {
+                    "not a directory"
+                } else {
+                    "no such directory"
+                };
+                self.fail(Kind::Dir, true, PathBuf::new(), dest.clone(), why.into());
                 return;
             }
             self.meta_op(
@@ -778,7 +777,10 @@ impl<'a> Session<'a> {
                     size: m.len(),
                     mode: m.mode(),
                     mtime: m.mtime(),
-                    file: Some(SourceFile::new(f, m.len())),
+                    file: Some(SourceFile::new(f, m.len()).watch({
+                        let path = r.local.clone();
+                        Box::new(move || std::fs::metadata(&path).map(|m| (m.dev(), m.ino())))
+                    })),
                     part: None,
                     landing: None,
                     saved: None,
@@ -1074,13 +1076,19 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
                 Event::OutgoingDone { xfer, result } => {
                     if let Some(a) = files.act.remove(&xfer) {
                         let r = &mut s.results[a.idx];
-                        match result {
-                            Ok(h) => {
+                        // Checked after the far side's verdict too: a file changed after its
+                        // last read is not the one that was verified.
+                        let src = a.file.as_ref();
+                        let local = src.and_then(|f| f.failure().map(str::to_string));
+                        let changed = src.and_then(|f| f.check().err());
+                        match (result, local.or(changed)) {
+                            (_, Some(e)) => r.error = Some(e),
+                            (Ok(h), None) => {
                                 r.verified = true;
                                 r.blake3 = Some(hex(&h));
                                 s.finished_bytes += a.size;
                             }
-                            Err(e) => r.error = Some(format!("far side: {e}")),
+                            (Err(e), None) => r.error = Some(format!("far side: {e}")),
                         }
                     }
                 }

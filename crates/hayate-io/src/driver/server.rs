@@ -97,15 +97,14 @@ impl BlockSink for SessionFiles {
 /// Gives the verdict on every upload whose blocks have all landed and whose hash the workers
 /// have finished: committed under its final name if it matches the sender's, else removed.
 fn settle_verified(c: &mut Connection, f: &mut SessionFiles, addr: SocketAddr, log: Log<'_>) {
-    let ready: Vec<XferId> = f
+    let ready: Vec<(XferId, Result<[u8; 32], String>)> = f
         .inc
-        .iter()
-        .filter(|(_, i)| i.landing.verdict().is_some())
-        .map(|(x, _)| *x)
+        .iter_mut()
+        .filter_map(|(x, i)| Some((*x, i.landing.verdict(&mut i.part)?)))
         .collect();
-    for xfer in ready {
+    for (xfer, verdict) in ready {
         let inc = f.inc.remove(&xfer).expect("listed");
-        let result = match inc.landing.verdict().expect("ready") {
+        let result = match verdict {
             Ok(h) => {
                 let mtime = (inc.flags & flags::PRESERVE != 0).then(|| systime(inc.mtime));
                 match inc.part.commit(Some(dest_mode(inc.mode, inc.flags)), mtime) {
@@ -242,7 +241,9 @@ impl Server {
                 dir.display().to_string(),
             ),
             Scope::WholeFs(cwd) => (
-                Root::whole_fs(cwd).map_err(|e| anyhow::anyhow!("{e}"))?,
+                Root::whole_fs(cwd)
+                    .map_err(|e| anyhow::anyhow!("{e}"))?
+                    .expand_tilde(),
                 "/".to_string(),
             ),
         };
@@ -448,17 +449,24 @@ impl Server {
 
 fn abandon(f: SessionFiles, log: Log<'_>) {
     for (_, inc) in f.inc {
-        log(&format!(
-            "incomplete upload kept as {} (a rerun resumes it)",
-            inc.part.part_name()
-        ));
+        if inc.part.in_place() {
+            log(&format!(
+                "incomplete upload into {} (a device or FIFO: nothing kept)",
+                inc.path
+            ));
+        } else {
+            log(&format!(
+                "incomplete upload kept as {} (a rerun resumes it)",
+                inc.part.part_name()
+            ));
+        }
         inc.part.abandon();
     }
 }
 
-/// An `INTO_DIR` offer of `DIR/NAME` names `DIR/NAME` if `DIR` is a directory (not a link
-/// to one: as the client's own look at the destination, by lstat), else `DIR` itself. The
-/// flag stays set, so that `Ready` tells the client which.
+/// An `INTO_DIR` offer of `DIR/NAME` names `DIR/NAME` if `DIR` is a directory (or a link to
+/// one: a destination link is followed, as scp does), else `DIR` itself. The flag stays set,
+/// so that `Ready` tells the client which.
 fn place_into_dir(root: &Root, mut ev: Event) -> Event {
     if let Event::Offered {
         path, flags: fl, ..
@@ -467,7 +475,10 @@ fn place_into_dir(root: &Root, mut ev: Event) -> Event {
         if *fl & flags::INTO_DIR != 0 {
             // A path without a directory part leaves nothing to choose.
             if let Some((dir, _)) = path.trim_end_matches('/').rsplit_once('/') {
-                if !dir.is_empty() && !root.stat(dir).is_ok_and(|e| e.kind == EntryKind::Dir) {
+                // The trailing '/' follows a final symlink (beneath a confined root).
+                let followed = format!("{dir}/");
+                if !dir.is_empty() && !root.stat(&followed).is_ok_and(|e| e.kind == EntryKind::Dir)
+                {
                     *path = dir.to_string();
                 }
             }
@@ -582,7 +593,14 @@ fn on_event(
                         hash,
                     },
                 );
-                f.out.insert(xfer, SourceFile::new(file, meta.len()));
+                let src = SourceFile::new(file, meta.len());
+                let src = match root.try_clone() {
+                    Ok(r) => src.watch(Box::new(move || {
+                        r.identity(&path).map_err(std::io::Error::other)
+                    })),
+                    Err(_) => src,
+                };
+                f.out.insert(xfer, src);
             }
             Err(e) => {
                 log(&format!("{addr}: refused download: {e}"));

@@ -229,18 +229,23 @@ fn resolve(host: &str, port: u16) -> anyhow::Result<SocketAddr> {
         .with_context(|| format!("no address for {host}"))
 }
 
-pub fn run(a: CpArgs) -> anyhow::Result<i32> {
+/// `key_from_env`: `--key-file` came from `HAYATE_KEY_FILE`, which an ssh copy ignores.
+pub fn run(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
+    check_args(&a, key_from_env).map_err(|e| crate::Usage(format!("{e:#}")))?;
     let (far, job) = plan(&a.paths)?;
-    if !(a.connect_timeout > 0.0 && a.connect_timeout < 3600.0) {
-        bail!("--connect-timeout must be between 0 and 3600 seconds");
-    }
-    if !(a.udp_timeout > 0.0 && a.udp_timeout < 3600.0) {
-        bail!("--udp-timeout must be between 0 and 3600 seconds");
-    }
     let rate = rate_config(a.rate, a.rate_min, a.fixed)?;
     let stop = StopFlag::new();
+    // Which signal stopped the copy decides the exit code, as a shell reports it (128 + n).
+    let interrupted = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, stop.inner())?;
+        let seen = interrupted.clone();
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe {
+            signal_hook::low_level::register(sig, move || {
+                seen.store(sig, std::sync::atomic::Ordering::SeqCst)
+            })?;
+        }
     }
     let proto = Config {
         mtu: a.mtu,
@@ -262,16 +267,10 @@ pub fn run(a: CpArgs) -> anyhow::Result<i32> {
 
     let (transport, psk, ssh) = match &far {
         Far::Daemon { host, port } => {
-            if a.via_ssh {
-                bail!("--via-ssh needs an ssh destination (HOST:PATH), not hayate://");
-            }
             let psk = super::load_key(a.key.key_file.as_deref())?;
             (Transport::Udp(resolve(host, *port)?), psk, None)
         }
         Far::Ssh { user, host } => {
-            if a.key.key_file.is_some() {
-                bail!("--key-file is for hayate:// servers; over ssh a fresh key is made for each copy");
-            }
             let (t, psk, child) = start_far_side(&a, user.clone(), host, &mut out)?;
             (t, psk, Some(child))
         }
@@ -288,7 +287,35 @@ pub fn run(a: CpArgs) -> anyhow::Result<i32> {
     if let Some(child) = ssh {
         child.finish(Duration::from_secs(5));
     }
-    Ok(if report.all_verified() { 0 } else { 1 })
+    let signal = interrupted.load(std::sync::atomic::Ordering::SeqCst);
+    Ok(if signal != 0 {
+        128 + signal
+    } else if report.all_verified() {
+        0
+    } else {
+        1
+    })
+}
+
+/// What is wrong with the command line itself (exit code 2, as clap's own errors).
+fn check_args(a: &CpArgs, key_from_env: bool) -> anyhow::Result<()> {
+    let (far, _) = plan(&a.paths)?;
+    if !(a.connect_timeout > 0.0 && a.connect_timeout < 3600.0) {
+        bail!("--connect-timeout must be more than 0 and less than 3600 seconds");
+    }
+    if !(a.udp_timeout > 0.0 && a.udp_timeout < 3600.0) {
+        bail!("--udp-timeout must be more than 0 and less than 3600 seconds");
+    }
+    rate_config(a.rate, a.rate_min, a.fixed)?;
+    match far {
+        Far::Daemon { .. } if a.via_ssh => {
+            bail!("--via-ssh needs an ssh destination (HOST:PATH), not hayate://")
+        }
+        Far::Ssh { .. } if a.key.key_file.is_some() && !key_from_env => {
+            bail!("--key-file is for hayate:// servers; over ssh a fresh key is made for each copy")
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Runs `ssh HOST hayate serve --stdio`, reads its banner, and picks the data path.

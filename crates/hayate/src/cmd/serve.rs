@@ -148,13 +148,9 @@ fn run_stdio(a: ServeArgs, stop: StopFlag) -> anyhow::Result<i32> {
         banner_out.write_all(b.format().as_bytes())?;
         banner_out.flush()
     };
-    let quiet = a.quiet;
-    let mut log = |line: &str| {
-        if !quiet && (line.contains("failed") || line.contains("refused") || line.contains("ended"))
-        {
-            eprintln!("hayate (far side): {line}");
-        }
-    };
+    // Every file's failure and the session's own reach the near side, which names them
+    // once; the log here would only say them again, through ssh's stderr.
+    let mut log = |_: &str| {};
     let cfg = proto(&a);
     serve_stdio(
         Scope::WholeFs(cwd),

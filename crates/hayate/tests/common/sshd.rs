@@ -24,8 +24,18 @@ pub struct Sshd {
 }
 
 fn skip(reason: &str) -> Option<Sshd> {
-    eprintln!("skipping: {reason}");
+    skip_unless_ci(reason);
     None
+}
+
+/// A test that cannot run here says SKIP and why, except under CI (`CI` set), which has
+/// everything these tests need: there it fails, so a broken setup cannot pass unnoticed.
+pub fn skip_unless_ci(reason: &str) {
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "cannot run this test, and CI is set: {reason}"
+    );
+    eprintln!("SKIP: {reason}");
 }
 
 fn which(prog: &str) -> Option<PathBuf> {
@@ -97,7 +107,7 @@ fn output_with_deadline(mut cmd: Command, limit: Duration) -> Result<Output, Str
 }
 
 impl Sshd {
-    /// None (after printing "skipping: <reason>" to stderr) when /usr/sbin/sshd or ssh-keygen
+    /// None (after printing "SKIP: <reason>" to stderr; a panic instead when `CI` is set) when /usr/sbin/sshd or ssh-keygen
     /// is missing or sshd cannot be run here. Generates throwaway host and user ed25519 keys,
     /// writes an sshd_config (127.0.0.1, a free port, keys and pid file in a temporary
     /// directory), starts `sshd -D -e -f cfg`, waits until the port accepts TCP (at most 10 s)
@@ -323,7 +333,7 @@ impl Drop for Sshd {
     }
 }
 
-fn is_root() -> bool {
+pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions.
     unsafe { libc::geteuid() == 0 }
 }
