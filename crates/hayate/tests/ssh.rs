@@ -404,7 +404,7 @@ fn udp_blocked_falls_back_to_the_ssh_channel() {
         .status()
         .is_ok_and(|s| s.success());
     if !ok {
-        eprintln!("skipping: cannot create a network namespace (needs root and iproute2)");
+        common::sshd::skip_unless_ci("cannot create a network namespace (needs root and iproute2)");
         return;
     }
     struct Ns(String);
@@ -520,7 +520,7 @@ fn no_space_left_fails_without_presenting_anything_as_complete() {
         .status()
         .is_ok_and(|s| s.success());
     if !mounted {
-        eprintln!("skipping: cannot mount a small tmpfs (needs root)");
+        common::sshd::skip_unless_ci("cannot mount a small tmpfs (needs root)");
         return;
     }
     struct Mnt(PathBuf);

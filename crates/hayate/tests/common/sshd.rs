@@ -35,7 +35,7 @@ pub fn skip_unless_ci(reason: &str) {
         std::env::var_os("CI").is_none(),
         "cannot run this test, and CI is set: {reason}"
     );
-    eprintln!("SKIP: {reason}");
+    println!("SKIP: {reason}");
 }
 
 fn which(prog: &str) -> Option<PathBuf> {
