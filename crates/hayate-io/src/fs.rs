@@ -1512,6 +1512,16 @@ impl SourceFile {
         self
     }
 
+    /// A second handle on the same open file (for hashing it on another thread).
+    pub fn try_clone_file(&self) -> io::Result<File> {
+        self.file.try_clone()
+    }
+
+    /// The file's length as offered.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
     /// Why a read failed, if one did (this side's words; the protocol's error names the
     /// far side's path).
     pub fn failure(&self) -> Option<&str> {

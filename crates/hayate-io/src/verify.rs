@@ -312,6 +312,67 @@ impl Landing {
     }
 }
 
+/// A file being sent and its BLAKE3, hashed by the workers a subtree at a time as the
+/// sender's reads pass it (the bytes are then in the page cache), and all at once for what
+/// the sender skips (blocks a resumed receiver already has). The protocol loop never hashes.
+pub struct Sending {
+    pub file: crate::fs::SourceFile,
+    hash: StreamHash,
+    /// Subtrees before this one were handed to the workers.
+    next: usize,
+    given: bool,
+}
+
+impl Sending {
+    pub fn new(file: crate::fs::SourceFile) -> std::io::Result<Self> {
+        let hash = StreamHash::new(file.try_clone_file()?, file.size());
+        Ok(Sending {
+            file,
+            hash,
+            next: 0,
+            given: false,
+        })
+    }
+
+    /// Reads a block for sending (see [`SourceFile::read_block`](crate::fs::SourceFile)).
+    pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), String> {
+        self.file.read_block(offset, buf)?;
+        self.reached(offset + buf.len() as u64);
+        Ok(())
+    }
+
+    /// The sender has read up to `end`: every subtree that ends there or before is hashed.
+    fn reached(&mut self, end: u64) {
+        let n = self.hash.filled.len();
+        let size = self.hash.size;
+        let from = self.next;
+        while self.next < n && ((self.next as u64 + 1) * SUBTREE_LEN).min(size) <= end {
+            self.next += 1;
+        }
+        let batch: Vec<usize> = (from..self.next).collect();
+        self.hash.submit(&batch);
+    }
+
+    /// Nothing more will be read for sending: hash whatever is left.
+    pub fn finish(&mut self) {
+        self.reached(self.hash.size);
+    }
+
+    /// The file's hash, once, when the workers have it, if the file is still as it was
+    /// opened; else why not.
+    pub fn hash_ready(&mut self) -> Option<Result<[u8; 32], String>> {
+        if self.given {
+            return None;
+        }
+        let r = self.hash.result()?;
+        self.given = true;
+        Some(
+            r.and_then(|h| self.file.check().map(|()| *h.as_bytes()))
+                .map_err(|e| e.to_string()),
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -407,5 +468,38 @@ mod tests {
         let whole = h.landed(2 * SUBTREE_LEN, 10);
         h.submit(&whole);
         assert_eq!(wait(&h).unwrap(), blake3::hash(&d));
+    }
+
+    #[test]
+    fn a_sent_file_hashes_as_reads_pass_and_skipped_parts_at_the_end() {
+        let len = 5 * SUBTREE_LEN as usize + 333;
+        let d = data(len);
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&d).unwrap();
+        let src = crate::fs::SourceFile::new(f, len as u64);
+        let mut s = Sending::new(src).unwrap();
+        let mut buf = vec![0u8; 1400];
+        // Reads the first two subtrees, then jumps (a resumed receiver has the rest but the
+        // last block).
+        let mut off = 0;
+        while off + 1400 <= 2 * SUBTREE_LEN as usize {
+            s.read(off as u64, &mut buf).unwrap();
+            off += 1400;
+        }
+        assert_eq!(s.next, 1, "only whole subtrees passed are hashed");
+        let last = len - 333;
+        let mut tail = vec![0u8; 333];
+        s.read(last as u64, &mut tail).unwrap();
+        assert_eq!(s.next, 6);
+        let until = Instant::now() + Duration::from_secs(20);
+        let h = loop {
+            if let Some(r) = s.hash_ready() {
+                break r.unwrap();
+            }
+            assert!(Instant::now() < until);
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!(h, *blake3::hash(&d).as_bytes());
+        assert!(s.hash_ready().is_none(), "given once");
     }
 }

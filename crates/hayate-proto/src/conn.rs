@@ -279,6 +279,10 @@ pub struct Connection {
     ctrl_twice: Option<u64>,
     /// Some transfer may need its hash finished or `Sent` announced without sending data.
     hash_work: bool,
+    /// The driver hashes what this side sends (off the protocol loop) and hands each file's
+    /// hash in with [`Connection::set_source_hash`]; the connection reads no block only to
+    /// hash it. Off: the connection hashes blocks as it sends them (the simulator).
+    external_hash: bool,
     close_frame: Option<(u64, String)>,
     events: VecDeque<Event>,
     stats: Stats,
@@ -384,6 +388,7 @@ impl Connection {
             bye_sent: false,
             ctrl_twice: None,
             hash_work: false,
+            external_hash: false,
             close_frame: None,
             events: VecDeque::new(),
             stats: Stats::default(),
@@ -1532,6 +1537,12 @@ impl Connection {
                 .values()
                 .any(|o| o.ready && o.next_new > 0 && !o.all_acked())
             || self.outgoing.values().any(|o| o.sent_announced)
+            // Sent out, its hash still being computed: the receiver waits for it, so keep
+            // the session alive meanwhile.
+            || self
+                .outgoing
+                .values()
+                .any(|o| o.ready && o.hash.is_none() && o.peek_new().is_none())
             || !self.pending_gets.is_empty()
     }
 
@@ -1833,7 +1844,7 @@ impl Connection {
         let offset = o.layout.offset(block);
         let hdr = wire::SEALED_HEADER_LEN;
         let body = hdr + wire::DATA_HEADER_LEN;
-        if !retx {
+        if !retx && !self.external_hash {
             // Blocks the receiver already had (resume) still count in the file hash.
             let mut skipped = std::mem::take(&mut self.scratch);
             while o.hash_next < block {
@@ -1856,7 +1867,7 @@ impl Connection {
             self.fail_outgoing(xfer, format!("cannot read {path}: {e}"));
             return None;
         }
-        if !retx {
+        if !retx && !self.external_hash {
             o.hash_block(block, &buf[body..body + len]);
         }
         o.on_sent(block, pn);
@@ -1886,8 +1897,9 @@ impl Connection {
         let src_hash = match self.outgoing.get_mut(&xfer) {
             Some(o) if !o.sent_announced && o.peek_new().is_none() => {
                 if o.hash.is_none() {
-                    // Trailing blocks the receiver already had: hashed on the next poll.
-                    self.hash_work = true;
+                    // Trailing blocks the receiver already had: hashed on the next poll, or
+                    // by the driver, which says so with `set_source_hash`.
+                    self.hash_work |= !self.external_hash;
                     return;
                 }
                 o.sent_announced = true;
@@ -1920,9 +1932,14 @@ impl Connection {
             .outgoing
             .values()
             .filter(|o| o.ready && !o.sent_announced && o.peek_new().is_none())
+            .filter(|o| !self.external_hash || o.hash.is_some())
             .map(|o| o.id)
             .collect();
         for xfer in ids {
+            if self.external_hash {
+                self.maybe_announce(xfer);
+                continue;
+            }
             let mut scratch = std::mem::take(&mut self.scratch);
             let o = self.outgoing.get_mut(&xfer).expect("listed");
             let n = o.layout.blocks();
@@ -1974,6 +1991,42 @@ impl Connection {
         self.seal_frames(now_us, buf, |w| {
             Frame::PathChallenge(token).encode(w).expect("fits");
         })
+    }
+
+    /// From now on the driver supplies every outgoing file's BLAKE3 (see
+    /// [`set_source_hash`](Self::set_source_hash)) instead of the connection hashing blocks as
+    /// it sends them: the per-byte work leaves the protocol loop, and a resumed send never
+    /// reads the blocks the receiver already has just to hash them.
+    pub fn hash_sources_outside(&mut self) {
+        self.external_hash = true;
+    }
+
+    /// Outgoing transfers whose every new block has gone out and whose hash is still
+    /// missing: the driver should finish hashing them (see
+    /// [`hash_sources_outside`](Self::hash_sources_outside)).
+    pub fn sources_awaiting_hash(&self) -> Vec<XferId> {
+        self.outgoing
+            .values()
+            .filter(|o| o.ready && o.hash.is_none() && o.peek_new().is_none())
+            .map(|o| o.id)
+            .collect()
+    }
+
+    /// The BLAKE3 of an outgoing file, computed by the driver; announced to the receiver once
+    /// its last new block has gone out.
+    pub fn set_source_hash(&mut self, xfer: XferId, hash: [u8; 32]) {
+        if let Some(o) = self.outgoing.get_mut(&xfer) {
+            o.hash = Some(hash);
+            self.maybe_announce(xfer);
+        }
+    }
+
+    /// An outgoing file could not be read or changed while being sent: the transfer fails
+    /// with `reason`, the receiver is told.
+    pub fn fail_source(&mut self, xfer: XferId, reason: &str) {
+        if self.outgoing.contains_key(&xfer) {
+            self.fail_outgoing(xfer, reason.to_string());
+        }
     }
 
     /// The token of the last PATH_RESPONSE the peer sent, once.

@@ -20,7 +20,7 @@ use super::resume::{resumable, save_progress};
 use super::{dest_mode, systime, StopFlag};
 use crate::fs::{self, create_local_part, EntryKind, FsError, PartFile, Root, SourceFile};
 use crate::udp::UdpSocket;
-use crate::verify::Landing;
+use crate::verify::{Landing, Sending};
 
 /// Transfers in flight at once; more are queued (bounds open files and state).
 const MAX_ACTIVE: usize = 64;
@@ -170,7 +170,7 @@ struct Active {
     size: u64,
     mode: u32,
     mtime: i64,
-    file: Option<SourceFile>,
+    file: Option<Sending>,
     part: Option<PartFile>,
     /// A download's hash, computed as its blocks land.
     landing: Option<Landing>,
@@ -189,7 +189,7 @@ impl BlockSource for Files {
             .get_mut(&xfer)
             .and_then(|a| a.file.as_mut())
             .ok_or("transfer not open")?
-            .read_block(offset, buf)
+            .read(offset, buf)
     }
 }
 
@@ -206,6 +206,27 @@ impl BlockSink for Files {
                 e.to_string()
             })
     }
+}
+
+/// Hands the connection the hash of every upload the workers have finished, and starts the
+/// rest of those whose blocks have all gone out. Returns whether one is still being hashed
+/// after its last block went out (the loop should look again soon).
+fn give_source_hashes(conn: &mut Connection, files: &mut Files) -> bool {
+    let waiting = conn.sources_awaiting_hash();
+    for x in &waiting {
+        if let Some(s) = files.act.get_mut(x).and_then(|a| a.file.as_mut()) {
+            s.finish();
+        }
+    }
+    for (x, a) in files.act.iter_mut() {
+        if let Some(r) = a.file.as_mut().and_then(Sending::hash_ready) {
+            match r {
+                Ok(h) => conn.set_source_hash(*x, h),
+                Err(e) => conn.fail_source(*x, &e),
+            }
+        }
+    }
+    !conn.sources_awaiting_hash().is_empty()
 }
 
 /// Gives the verdict on every download whose blocks have all landed and whose hash the
@@ -769,6 +790,18 @@ impl<'a> Session<'a> {
                 flags: fl | into_dir,
                 hash,
             });
+            let watched = SourceFile::new(f, m.len()).watch({
+                let path = r.local.clone();
+                Box::new(move || std::fs::metadata(&path).map(|m| (m.dev(), m.ino())))
+            });
+            let sending = match Sending::new(watched) {
+                Ok(s) => s,
+                Err(e) => {
+                    r.error = Some(format!("cannot read {}: {e}", r.local.display()));
+                    conn.fail_source(x, &e.to_string());
+                    return None;
+                }
+            };
             Some((
                 x,
                 Active {
@@ -777,10 +810,7 @@ impl<'a> Session<'a> {
                     size: m.len(),
                     mode: m.mode(),
                     mtime: m.mtime(),
-                    file: Some(SourceFile::new(f, m.len()).watch({
-                        let path = r.local.clone();
-                        Box::new(move || std::fs::metadata(&path).map(|m| (m.dev(), m.ino())))
-                    })),
+                    file: Some(sending),
                     part: None,
                     landing: None,
                     saved: None,
@@ -854,7 +884,9 @@ fn new_conn(cfg: &Config, psk: &Psk, peer: SocketAddr, now: Instant) -> Connecti
     } else {
         AddrFamily::V6
     };
-    Connection::client(cfg.clone(), psk, fam, now)
+    let mut c = Connection::client(cfg.clone(), psk, fam, now);
+    c.hash_sources_outside();
+    c
 }
 
 /// Runs the whole job. Never panics on I/O trouble: everything ends up in the report.
@@ -1078,7 +1110,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
                         let r = &mut s.results[a.idx];
                         // Checked after the far side's verdict too: a file changed after its
                         // last read is not the one that was verified.
-                        let src = a.file.as_ref();
+                        let src = a.file.as_ref().map(|s| &s.file);
                         let local = src.and_then(|f| f.failure().map(str::to_string));
                         let changed = src.and_then(|f| f.check().err());
                         match (result, local.or(changed)) {
@@ -1203,6 +1235,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
             break;
         }
         settle_downloads(&mut conn, &mut files, &mut s);
+        let hashing = give_source_hashes(&mut conn, &mut files);
         let mut next = conn
             .poll_timeout(now)
             .unwrap_or(now + Duration::from_millis(100))
@@ -1211,6 +1244,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
             .act
             .values()
             .any(|a| a.landing.as_ref().is_some_and(Landing::verifying))
+            || hashing
         {
             // The hashing threads do not wake this loop: look again soon.
             next = next.min(now + Duration::from_millis(2));

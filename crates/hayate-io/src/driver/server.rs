@@ -22,7 +22,7 @@ use super::resume::{resumable, save_progress};
 use super::{dest_mode, systime, CcTrace, StopFlag};
 use crate::fs::{self, Entry, EntryKind, FsError, PartFile, Root, SourceFile};
 use crate::udp::UdpSocket;
-use crate::verify::Landing;
+use crate::verify::{Landing, Sending};
 
 /// Most entries one listing may return (a runaway tree is an error, not an OOM).
 const MAX_LIST: usize = 4_000_000;
@@ -68,7 +68,7 @@ struct Incoming {
 /// The files one session is reading and writing.
 #[derive(Default)]
 struct SessionFiles {
-    out: HashMap<XferId, SourceFile>,
+    out: HashMap<XferId, Sending>,
     inc: HashMap<XferId, Incoming>,
 }
 
@@ -77,7 +77,7 @@ impl BlockSource for SessionFiles {
         self.out
             .get_mut(&xfer)
             .ok_or("transfer not open")?
-            .read_block(offset, buf)
+            .read(offset, buf)
     }
 }
 
@@ -92,6 +92,26 @@ impl BlockSink for SessionFiles {
                 e.to_string()
             })
     }
+}
+
+/// Hands the connection the hash of every download the workers have finished, and starts
+/// the rest of those whose blocks have all gone out. Returns whether one is still being
+/// hashed after its last block went out.
+fn give_source_hashes(c: &mut Connection, f: &mut SessionFiles) -> bool {
+    for x in c.sources_awaiting_hash() {
+        if let Some(s) = f.out.get_mut(&x) {
+            s.finish();
+        }
+    }
+    for (x, s) in f.out.iter_mut() {
+        if let Some(r) = s.hash_ready() {
+            match r {
+                Ok(h) => c.set_source_hash(*x, h),
+                Err(e) => c.fail_source(*x, &e),
+            }
+        }
+    }
+    !c.sources_awaiting_hash().is_empty()
 }
 
 /// Gives the verdict on every upload whose blocks have all landed and whose hash the workers
@@ -286,6 +306,10 @@ impl Server {
                     }
                     Route::NewConn(cid, reply) => {
                         files.insert(cid, SessionFiles::default());
+                        if let Some(c) = ep.conn_mut(cid) {
+                            // Files it sends are hashed by the workers (`Sending`).
+                            c.hash_sources_outside();
+                        }
                         replies.push((from, reply));
                         *begun += 1;
                         if let Some(t) = ep
@@ -329,7 +353,8 @@ impl Server {
                     }
                 }
                 settle_verified(c, f, addr, log);
-                if f.inc.values().any(|i| i.landing.verifying()) {
+                let hashing = give_source_hashes(c, f);
+                if hashing || f.inc.values().any(|i| i.landing.verifying()) {
                     // The hashing threads do not wake this loop: look again soon.
                     next = next.min(now + VERIFY_POLL);
                 }
@@ -600,7 +625,12 @@ fn on_event(
                     })),
                     Err(_) => src,
                 };
-                f.out.insert(xfer, src);
+                match Sending::new(src) {
+                    Ok(s) => {
+                        f.out.insert(xfer, s);
+                    }
+                    Err(e) => c.fail_source(xfer, &e.to_string()),
+                }
             }
             Err(e) => {
                 log(&format!("{addr}: refused download: {e}"));
