@@ -94,27 +94,54 @@ pub fn retransmit_series(sender: &[IntervalReport]) -> Percent {
 }
 
 /// Receiver intervals → SVG; `second` adds a percent series and its right-hand axis.
+/// `(start, end, bytes)` per interval, with a stub (a last report a few ms after the one
+/// before, carrying the final datagrams) folded into the interval before it: drawn alone, its
+/// rate is a few datagrams over a few ms, a drop that did not happen.
+fn whole_intervals(iv: &[IntervalReport]) -> Vec<(f64, f64, u64)> {
+    let mut lens: Vec<f64> = iv.iter().map(|r| r.end - r.start).collect();
+    lens.sort_by(f64::total_cmp);
+    let typical = lens.get(lens.len() / 2).copied().unwrap_or(0.0);
+    let mut out: Vec<(f64, f64, u64)> = Vec::new();
+    for r in iv {
+        match out.last_mut() {
+            Some(last) if r.end - r.start < typical / 4.0 => {
+                last.1 = r.end;
+                last.2 += r.bytes;
+            }
+            _ => out.push((r.start, r.end, r.bytes)),
+        }
+    }
+    out
+}
+
 pub fn svg(title: &str, iv: &[IntervalReport], second: Option<Percent>) -> String {
     let with_loss = second.is_some();
     let (second_id, second_label, loss) = match second {
         Some(p) => (p.id, p.label, p.points),
         None => ("loss", "loss (%)", Vec::new()),
     };
-    let tmax = nice_ceil(
-        iv.iter()
-            .map(|r| r.end)
-            .chain(loss.iter().map(|p| p.0))
-            .fold(0.0, f64::max)
-            .max(1.0),
-    );
-    let mbps: Vec<(f64, f64)> = iv
+    // The axis spans the test as it ran, not the next round number (a 3 s test drawn to
+    // 5 s reads as one that stopped early).
+    let tmax = iv
         .iter()
-        .map(|r| (r.end, 8.0 * per_sec(r.bytes, r.end - r.start) / 1e6))
+        .map(|r| r.end)
+        .chain(loss.iter().map(|p| p.0))
+        .fold(0.0, f64::max)
+        .max(1e-3);
+    let mbps: Vec<(f64, f64)> = whole_intervals(iv)
+        .iter()
+        .map(|&(start, end, bytes)| (end, 8.0 * per_sec(bytes, end - start) / 1e6))
         .collect();
     let ymax = nice_ceil(mbps.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-3) * 1.1);
     let lmax = nice_ceil(loss.iter().map(|p| p.1).fold(0.0, f64::max).max(1.0) * 1.1).min(100.0);
     let (pw, ph) = (W - L - R, H - T - B);
     let x = |t: f64| L + pw * t / tmax;
+    // Round steps (1, 2, 5 x 10^n) up to the test's end, at most about five of them.
+    let step = nice_ceil(tmax / 5.0);
+    let xticks: Vec<f64> = (0..)
+        .map(|i| i as f64 * step)
+        .take_while(|t| *t <= tmax * 1.0001)
+        .collect();
     let y = |v: f64| T + ph * (1.0 - v / ymax);
     let yl = |v: f64| T + ph * (1.0 - v / lmax);
 
@@ -143,11 +170,13 @@ pub fn svg(title: &str, iv: &[IntervalReport], second: Option<Percent>) -> Strin
             T + ph * (1.0 - f),
             T + ph * (1.0 - f)
         );
+    }
+    for &t in &xticks {
         let _ = writeln!(
             s,
             r#"<line x1="{:.1}" x2="{:.1}" y1="{T}" y2="{}"/>"#,
-            L + pw * f,
-            L + pw * f,
+            x(t),
+            x(t),
             T + ph
         );
     }
@@ -171,15 +200,18 @@ pub fn svg(title: &str, iv: &[IntervalReport], second: Option<Percent>) -> Strin
     }
     let _ = writeln!(s, "</g>");
     let _ = writeln!(s, r#"<g id="ticks">"#);
-    for i in 0..=5 {
-        let f = i as f64 / 5.0;
+    for &t in &xticks {
         let _ = writeln!(
             s,
             r#"<text x="{:.1}" y="{}" text-anchor="middle">{}</text>"#,
-            L + pw * f,
+            x(t),
             T + ph + 18.0,
-            fmt_tick(tmax * f)
+            fmt_tick(t)
         );
+    }
+    for i in 0..=5 {
+        let f = i as f64 / 5.0;
+
         let _ = writeln!(
             s,
             r#"<text x="{}" y="{:.1}" text-anchor="end">{}</text>"#,
@@ -283,5 +315,53 @@ mod tests {
     fn escapes_title() {
         let s = svg("a<b & \"c\"", &[], Some(loss_series(&[])));
         assert!(s.contains("a&lt;b &amp; &quot;c&quot;"));
+    }
+
+    fn interval(start: f64, end: f64, bytes: u64) -> IntervalReport {
+        IntervalReport {
+            side: crate::ctl::Side::Receiver,
+            start,
+            end,
+            bytes,
+            datagrams: 0,
+            lost: Some(0),
+            total_bytes: 0,
+            total_datagrams: 0,
+            stream_bytes: Vec::new(),
+            hayate: None,
+        }
+    }
+
+    #[test]
+    fn a_three_second_test_spans_three_seconds_and_its_last_datagrams_draw_no_drop() {
+        let iv = vec![
+            interval(0.0, 1.0, 25_000_000),
+            interval(1.0, 2.0, 25_000_000),
+            interval(2.0, 3.0, 25_000_000),
+            // The final report: one datagram, a moment later.
+            interval(3.0, 3.0001, 1472),
+        ];
+        let s = svg("t", &iv, Some(loss_series(&iv)));
+        let ticks: Vec<f64> = s
+            .split(r#"text-anchor="middle">"#)
+            .skip(1)
+            .filter_map(|t| t.split('<').next()?.parse().ok())
+            .collect();
+        assert_eq!(ticks, [0.0, 1.0, 2.0, 3.0]);
+        let line = s
+            .split(r#"id="throughput""#)
+            .nth(1)
+            .and_then(|t| t.split("points=\"").nth(1))
+            .and_then(|t| t.split('"').next())
+            .unwrap();
+        let ys: Vec<f64> = line
+            .split(' ')
+            .map(|p| p.split(',').nth(1).unwrap().parse().unwrap())
+            .collect();
+        assert_eq!(ys.len(), 3, "{line}");
+        assert!(
+            ys.iter().all(|y| (y - ys[0]).abs() < 0.5),
+            "a drop drawn: {line}"
+        );
     }
 }
