@@ -197,7 +197,7 @@ fn udp_loopback_json_totals_and_plot() {
         .stderr
         .contains(&format!("received ..{sent}: {received} 100.000%")));
 
-    // The SVG is well-formed and holds both series, one point per receiver interval.
+    // The SVG is well-formed and holds both series.
     let text = std::fs::read_to_string(&svg).unwrap();
     let doc = roxmltree::Document::parse(&text).expect("well-formed SVG");
     assert_eq!(doc.root_element().tag_name().name(), "svg");
@@ -218,7 +218,18 @@ fn udp_loopback_json_totals_and_plot() {
                 (x.parse().unwrap(), y.parse().unwrap())
             })
             .collect();
-        assert_eq!(pts.len(), rcv.len(), "{id}");
+        // One point per receiver interval; the throughput line folds a final stub report
+        // (the last datagrams, ms after the one before) into the interval before it.
+        if id == "throughput" {
+            assert!(
+                (rcv.len().saturating_sub(1)..=rcv.len()).contains(&pts.len()),
+                "{id}: {} points for {} intervals",
+                pts.len(),
+                rcv.len()
+            );
+        } else {
+            assert_eq!(pts.len(), rcv.len(), "{id}");
+        }
         assert!(pts
             .iter()
             .all(|&(x, y)| (0.0..=800.0).contains(&x) && (0.0..=420.0).contains(&y)));
