@@ -626,6 +626,7 @@ impl Connection {
     pub fn accept_at(&mut self, xfer: XferId, have: &[(u64, u64)], path: Option<&str>) {
         if let Some(inc) = self.incoming.get_mut(&xfer) {
             inc.accepted = true;
+            inc.allocate();
             inc.mark_have(have);
             if let Some(p) = path {
                 inc.path = p.to_string();

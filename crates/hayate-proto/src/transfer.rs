@@ -400,7 +400,9 @@ impl Incoming {
             mode,
             mtime,
             accepted: false,
-            received: Bitset::new(layout.blocks()),
+            // Allocated when accepted (`allocate`): an offer costs no loss map until the
+            // receiver has taken it on (and reserved its space).
+            received: Bitset::new(0),
             cum: 0,
             top: 0,
             cursor: 0,
@@ -423,6 +425,13 @@ impl Incoming {
     /// Ranges of blocks held, for `Ready { have }`.
     pub fn have_ranges(&self) -> Vec<(u64, u64)> {
         self.received.ones_ranges()
+    }
+
+    /// The loss map's bitset, sized to the file: called when the offer is accepted.
+    pub fn allocate(&mut self) {
+        if self.received.len() != self.layout.blocks() {
+            self.received = Bitset::new(self.layout.blocks());
+        }
     }
 
     pub fn check(&self, block: u64, len: usize) -> DataVerdict {
@@ -515,6 +524,7 @@ mod tests {
     fn loss_map_round_trip_between_receiver_and_sender() {
         let layout = Layout::new(1000 * 10, 10);
         let mut rx = Incoming::new(1, "f".into(), layout, 0o644, 0);
+        rx.allocate();
         let mut tx = Outgoing::new(1, "f".into(), layout);
         tx.ready = true;
         for b in 0..1000 {
@@ -558,6 +568,7 @@ mod tests {
     fn tail_losses_beyond_top_are_found() {
         let layout = Layout::new(100, 10);
         let mut rx = Incoming::new(1, "f".into(), layout, 0, 0);
+        rx.allocate();
         let mut tx = Outgoing::new(1, "f".into(), layout);
         for b in 0..10 {
             tx.on_sent(b, b);

@@ -543,3 +543,93 @@ fn a_peer_that_stops_acknowledging_is_let_go_and_others_are_served() {
     let (hwm, _) = proc_usage(fx.server.pid());
     assert!(hwm < 400 << 20);
 }
+
+/// A client that holds the key and offers 100 000 files at once, driven from the test with
+/// the protocol core over a plain UDP socket.
+#[test]
+fn a_peer_offering_100_000_files_is_refused_beyond_a_bound_and_others_are_served() {
+    use hayate_proto::conn::{BlockSink, BlockSource, Config, Connection, MAX_OPEN_INCOMING};
+    use hayate_proto::wire::AddrFamily;
+    use hayate_proto::{Event, XferId};
+
+    struct Ones;
+    impl BlockSource for Ones {
+        fn read(&mut self, _: XferId, _: u64, buf: &mut [u8]) -> Result<(), String> {
+            buf.fill(1);
+            Ok(())
+        }
+    }
+    impl BlockSink for Ones {
+        fn write(&mut self, _: XferId, _: u64, _: &[u8]) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    let fx = fixture();
+    let text = hayate_io::keyfile::read_key_file(&fx.key).expect("read the test key");
+    let psk = Psk::parse_key_file(&text.contents).expect("parse the test key");
+    let sock = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sock.set_read_timeout(Some(Duration::from_millis(2)))
+        .unwrap();
+    let to = fx.server_addr();
+    let mut c = Connection::client(Config::default(), &psk, AddrFamily::V4, Instant::now());
+    for i in 0..100_000 {
+        // Into a directory that does not exist: nothing is left on the server's disk.
+        c.send_file(&format!("nodir/f{i}"), 1 << 30, 0o644, 0);
+    }
+    let (mut offered_back, mut rejected) = (0u64, 0u64);
+    let mut buf = vec![0u8; 65536];
+    let until = Instant::now() + Duration::from_secs(8);
+    let mut other: Option<Run> = None;
+    while Instant::now() < until {
+        let now = Instant::now();
+        if c.poll_timeout(now).is_some_and(|t| t <= now) {
+            c.handle_timeout(now);
+        }
+        let mut out = vec![0u8; c.max_datagram()];
+        while let Some(n) = c.poll_transmit(now, &mut out, &mut Ones) {
+            let _ = sock.send_to(&out[..n], to);
+        }
+        while let Ok((n, _)) = sock.recv_from(&mut buf) {
+            offered_back += n as u64;
+            c.handle_datagram(Instant::now(), &mut buf[..n], &mut Ones);
+        }
+        while let Some(e) = c.poll_event() {
+            if matches!(e, Event::Rejected { .. }) {
+                rejected += 1;
+            }
+        }
+        if other.is_none() && rejected > 0 {
+            // While the flood of offers is being refused, another client downloads.
+            let mut cmd = hayate();
+            cmd.arg("cp")
+                .arg("--key-file")
+                .arg(&fx.key)
+                .arg(fx.server.url("f.bin"))
+                .arg(&fx.dst);
+            other = Some(spawn_cmd(&mut cmd).wait(Duration::from_secs(60)));
+        }
+    }
+    let (hwm, cpu) = proc_usage(fx.server.pid());
+    let other = other.expect("the server answered some offers");
+    println!(
+        "adversary 100 000 offers: {rejected} refused, {offered_back} B back; other client \
+         {:.2} s; server peak RSS {:.1} MB, CPU {cpu:.2} s",
+        other.elapsed.as_secs_f64(),
+        hwm as f64 / 1e6
+    );
+    fx.assert_verified(&Run {
+        stdout: "{\"verified\":true}".into(),
+        ..other
+    });
+    // Offers come through the control stream at its pace: in the time given the server
+    // refuses thousands (beyond `MAX_OPEN_INCOMING` open ones it would refuse them all)
+    // while allocating nothing for an offer it has not taken on.
+    assert!(rejected >= 1000, "{rejected} refused");
+    const _: () = assert!(MAX_OPEN_INCOMING < 100_000);
+    assert!(hwm < 400 << 20, "server peak RSS {hwm} B");
+    assert!(
+        !fx.server.root.join("nodir").exists(),
+        "refused offers left something behind"
+    );
+}
