@@ -15,7 +15,15 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 #[command(
     name = "hayate",
     version,
-    about = "Move files at line rate over long, lossy links (encrypted, verified, paced UDP)"
+    about = "Move files at line rate over long, lossy links (encrypted, verified, paced UDP)",
+    after_help = "\
+Copy as with scp, through your own ssh (hayate installed on both sides, nothing else):
+  hayate cp big.iso me@server:isos/        upload
+  hayate cp me@server:/data/big.iso .      download
+Or with a standing server and a pre-shared key:
+  hayate cp --key-file KEY big.iso hayate://server:5300/isos/
+
+See `hayate cp --help`."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -24,6 +32,13 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Copy files as scp does: to or from [USER@]HOST:PATH over your own ssh, or
+    /// hayate://HOST[:PORT]/PATH on a running `hayate serve`
+    #[command(
+        override_usage = "hayate cp [OPTIONS] SOURCE... DEST",
+        after_help = cmd::cp::AFTER_HELP
+    )]
+    Cp(cmd::cp::CpArgs),
     /// Write a fresh random 256-bit key (mode 0600)
     Keygen {
         /// Where to write the key
@@ -33,10 +48,12 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
-    /// Serve uploads into and downloads out of a directory
+    /// Serve uploads into and downloads out of a directory (for hayate:// copies)
+    #[command(
+        override_usage = "hayate serve --root DIR [--key-file FILE] [OPTIONS]\n       \
+                                hayate serve --stdio [OPTIONS]    (started by `hayate cp` over ssh)"
+    )]
     Serve(cmd::serve::ServeArgs),
-    /// Copy files: SRC... hayate://HOST:PORT/PATH (upload) or hayate://HOST:PORT/PATH... DEST (download)
-    Cp(cmd::cp::CpArgs),
     /// Probe a path: what it carries over UDP, TCP and hayate's own transport
     #[command(subcommand)]
     Perf(hayate_perf::PerfCommand),
@@ -54,7 +71,7 @@ enum BenchCommand {
 /// Shared by commands that need the pre-shared key.
 #[derive(Args, Debug, Clone)]
 pub struct KeyArgs {
-    /// Pre-shared key file (from `hayate keygen`)
+    /// Pre-shared key file (from `hayate keygen`), for hayate:// servers
     #[arg(long, env = "HAYATE_KEY_FILE", value_name = "FILE")]
     pub key_file: Option<PathBuf>,
 }

@@ -26,12 +26,32 @@ pub const DEFAULT_PORT: u16 = 5300;
 /// Version of the ssh banner and protocol this build speaks.
 const BANNER_VERSION: u32 = hayate_proto::wire::VERSION as u32;
 
+/// Examples under `hayate cp --help`: the ssh mode first, as it is the one most users want.
+pub const AFTER_HELP: &str = "\
+SOURCE and DEST are as with scp: one local, the other remote.
+  [USER@]HOST:PATH           over your own ssh (keys, agent, ~/.ssh/config apply); the far
+                             side is started as `hayate serve --stdio`, no key file needed
+  hayate://HOST[:PORT]/PATH  a running `hayate serve --root DIR` (needs --key-file)
+
+Examples:
+  hayate cp big.iso me@server:isos/          upload (relative paths are from the remote home)
+  hayate cp me@server:/data/big.iso .        download
+  hayate cp -r -p photos/ server:backup/     a tree, with modes and mtimes
+  hayate cp --key-file ~/.hayate.key big.iso hayate://server:5300/isos/
+
+Exit codes: 0 all verified (or skipped on purpose), 1 a file failed or the copy could not
+start, 2 the command line is wrong, 130 interrupted (128 + the signal).";
+
 #[derive(Args, Debug)]
 pub struct CpArgs {
-    /// SRC... DST as with scp: [USER@]HOST:PATH (over ssh), hayate://HOST[:PORT]/PATH (a
-    /// running `hayate serve`), or a local path; one side local, the other remote
-    #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
-    pub paths: Vec<String>,
+    /// Files to copy: local paths, or [USER@]HOST:PATH (ssh) or hayate://HOST[:PORT]/PATH
+    /// when DEST is local
+    #[arg(required = true, num_args = 1.., value_name = "SOURCE")]
+    pub sources: Vec<String>,
+    /// Where they go: [USER@]HOST:PATH (ssh), hayate://HOST[:PORT]/PATH, or a local path
+    /// when the sources are remote
+    #[arg(required = true, value_name = "DEST")]
+    pub dest: String,
     /// Copy directories with everything beneath them (links are copied as links)
     #[arg(short, long)]
     pub recursive: bool,
@@ -92,6 +112,15 @@ pub struct CpArgs {
     /// Seconds to wait for the far side to answer (ssh login not included)
     #[arg(long, default_value_t = 5.0, value_name = "SECS")]
     pub connect_timeout: f64,
+}
+
+impl CpArgs {
+    /// SOURCE... DEST as one list, as scp sees them.
+    pub fn paths(&self) -> Vec<String> {
+        let mut v = self.sources.clone();
+        v.push(self.dest.clone());
+        v
+    }
 }
 
 /// Where the far side is.
@@ -232,7 +261,7 @@ fn resolve(host: &str, port: u16) -> anyhow::Result<SocketAddr> {
 /// `key_from_env`: `--key-file` came from `HAYATE_KEY_FILE`, which an ssh copy ignores.
 pub fn run(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
     check_args(&a, key_from_env).map_err(|e| crate::Usage(format!("{e:#}")))?;
-    let (far, job) = plan(&a.paths)?;
+    let (far, job) = plan(&a.paths())?;
     let rate = rate_config(a.rate, a.rate_min, a.fixed)?;
     let stop = StopFlag::new();
     // Which signal stopped the copy decides the exit code, as a shell reports it (128 + n).
@@ -299,7 +328,7 @@ pub fn run(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
 
 /// What is wrong with the command line itself (exit code 2, as clap's own errors).
 fn check_args(a: &CpArgs, key_from_env: bool) -> anyhow::Result<()> {
-    let (far, _) = plan(&a.paths)?;
+    let (far, _) = plan(&a.paths())?;
     if !(a.connect_timeout > 0.0 && a.connect_timeout < 3600.0) {
         bail!("--connect-timeout must be more than 0 and less than 3600 seconds");
     }
