@@ -265,7 +265,7 @@ pub enum SshError {
     /// Remote shell said command not found / exit 127 / 126.
     #[error("hayate is not installed on {host} (or not on the PATH of a non-interactive ssh session): install it there, or point to it with --remote-path PATH")]
     HayateMissing { host: String },
-    #[error("ssh to {host} failed (exit {code}): {stderr}")]
+    #[error("ssh to {host} failed (exit {code}){}", said(.stderr))]
     Failed {
         host: String,
         code: i32,
@@ -275,6 +275,15 @@ pub enum SshError {
     BadBanner(String),
     #[error("timed out after {0:?} waiting for the far side")]
     Timeout(std::time::Duration),
+}
+
+/// What ssh printed, after a colon; nothing when it printed nothing.
+fn said(stderr: &str) -> String {
+    if stderr.is_empty() {
+        String::new()
+    } else {
+        format!(": {stderr}")
+    }
 }
 
 /// How many stderr lines are kept for error messages.

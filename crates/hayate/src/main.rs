@@ -88,8 +88,22 @@ impl std::fmt::Display for Usage {
 
 impl std::error::Error for Usage {}
 
+/// `hayate cp ... --json ...`: a command line clap refused still gets its JSON object.
+fn wants_json(args: impl Iterator<Item = std::ffi::OsString>) -> bool {
+    let args: Vec<_> = args.take_while(|a| a != "--").collect();
+    args.first().is_some_and(|a| a == "cp") && args.iter().any(|a| a == "--json")
+}
+
 fn main() -> ExitCode {
-    let matches = Cli::command().get_matches();
+    let matches = Cli::command().try_get_matches().unwrap_or_else(|e| {
+        if e.use_stderr() && wants_json(std::env::args_os().skip(1)) {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            let msg = first.strip_prefix("error: ").unwrap_or(first);
+            println!("{}", output::error_json(msg));
+        }
+        e.exit()
+    });
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // HAYATE_KEY_FILE is for hayate:// servers: an ssh copy ignores it, and only refuses a
     // --key-file given on the command line.

@@ -140,76 +140,15 @@ impl Output {
             eprintln!("hayate: {e}");
         }
         let bytes = r.bytes_verified();
-        let goodput = if r.seconds > 0.0 {
-            bytes as f64 * 8.0 / r.seconds
-        } else {
-            0.0
-        };
+        let moved = r.moved_bytes();
+        // From what moved in this run only: resumed and skipped bytes took no time.
+        let goodput = (r.seconds > 0.0).then(|| moved as f64 * 8.0 / r.seconds);
         let s = &r.stats;
-        let loss_ratio = if s.data_packets_sent == 0 {
-            0.0
-        } else {
-            s.blocks_declared_lost as f64 / s.data_packets_sent as f64
-        };
         let files_n = r.file_count();
         let skipped = r.files.iter().filter(|f| f.skipped.is_some()).count();
         let resumed = r.resumed_bytes();
         if self.json {
-            let entry = |f: &hayate_io::driver::client::FileResult| {
-                serde_json::json!({
-                    "kind": f.kind,
-                    "path": f.source(),
-                    "dest": if f.upload { f.remote.clone() } else { f.local.display().to_string() },
-                    "direction": if f.upload { "upload" } else { "download" },
-                    "bytes": f.bytes,
-                    "blake3": f.blake3,
-                    "verified": f.verified,
-                    "skipped": f.skipped,
-                    "resumed_bytes": f.resumed_bytes,
-                    "error": f.error,
-                })
-            };
-            let files: Vec<_> = r
-                .files
-                .iter()
-                .filter(|f| f.kind == Kind::File)
-                .map(entry)
-                .collect();
-            let others: Vec<_> = r
-                .files
-                .iter()
-                .filter(|f| f.kind != Kind::File)
-                .map(entry)
-                .collect();
-            let mut obj = serde_json::json!({
-                "bytes": bytes,
-                "file_count": files_n,
-                "skipped": skipped,
-                "resumed_bytes": resumed,
-                "data_bytes_sent": s.data_bytes_sent,
-                "transport": if r.via_stream { "ssh" } else { "udp" },
-                "seconds": r.seconds,
-                "goodput_bps": goodput,
-                "packets_sent": s.packets_sent,
-                "packets_received": s.packets_received,
-                "data_packets_sent": s.data_packets_sent,
-                "packets_retransmitted": s.data_packets_retransmitted,
-                "loss_ratio": loss_ratio,
-                "srtt_ms": s.srtt_us as f64 / 1000.0,
-                "min_rtt_ms": s.min_rtt_us as f64 / 1000.0,
-                "verified": r.all_verified(),
-                // One file: its hash; several: see "entries".
-                "blake3": if files_n == 1 {
-                    r.files.iter().find(|f| f.kind == Kind::File).and_then(|f| f.blake3.clone())
-                } else {
-                    None
-                },
-                "error": r.error,
-            });
-            obj["files"] = serde_json::Value::Array(files);
-            // Directories and links (with -r).
-            obj["other_entries"] = serde_json::Value::Array(others);
-            println!("{obj}");
+            println!("{}", report_json(r));
         } else if !self.quiet && r.all_verified() {
             let mut extra = String::new();
             if resumed > 0 {
@@ -227,11 +166,111 @@ impl Output {
                 files_n,
                 if files_n == 1 { "" } else { "s" },
                 r.seconds,
-                fmt_bits(goodput / 8.0),
+                fmt_bits(goodput.unwrap_or(0.0) / 8.0),
                 100.0 * s.data_packets_retransmitted as f64 / s.data_packets_sent.max(1) as f64
             );
         }
     }
+}
+
+/// The object `--json` prints for a copy that ran: a field is there only when it was
+/// measured (no RTT before a first sample, no loss ratio for what this side did not send,
+/// no hash for a file that did not verify).
+pub fn report_json(r: &Report) -> serde_json::Value {
+    use serde_json::{json, Map, Value};
+    let s = &r.stats;
+    let files_n = r.file_count();
+    let moved = r.moved_bytes();
+    let mut o = Map::new();
+    let mut put = |k: &str, v: Value| {
+        if !v.is_null() {
+            o.insert(k.to_string(), v);
+        }
+    };
+    put("bytes", json!(moved));
+    put("verified_bytes", json!(r.bytes_verified()));
+    put("file_count", json!(files_n));
+    put(
+        "skipped",
+        json!(r.files.iter().filter(|f| f.skipped.is_some()).count()),
+    );
+    put("skipped_bytes", json!(r.skipped_bytes()));
+    put("resumed_bytes", json!(r.resumed_bytes()));
+    put("data_bytes_sent", json!(s.data_bytes_sent));
+    put("transport", json!(if r.via_stream { "ssh" } else { "udp" }));
+    put("seconds", json!(r.seconds));
+    if r.seconds > 0.0 {
+        put("goodput_bps", json!(moved as f64 * 8.0 / r.seconds));
+    }
+    put("packets_sent", json!(s.packets_sent));
+    put("packets_received", json!(s.packets_received));
+    put("data_packets_sent", json!(s.data_packets_sent));
+    put("packets_retransmitted", json!(s.data_packets_retransmitted));
+    if s.data_packets_sent > 0 {
+        put(
+            "loss_ratio",
+            json!(s.blocks_declared_lost as f64 / s.data_packets_sent as f64),
+        );
+    }
+    if s.rtt_sampled {
+        put("srtt_ms", json!(s.srtt_us as f64 / 1000.0));
+        put("min_rtt_ms", json!(s.min_rtt_us as f64 / 1000.0));
+    }
+    put("verified", json!(r.all_verified()));
+    // One file: its hash; several: see "files".
+    if files_n == 1 {
+        let h = r.files.iter().find(|f| f.kind == Kind::File);
+        put("blake3", json!(h.and_then(|f| f.blake3.clone())));
+    }
+    put("error", json!(r.error));
+    let entry = |f: &hayate_io::driver::client::FileResult| {
+        let mut e = Map::new();
+        for (k, v) in [
+            ("kind", json!(f.kind)),
+            ("path", json!(f.source())),
+            (
+                "dest",
+                json!(if f.upload {
+                    f.remote.clone()
+                } else {
+                    f.local.display().to_string()
+                }),
+            ),
+            (
+                "direction",
+                json!(if f.upload { "upload" } else { "download" }),
+            ),
+            ("bytes", json!(f.bytes)),
+            ("moved_bytes", json!(f.moved_bytes)),
+            ("blake3", json!(f.blake3)),
+            ("verified", json!(f.verified)),
+            ("skipped", json!(f.skipped)),
+            ("resumed_bytes", json!(f.resumed_bytes)),
+            ("error", json!(f.error)),
+        ] {
+            if !v.is_null() {
+                e.insert(k.to_string(), v);
+            }
+        }
+        Value::Object(e)
+    };
+    let (files, others): (Vec<_>, Vec<_>) = r.files.iter().partition(|f| f.kind == Kind::File);
+    o.insert(
+        "files".into(),
+        Value::Array(files.into_iter().map(entry).collect()),
+    );
+    // Directories and links (with -r).
+    o.insert(
+        "other_entries".into(),
+        Value::Array(others.into_iter().map(entry).collect()),
+    );
+    Value::Object(o)
+}
+
+/// The object `--json` prints when the copy could not start (or the command line was
+/// wrong): the error, and nothing that was not measured.
+pub fn error_json(msg: &str) -> serde_json::Value {
+    serde_json::json!({ "error": msg, "verified": false })
 }
 
 impl Ui for Output {
@@ -251,6 +290,7 @@ mod tests {
         out.interval_line(&Progress {
             elapsed: Duration::from_secs_f64(secs),
             bytes_done: bytes,
+            bytes_moved: bytes,
             bytes_total: 1 << 30,
             files_done: 0,
             files_total: 1,

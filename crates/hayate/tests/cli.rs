@@ -98,3 +98,60 @@ fn serve_usage_says_root_is_required_or_stdio() {
     assert_eq!(r.status.code(), Some(2), "{r:#?}");
     assert!(r.stderr.contains("--root <DIR>"), "{r:#?}");
 }
+
+/// `--json` with a copy that cannot start: exactly one object, with the error and nothing
+/// that was not measured, and the exit code of that failure.
+fn assert_json_error(r: &Run, code: i32, says: &str) {
+    assert_eq!(r.status.code(), Some(code), "{r:#?}");
+    let j = r.json();
+    let e = j["error"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error: {r:#?}"));
+    assert!(e.contains(says), "{says:?} not in {e:?}");
+    assert_eq!(j["verified"], false, "{j}");
+    for absent in [
+        "bytes",
+        "seconds",
+        "goodput_bps",
+        "srtt_ms",
+        "blake3",
+        "loss_ratio",
+    ] {
+        assert!(j.get(absent).is_none(), "{absent} was not measured: {j}");
+    }
+    // The error is still said on stderr, once.
+    assert_eq!(r.stderr.matches(says).count(), 1, "{r:#?}");
+}
+
+#[test]
+fn json_is_one_object_when_the_copy_cannot_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    let f = tmp.path().join("f");
+    std::fs::write(&f, b"data").unwrap();
+    let f = f.to_str().unwrap();
+    // Wrong arguments found after parsing (exit 2).
+    let r = run(&["cp", "--json", f, "/tmp/elsewhere"]);
+    assert_json_error(&r, 2, "one side must be remote");
+    let r = run(&["cp", "--json", "--rate", "1M", "--rate-min", "2M", f, "h:x"]);
+    assert_json_error(&r, 2, "--rate-min is above --rate");
+    // Refused by the parser itself (exit 2).
+    let r = run(&["cp", "--bogus", "--json", f, "h:x"]);
+    assert_json_error(&r, 2, "unexpected argument '--bogus'");
+    // A key file that cannot be read (exit 1).
+    let key = tmp.path().join("no-key");
+    let url = "hayate://127.0.0.1:9/x";
+    let r = run(&["cp", "--json", "--key-file", key.to_str().unwrap(), f, url]);
+    assert_json_error(&r, 1, "cannot read key file");
+    // A key file that is not a key.
+    let r = run(&["cp", "--json", "--key-file", f, f, url]);
+    assert_json_error(&r, 1, "malformed key file");
+    // ssh that fails, and ssh that cannot be run at all.
+    let r = run(&["cp", "--json", "-e", "false", f, "somehost:x"]);
+    assert_json_error(&r, 1, "ssh to somehost failed (exit 1)");
+    let r = run(&["cp", "--json", "-e", "/nonexistent/ssh", f, "somehost:x"]);
+    assert_json_error(&r, 1, "cannot run /nonexistent/ssh");
+    // Help is not an error: no JSON.
+    let r = run(&["cp", "--json", "--help"]);
+    r.assert_ok();
+    assert!(!r.stdout.starts_with('{'), "{r:#?}");
+}

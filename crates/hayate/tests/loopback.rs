@@ -75,12 +75,21 @@ fn check_json(run: &Run, len: u64, hash: &blake3::Hash) -> serde_json::Value {
         "goodput_bps",
         "packets_sent",
         "packets_retransmitted",
-        "loss_ratio",
         "blake3",
         "verified",
+        "srtt_ms",
+        "min_rtt_ms",
     ] {
         assert!(j.get(k).is_some(), "JSON lacks {k:?}: {j}");
     }
+    // What was not measured is absent: no error on success, and a loss ratio only for
+    // what this side sent (a download's sender is the far side).
+    assert!(j.get("error").is_none(), "{j}");
+    assert_eq!(
+        j.get("loss_ratio").is_some(),
+        j["data_packets_sent"].as_u64() > Some(0),
+        "{j}"
+    );
     assert_eq!(j["bytes"].as_u64(), Some(len), "{j}");
     assert_eq!(j["verified"].as_bool(), Some(true), "{j}");
     assert_eq!(j["blake3"].as_str(), Some(hex(hash).as_str()), "{j}");
@@ -88,12 +97,9 @@ fn check_json(run: &Run, len: u64, hash: &blake3::Hash) -> serde_json::Value {
     assert!(j["goodput_bps"].as_f64().is_some_and(|x| x >= 0.0), "{j}");
     assert!(j["packets_sent"].as_u64().is_some_and(|x| x > 0), "{j}");
     assert!(j["packets_retransmitted"].as_u64().is_some(), "{j}");
-    assert!(
-        j["loss_ratio"]
-            .as_f64()
-            .is_some_and(|x| (0.0..=1.0).contains(&x)),
-        "{j}"
-    );
+    if let Some(l) = j.get("loss_ratio") {
+        assert!(l.as_f64().is_some_and(|x| (0.0..=1.0).contains(&x)), "{j}");
+    }
     j
 }
 
@@ -509,6 +515,28 @@ fn wrong_key_is_refused() {
     assert_eq!(part_files(&fx.local), Vec::<String>::new());
     assert_eq!(tree(&fx.root), ["r.bin"]);
 
+    // --json: one object with the error, and no RTT (none was measured: the handshake
+    // failed), no loss ratio, no hash.
+    for args in [
+        ["--json".to_string(), s(&src), fx.url("w.bin")],
+        ["--json".to_string(), fx.url("r.bin"), s(&dst)],
+    ] {
+        let r = cp(&other, &args);
+        assert_eq!(r.status.code(), Some(1), "{r:#?}");
+        let j = r.json();
+        let e = lower(
+            j["error"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no error: {j}")),
+        );
+        assert!(e.contains("key") && e.contains("authentication"), "{j}");
+        for absent in ["srtt_ms", "min_rtt_ms", "loss_ratio", "blake3"] {
+            assert!(j.get(absent).is_none(), "{absent} was not measured: {j}");
+        }
+        assert_eq!(j["verified"], false, "{j}");
+        assert_eq!(j["bytes"], 0, "{j}");
+    }
+
     // The server is unharmed: the right key still works.
     fx.cp(&[s(&src), fx.url("w.bin")]).assert_ok();
 }
@@ -872,10 +900,15 @@ fn sigterm_and_sigint_stop_the_server_cleanly() {
 
 /// Starts a slow 64 MiB upload and waits until the server has its temp file.
 fn slow_upload(fx: &Fx, name: &str) -> Running {
+    slow_upload_with(fx, name, &[])
+}
+
+fn slow_upload_with(fx: &Fx, name: &str, extra: &[&str]) -> Running {
     let src = fx.local.join(name);
     write_random(&src, 64 << 20, 19);
     let mut cmd = hayate();
     cmd.args(["cp", "--key-file", &s(&fx.key), "--rate", "40M"]);
+    cmd.args(extra);
     cmd.args([s(&src), fx.url(name)]);
     let client = spawn_cmd(&mut cmd);
     let part = fx.root.join(format!(".{name}.hayate-part"));
@@ -1148,4 +1181,34 @@ fn an_interrupted_copy_exits_128_plus_the_signal() {
         assert!(lower(&run.stderr).contains("interrupted"), "{run:#?}");
         assert!(!fx.root.join("big.bin").exists());
     }
+}
+
+#[test]
+fn json_of_an_interrupted_copy_reports_what_moved() {
+    let fx = Fx::new();
+    let mut client = slow_upload_with(&fx, "big.bin", &["--json"]);
+    assert!(
+        !client.try_finished(),
+        "upload finished too early to interrupt"
+    );
+    signal(client.pid(), libc::SIGINT);
+    let run = client.wait(Duration::from_secs(10));
+    assert_eq!(run.status.code(), Some(130), "{run:#?}");
+    let j = run.json();
+    assert!(
+        lower(j["error"].as_str().unwrap_or_default()).contains("interrupted"),
+        "{j}"
+    );
+    assert_eq!(j["verified"], false, "{j}");
+    assert!(j.get("blake3").is_none(), "{j}");
+    // At 40 Mbit/s for at least half a second, megabytes had landed; not all 64 MiB.
+    let moved = j["bytes"].as_u64().unwrap();
+    assert!(moved > 1_000_000 && moved < 64 << 20, "{j}");
+    assert_eq!(j["files"][0]["moved_bytes"].as_u64(), Some(moved), "{j}");
+    assert_eq!(j["verified_bytes"], 0, "{j}");
+    // Measured on this run: the RTT is there, and the rate is what moved over the time.
+    assert!(j["srtt_ms"].as_f64().is_some(), "{j}");
+    let secs = j["seconds"].as_f64().unwrap();
+    let bps = j["goodput_bps"].as_f64().unwrap();
+    assert!((bps - moved as f64 * 8.0 / secs).abs() < 1.0, "{j}");
 }

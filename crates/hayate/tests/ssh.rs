@@ -507,6 +507,31 @@ fn bad_host_and_denied_login_fail_clearly() {
         r.stderr
     );
     assert!(!fx.p("g").exists());
+    // With --json: one object on stdout that says why, and nothing unmeasured.
+    let r = run(
+        hayate().args([
+            "cp",
+            "--json",
+            "-e",
+            &ssh,
+            "--remote-path",
+            BIN,
+            fx.p("f").to_str().unwrap(),
+            &fx.remote("g"),
+        ]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(r.status.code(), Some(1), "{r:#?}");
+    let j = r.json();
+    let e = j["error"].as_str().unwrap_or_default().to_lowercase();
+    assert!(
+        e.contains("ssh to 127.0.0.1 failed") && e.contains("permission denied"),
+        "{j}"
+    );
+    assert!(
+        j.get("bytes").is_none() && j.get("srtt_ms").is_none(),
+        "{j}"
+    );
 }
 
 #[test]

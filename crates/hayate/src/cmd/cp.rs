@@ -260,6 +260,16 @@ fn resolve(host: &str, port: u16) -> anyhow::Result<SocketAddr> {
 
 /// `key_from_env`: `--key-file` came from `HAYATE_KEY_FILE`, which an ssh copy ignores.
 pub fn run(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
+    let json = a.json;
+    let r = copy(a, key_from_env);
+    // A copy that could not start still owes --json its one object.
+    if let (true, Err(e)) = (json, &r) {
+        println!("{}", crate::output::error_json(&format!("{e:#}")));
+    }
+    r
+}
+
+fn copy(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
     check_args(&a, key_from_env).map_err(|e| crate::Usage(format!("{e:#}")))?;
     let (far, job) = plan(&a.paths())?;
     let rate = rate_config(a.rate, a.rate_min, a.fixed)?;
