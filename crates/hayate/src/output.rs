@@ -19,11 +19,16 @@ pub struct Output {
     last_bytes: u64,
     /// The counters at the last line: each line shows what changed since.
     last: Stats,
+    /// --progress without a terminal: a plain line a second instead of a bar.
+    progress_lines: bool,
+    /// When the last progress line was printed, and what had moved then.
+    last_progress: Option<(Duration, u64)>,
 }
 
 impl Output {
-    pub fn new(quiet: bool, json: bool, interval: Option<f64>) -> Self {
-        let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
+    pub fn new(quiet: bool, json: bool, interval: Option<f64>, progress: bool) -> Self {
+        let terminal = std::io::stderr().is_terminal();
+        let bar = (!quiet && terminal).then(|| {
             let b = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
             b.set_style(
                 ProgressStyle::with_template(
@@ -42,7 +47,39 @@ impl Output {
             last_line: Duration::ZERO,
             last_bytes: 0,
             last: Stats::default(),
+            progress_lines: progress && !quiet && !terminal,
+            last_progress: None,
         }
+    }
+
+    /// A progress line as rsync --progress prints one, for logs: done of total, percent,
+    /// the rate since the last line (bits/s, of what moved: resumed bytes took no time),
+    /// and files when there are several.
+    fn progress_line(&mut self, p: &Progress<'_>) -> String {
+        let (t0, m0) = self.last_progress.unwrap_or((Duration::ZERO, 0));
+        let dt = (p.elapsed - t0).as_secs_f64();
+        let rate = if dt > 0.0 {
+            p.bytes_moved.saturating_sub(m0) as f64 / dt
+        } else {
+            0.0
+        };
+        self.last_progress = Some((p.elapsed, p.bytes_moved));
+        let pct = if p.bytes_total == 0 {
+            100.0
+        } else {
+            100.0 * p.bytes_done.min(p.bytes_total) as f64 / p.bytes_total as f64
+        };
+        let mut line = format!(
+            "{:>10} of {:>10} {pct:5.1}% {:>13} {:7.1}s",
+            fmt_bytes(p.bytes_done),
+            fmt_bytes(p.bytes_total),
+            fmt_bits(rate),
+            p.elapsed.as_secs_f64()
+        );
+        if p.files_total > 1 {
+            line.push_str(&format!("  {}/{} files", p.files_done, p.files_total));
+        }
+        line
     }
 
     /// One stats line for the time since the last one. What this side sends (an upload)
@@ -103,6 +140,14 @@ impl Output {
     }
 
     pub fn progress(&mut self, p: &Progress<'_>) {
+        let due = match self.last_progress {
+            None => true,
+            Some((t, _)) => p.elapsed >= t + Duration::from_secs(1),
+        };
+        if self.progress_lines && p.connected && due {
+            let line = self.progress_line(p);
+            eprintln!("{line}");
+        }
         if let Some(b) = &self.bar {
             b.set_length(p.bytes_total);
             b.set_position(p.bytes_done.min(p.bytes_total));
@@ -301,7 +346,7 @@ mod tests {
 
     #[test]
     fn an_upload_line_has_retransmissions_and_the_pace() {
-        let mut out = Output::new(true, false, Some(1.0));
+        let mut out = Output::new(true, false, Some(1.0), false);
         let stats = Stats {
             data_packets_sent: 1000,
             data_packets_retransmitted: 10,
@@ -316,7 +361,7 @@ mod tests {
 
     #[test]
     fn a_download_line_has_duplicates_not_our_own_pace() {
-        let mut out = Output::new(true, false, Some(1.0));
+        let mut out = Output::new(true, false, Some(1.0), false);
         let stats = Stats {
             data_packets_received: 2000,
             duplicate_blocks_received: 20,

@@ -1212,3 +1212,100 @@ fn json_of_an_interrupted_copy_reports_what_moved() {
     let bps = j["goodput_bps"].as_f64().unwrap();
     assert!((bps - moved as f64 * 8.0 / secs).abs() < 1.0, "{j}");
 }
+
+/// scp's -l (Kbit/s) and rsync's --bwlimit (KiB/s) cap the rate as --rate does.
+#[test]
+fn scp_and_rsync_rate_limits_cap_the_rate() {
+    let fx = Fx::new();
+    let src = fx.local.join("l.bin");
+    write_random(&src, 1_000_000, 31);
+    // 1 MB at 4 Mbit/s (-l 4000) or 500 KiB/s (--bwlimit 500): about 2 s either way, where
+    // the uncapped copy on loopback takes a fraction of that.
+    for limit in [["-l", "4000"], ["--bwlimit", "500"]] {
+        let r = fx.cp(&[limit[0], limit[1], "--json", &s(&src), &fx.url("l.bin")]);
+        r.assert_ok();
+        let j = r.json();
+        let secs = j["seconds"].as_f64().unwrap();
+        let bps = j["goodput_bps"].as_f64().unwrap();
+        assert!(secs > 1.5, "{limit:?} not capped: {j}");
+        assert!(bps < 4_300_000.0, "{limit:?} not capped: {j}");
+    }
+    let r = fx.cp(&["--json", &s(&src), &fx.url("l.bin")]);
+    r.assert_ok();
+    assert!(r.json()["seconds"].as_f64().unwrap() < 1.5, "{r:#?}");
+    // One cap at a time, said as a usage error.
+    let r = fx.cp(&["-l", "4000", "--rate", "1M", &s(&src), &fx.url("l.bin")]);
+    assert_eq!(r.status.code(), Some(2), "{r:#?}");
+    assert!(
+        r.stderr
+            .contains("'-l <KBIT>' cannot be used with '--rate <RATE>'"),
+        "{r:#?}"
+    );
+    let r = fx.cp(&["--bwlimit", "fast", &s(&src), &fx.url("l.bin")]);
+    assert_eq!(r.status.code(), Some(2), "{r:#?}");
+    assert!(r.stderr.contains("invalid --bwlimit \"fast\""), "{r:#?}");
+    // -v says what the cap came to.
+    let r = fx.cp(&["-v", "-l", "80000", &s(&src), &fx.url("l.bin")]);
+    r.assert_ok();
+    assert!(
+        r.stderr
+            .contains("hayate: rate: found by itself, capped at 80.0 Mbit/s"),
+        "{r:#?}"
+    );
+}
+
+/// -4 and -6 choose the address family of hayate's UDP.
+#[test]
+fn address_family_options_choose_the_udp_address() {
+    let fx = Fx::new();
+    let src = fx.local.join("a.bin");
+    write_random(&src, 10_000, 32);
+    let r = fx.cp(&["-6", &s(&src), &fx.url("a.bin")]);
+    assert_eq!(r.status.code(), Some(1), "{r:#?}");
+    assert_eq!(
+        r.stderr.trim(),
+        "hayate: no IPv6 address for 127.0.0.1 (-6)",
+        "{r:#?}"
+    );
+    let v6 = format!("hayate://[::1]:{}/a.bin", fx.srv.port);
+    let r = fx.cp(&["-4", &s(&src), &v6]);
+    assert_eq!(r.status.code(), Some(1), "{r:#?}");
+    assert!(r.stderr.contains("no IPv4 address for ::1 (-4)"), "{r:#?}");
+    let r = fx.cp(&["-4", "-v", &s(&src), &fx.url("a.bin")]);
+    r.assert_ok();
+    assert!(
+        r.stderr.contains(&format!(
+            "hayate: server 127.0.0.1:{0} is 127.0.0.1:{0}: data over UDP",
+            fx.srv.port
+        )),
+        "{r:#?}"
+    );
+}
+
+/// --progress prints progress lines when stderr is not a terminal (as rsync does); without
+/// it a log gets none.
+#[test]
+fn progress_prints_lines_without_a_terminal() {
+    let fx = Fx::new();
+    let src = fx.local.join("p.bin");
+    write_random(&src, 2_000_000, 33);
+    fn progress_lines(r: &Run) -> Vec<&str> {
+        r.stderr
+            .lines()
+            .filter(|l| l.contains(" of ") && l.contains(" MB ") && l.contains('%'))
+            .collect()
+    }
+    let r = fx.cp(&["--progress", "-l", "6000", &s(&src), &fx.url("p.bin")]);
+    r.assert_ok();
+    let lines = progress_lines(&r);
+    assert!(lines.len() >= 2, "{r:#?}");
+    for l in &lines {
+        assert!(l.ends_with('s') && l.contains("bit/s"), "{l}");
+    }
+    let r = fx.cp(&["-l", "6000", &s(&src), &fx.url("p2.bin")]);
+    r.assert_ok();
+    assert_eq!(progress_lines(&r), Vec::<&str>::new(), "{r:#?}");
+    // Not with -q.
+    let r = fx.cp(&["-q", "--progress", &s(&src), &fx.url("p3.bin")]);
+    assert_eq!(r.status.code(), Some(2), "{r:#?}");
+}
