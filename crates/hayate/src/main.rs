@@ -23,7 +23,7 @@ Copy as with scp, through your own ssh (hayate installed on both sides, nothing 
 Or with a standing server and a pre-shared key:
   hayate cp --key-file KEY big.iso hayate://server:5300/isos/
 
-See `hayate cp --help`."
+See `hayate cp --help`, `hayate man`."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -60,6 +60,13 @@ enum Command {
     /// Measure this host
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Print the manual page (roff): `hayate man | man -l -`
+    Man,
+    /// Print shell completions: `hayate completions bash > /etc/bash_completion.d/hayate`
+    Completions {
+        /// bash, zsh, fish, elvish or powershell
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -116,6 +123,18 @@ fn main() -> ExitCode {
         Command::Cp(a) => cmd::cp::run(a, key_from_env),
         Command::Perf(c) => hayate_perf::run_perf(c),
         Command::Bench(BenchCommand::Mem(a)) => hayate_perf::run_bench_mem(a),
+        Command::Man => {
+            let mut page = Vec::new();
+            cmd::docs::man(Cli::command(), &mut page)
+                .and_then(|()| cmd::docs::print(&page))
+                .map(|()| 0)
+                .map_err(anyhow::Error::from)
+        }
+        Command::Completions { shell } => {
+            cmd::docs::print(&cmd::docs::completions(shell, Cli::command()))
+                .map(|()| 0)
+                .map_err(anyhow::Error::from)
+        }
     };
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

@@ -155,3 +155,67 @@ fn json_is_one_object_when_the_copy_cannot_start() {
     r.assert_ok();
     assert!(!r.stdout.starts_with('{'), "{r:#?}");
 }
+
+#[test]
+fn man_page_is_roff_and_describes_cp_and_its_options() {
+    let r = run(&["man"]);
+    r.assert_ok();
+    let m = &r.stdout;
+    assert!(m.contains("\n.TH hayate 1 "), "{m}");
+    assert!(m.contains("\n.SH NAME\n"), "{m}");
+    // cp has its own section with the plain synopsis, and its options are listed (roff
+    // writes a dash as \-).
+    let cp = at(m, "\n.SH \"HAYATE CP\"\n");
+    let serve = at(m, "\n.SH \"HAYATE SERVE\"\n");
+    let cp_part = &m[cp..serve.max(cp)];
+    assert!(cp_part.contains("\\fBhayate cp\\fR"), "{cp_part}");
+    assert!(cp_part.contains("SOURCE... DEST"), "{cp_part}");
+    for opt in [
+        "\\-\\-bwlimit",
+        "\\-\\-remote\\-path",
+        "\\-\\-json",
+        "\\-\\-progress",
+        "\\-i",
+        "\\-l",
+    ] {
+        assert!(
+            cp_part.contains(opt),
+            "{opt} not in the cp section:\n{cp_part}"
+        );
+    }
+    // The examples stay laid out as written (no filling).
+    assert!(cp_part.contains(".nf\n"), "{cp_part}");
+    assert!(
+        cp_part.contains("  hayate cp big.iso me@server:isos/ "),
+        "{cp_part}"
+    );
+    // Every line is roff: none starts with a stray dot that is not a request.
+    for l in m.lines() {
+        if let Some(rest) = l.strip_prefix('.') {
+            assert!(
+                rest.starts_with(|c: char| c.is_ascii_alphabetic()),
+                "stray line {l:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn completions_name_cp_and_its_options_for_each_shell() {
+    for (shell, marks) in [
+        (
+            "bash",
+            &["_hayate()", "cp)", "--bwlimit", "--remote-path"][..],
+        ),
+        ("zsh", &["#compdef hayate", "'cp:", "--bwlimit"]),
+        ("fish", &["complete -c hayate", "-a \"cp\"", "-l bwlimit"]),
+    ] {
+        let r = run(&["completions", shell]);
+        r.assert_ok();
+        for m in marks {
+            assert!(r.stdout.contains(m), "{shell}: {m:?} not in:\n{}", r.stdout);
+        }
+    }
+    let r = run(&["completions", "tcsh"]);
+    assert_eq!(r.status.code(), Some(2), "{r:#?}");
+}

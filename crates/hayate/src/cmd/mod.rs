@@ -1,4 +1,5 @@
 pub mod cp;
+pub mod docs;
 pub mod keygen;
 pub mod location;
 pub mod serve;
