@@ -60,6 +60,8 @@ enum Command {
     /// Measure this host
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// List the partial copies interrupted transfers left beneath PATH (--delete: remove them)
+    Clean(cmd::clean::CleanArgs),
     /// Print the manual page (roff): `hayate man | man -l -`
     Man,
     /// Print shell completions: `hayate completions bash > /etc/bash_completion.d/hayate`
@@ -123,6 +125,7 @@ fn main() -> ExitCode {
         Command::Cp(a) => cmd::cp::run(a, key_from_env),
         Command::Perf(c) => hayate_perf::run_perf(c),
         Command::Bench(BenchCommand::Mem(a)) => hayate_perf::run_bench_mem(a),
+        Command::Clean(a) => cmd::clean::run(a),
         Command::Man => {
             let mut page = Vec::new();
             cmd::docs::man(Cli::command(), &mut page)

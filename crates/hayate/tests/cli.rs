@@ -219,3 +219,85 @@ fn completions_name_cp_and_its_options_for_each_shell() {
     let r = run(&["completions", "tcsh"]);
     assert_eq!(r.status.code(), Some(2), "{r:#?}");
 }
+
+/// `hayate clean` lists exactly the regular files named `.NAME.hayate-part` and
+/// `.NAME.hayate-state` beneath PATH, with sizes; `--delete` removes those and nothing
+/// else, and no link (to a file or a directory) is followed.
+#[test]
+fn clean_lists_and_deletes_only_partial_copies_and_follows_no_link() {
+    use std::fs;
+    use std::os::unix::fs::symlink;
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path().join("data");
+    let out = tmp.path().join("outside");
+    fs::create_dir_all(d.join("sub/deep")).unwrap();
+    fs::create_dir_all(&out).unwrap();
+    fs::write(d.join(".a.bin.hayate-part"), vec![7u8; 123_456]).unwrap();
+    fs::write(d.join(".a.bin.hayate-state"), b"state").unwrap();
+    fs::write(d.join("sub/deep/.x.hayate-part"), vec![1u8; 2_000_000]).unwrap();
+    // Not ours: no name before the suffix, no leading dot, another suffix, the file itself.
+    for keep in [
+        ".hayate-part",
+        "a.hayate-part",
+        ".a.hayate-part.old",
+        "a.bin",
+    ] {
+        fs::write(d.join(keep), b"keep").unwrap();
+    }
+    // A directory and a FIFO with our names are not files to remove.
+    fs::create_dir(d.join(".dir.hayate-part")).unwrap();
+    let fifo = std::ffi::CString::new(d.join(".f.hayate-part").to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+    // Links leading out: to a directory with a partial file, and named like one.
+    fs::write(out.join(".o.hayate-part"), b"outside").unwrap();
+    symlink(&out, d.join("sub/out")).unwrap();
+    symlink(out.join(".o.hayate-part"), d.join(".l.hayate-part")).unwrap();
+
+    let ds = d.to_str().unwrap();
+    let r = run(&["clean", ds]);
+    r.assert_ok();
+    let want_lines = [
+        format!("  123.5 kB  {ds}/.a.bin.hayate-part"),
+        format!("       5 B  {ds}/.a.bin.hayate-state"),
+        format!("    2.0 MB  {ds}/sub/deep/.x.hayate-part"),
+    ];
+    let listed: Vec<&str> = r.stdout.lines().filter(|l| l.contains(ds)).collect();
+    assert_eq!(listed, want_lines, "{r:#?}");
+    assert!(
+        r.stdout
+            .contains("3 files, 2.1 MB, left by interrupted copies"),
+        "{r:#?}"
+    );
+    // Listing removed nothing.
+    assert!(d.join(".a.bin.hayate-part").exists());
+
+    let r = run(&["clean", "--delete", ds]);
+    r.assert_ok();
+    assert!(r.stdout.contains("removed 3 files, 2.1 MB"), "{r:#?}");
+    let left = common::tree(&d);
+    assert_eq!(
+        left,
+        [
+            ".a.hayate-part.old",
+            ".dir.hayate-part",
+            ".f.hayate-part",
+            ".hayate-part",
+            ".l.hayate-part",
+            "a.bin",
+            "a.hayate-part",
+            "sub",
+            "sub/deep",
+            "sub/out",
+        ],
+        "{r:#?}"
+    );
+    assert_eq!(fs::read(out.join(".o.hayate-part")).unwrap(), b"outside");
+    let r = run(&["clean", ds]);
+    r.assert_ok();
+    assert!(r.stdout.contains("no partial copies beneath"), "{r:#?}");
+    // A PATH that is not a directory is named.
+    let r = run(&["clean", d.join("a.bin").to_str().unwrap()]);
+    assert_eq!(r.status.code(), Some(1), "{r:#?}");
+    assert!(r.stderr.contains("a.bin: Not a directory"), "{r:#?}");
+}

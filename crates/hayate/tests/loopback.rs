@@ -1309,3 +1309,48 @@ fn progress_prints_lines_without_a_terminal() {
     let r = fx.cp(&["-q", "--progress", &s(&src), &fx.url("p3.bin")]);
     assert_eq!(r.status.code(), Some(2), "{r:#?}");
 }
+
+/// What a real interrupted upload leaves is what `hayate clean` finds; while a copy still
+/// writes its temp file, clean leaves it alone.
+#[test]
+fn clean_finds_what_an_interrupted_copy_left_and_spares_a_running_one() {
+    let fx = Fx::new();
+    let mut client = slow_upload(&fx, "big.bin");
+    let root = s(&fx.root);
+    let part = fx.root.join(".big.bin.hayate-part");
+    let r = run(["clean", "--delete", &root]);
+    r.assert_ok();
+    assert!(
+        r.stdout.contains(&format!(
+            "{root}/.big.bin.hayate-part (a copy is writing it: left alone)"
+        )),
+        "{r:#?}"
+    );
+    assert!(part.exists());
+    assert!(!client.try_finished());
+    signal(client.pid(), libc::SIGINT);
+    let run_ = client.wait(Duration::from_secs(10));
+    assert_eq!(run_.status.code(), Some(130), "{run_:#?}");
+    // The server lets go of the file once it has seen the client leave.
+    let mut listed = String::new();
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            listed = run(["clean", &root]).stdout;
+            !listed.contains("a copy is writing it")
+        }),
+        "{listed}"
+    );
+    // Fully allocated: the whole size is listed, with the state file beside it.
+    assert!(
+        listed.contains(&format!("   67.1 MB  {root}/.big.bin.hayate-part")),
+        "{listed}"
+    );
+    assert!(
+        listed.contains(&format!("{root}/.big.bin.hayate-state")),
+        "{listed}"
+    );
+    let r = run(["clean", "--delete", &root]);
+    r.assert_ok();
+    assert!(r.stdout.contains("removed 2 files"), "{r:#?}");
+    assert_eq!(tree(&fx.root), Vec::<String>::new());
+}

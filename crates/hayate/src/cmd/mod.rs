@@ -1,3 +1,4 @@
+pub mod clean;
 pub mod cp;
 pub mod docs;
 pub mod keygen;
