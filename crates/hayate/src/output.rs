@@ -1,6 +1,11 @@
 //! What `hayate cp` shows: a progress bar on a terminal, periodic stats lines, a summary,
 //! or exactly one JSON object on stdout.
+//!
+//! One system of units everywhere: rates in bits/s (kbit/s, Mbit/s, Gbit/s), sizes in
+//! decimal bytes (kB, MB, GB), as `units` formats them. A rate is always of what moved in
+//! this run: bytes a resumed file already had, and skipped files, took no time.
 
+use std::collections::VecDeque;
 use std::io::IsTerminal;
 use std::time::Duration;
 
@@ -15,8 +20,11 @@ pub struct Output {
     json: bool,
     interval: Option<Duration>,
     bar: Option<ProgressBar>,
+    /// Recent (elapsed, moved) samples: the bar's rate is over the last few seconds.
+    recent: VecDeque<(Duration, u64)>,
     last_line: Duration,
-    last_bytes: u64,
+    /// What had moved at the last stats line.
+    last_moved: u64,
     /// The counters at the last line: each line shows what changed since.
     last: Stats,
     /// --progress without a terminal: a plain line a second instead of a bar.
@@ -31,11 +39,11 @@ impl Output {
         let bar = (!quiet && terminal).then(|| {
             let b = ProgressBar::with_draw_target(Some(0), ProgressDrawTarget::stderr());
             b.set_style(
-                ProgressStyle::with_template(
-                    "{bar:30.cyan/blue} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {msg}",
-                )
-                .expect("valid template")
-                .progress_chars("=> "),
+                // indicatif's own byte and rate keys are binary and count every position
+                // change; the message is ours (see `bar_message`).
+                ProgressStyle::with_template("{bar:30.cyan/blue} {msg}")
+                    .expect("valid template")
+                    .progress_chars("=> "),
             );
             b
         });
@@ -44,8 +52,9 @@ impl Output {
             json,
             interval: interval.filter(|s| *s > 0.0).map(Duration::from_secs_f64),
             bar,
+            recent: VecDeque::new(),
             last_line: Duration::ZERO,
-            last_bytes: 0,
+            last_moved: 0,
             last: Stats::default(),
             progress_lines: progress && !quiet && !terminal,
             last_progress: None,
@@ -100,7 +109,7 @@ impl Output {
                 100.0 * a as f64 / b as f64
             }
         };
-        let rate = (p.bytes_done.saturating_sub(self.last_bytes)) as f64 / dt;
+        let rate = (p.bytes_moved.saturating_sub(self.last_moved)) as f64 / dt;
         let head = format!(
             "{:7.2}s {:>13} {:>10} done",
             p.elapsed.as_secs_f64(),
@@ -123,9 +132,44 @@ impl Output {
             )
         };
         self.last_line = p.elapsed;
-        self.last_bytes = p.bytes_done;
+        self.last_moved = p.bytes_moved;
         self.last = s.clone();
         line
+    }
+
+    /// The text beside the bar: done of total, the rate over the last 3 s of what moved,
+    /// the time left at that rate, and files when there are several.
+    fn bar_message(&mut self, p: &Progress<'_>) -> String {
+        self.recent.push_back((p.elapsed, p.bytes_moved));
+        while self
+            .recent
+            .front()
+            .is_some_and(|(t, _)| p.elapsed.saturating_sub(*t) > Duration::from_secs(3))
+        {
+            self.recent.pop_front();
+        }
+        let (t0, m0) = *self.recent.front().expect("just pushed");
+        let dt = (p.elapsed - t0).as_secs_f64();
+        let rate = (dt > 0.0).then(|| p.bytes_moved.saturating_sub(m0) as f64 / dt);
+        let left = p.bytes_total.saturating_sub(p.bytes_done);
+        let mut m = format!("{}/{}", fmt_bytes(p.bytes_done), fmt_bytes(p.bytes_total));
+        match rate {
+            Some(r) if r > 0.0 => {
+                let eta = (left as f64 / r) as u64;
+                m.push_str(&format!(
+                    " {} ETA {}:{:02}:{:02}",
+                    fmt_bits(r),
+                    eta / 3600,
+                    eta / 60 % 60,
+                    eta % 60
+                ));
+            }
+            _ => {}
+        }
+        if p.files_total > 1 {
+            m.push_str(&format!(" {}/{} files", p.files_done, p.files_total));
+        }
+        m
     }
 
     /// A notice on its own line (above the bar, if there is one); silent with -q.
@@ -148,11 +192,12 @@ impl Output {
             let line = self.progress_line(p);
             eprintln!("{line}");
         }
-        if let Some(b) = &self.bar {
-            b.set_length(p.bytes_total);
-            b.set_position(p.bytes_done.min(p.bytes_total));
-            if p.files_total > 1 {
-                b.set_message(format!("{}/{} files", p.files_done, p.files_total));
+        if self.bar.is_some() {
+            let msg = self.bar_message(p);
+            if let Some(b) = &self.bar {
+                b.set_length(p.bytes_total);
+                b.set_position(p.bytes_done.min(p.bytes_total));
+                b.set_message(msg);
             }
         }
         let Some(iv) = self.interval else { return };
@@ -184,38 +229,66 @@ impl Output {
         if let Some(e) = &r.error {
             eprintln!("hayate: {e}");
         }
-        let bytes = r.bytes_verified();
-        let moved = r.moved_bytes();
-        // From what moved in this run only: resumed and skipped bytes took no time.
-        let goodput = (r.seconds > 0.0).then(|| moved as f64 * 8.0 / r.seconds);
-        let s = &r.stats;
-        let files_n = r.file_count();
-        let skipped = r.files.iter().filter(|f| f.skipped.is_some()).count();
-        let resumed = r.resumed_bytes();
         if self.json {
             println!("{}", report_json(r));
         } else if !self.quiet && r.all_verified() {
-            let mut extra = String::new();
-            if resumed > 0 {
-                extra.push_str(&format!(", {} resumed (already there)", fmt_bytes(resumed)));
-            }
-            if skipped > 0 {
-                extra.push_str(&format!(", {skipped} skipped"));
-            }
-            if r.via_stream {
-                extra.push_str(", over the ssh channel");
-            }
-            eprintln!(
-                "{} in {} file{} in {:.2} s: {} (retransmitted {:.2}%){extra}, verified",
-                fmt_bytes(bytes),
-                files_n,
-                if files_n == 1 { "" } else { "s" },
-                r.seconds,
-                fmt_bits(goodput.unwrap_or(0.0) / 8.0),
-                100.0 * s.data_packets_retransmitted as f64 / s.data_packets_sent.max(1) as f64
-            );
+            eprintln!("{}", summary_line(r));
         }
     }
+}
+
+/// The one line after a copy that verified: what is verified, then what moved in this run
+/// and its rate, then what was already there (resumed) and what was skipped, each apart and
+/// none of it in the rate. Retransmissions only when this side sent the data.
+pub fn summary_line(r: &Report) -> String {
+    let s = &r.stats;
+    let files = |n: usize| format!("{n} file{}", if n == 1 { "" } else { "s" });
+    let verified: Vec<_> = r
+        .files
+        .iter()
+        .filter(|f| f.kind == Kind::File && f.verified)
+        .collect();
+    let moved = r.moved_bytes();
+    let skipped = r.files.iter().filter(|f| f.skipped.is_some()).count();
+    if verified.is_empty() && skipped > 0 {
+        return format!(
+            "{} skipped ({}) in {:.2} s, nothing to copy",
+            files(skipped),
+            fmt_bytes(r.skipped_bytes()),
+            r.seconds
+        );
+    }
+    let mut line = format!(
+        "{} in {} verified in {:.2} s: {} moved",
+        fmt_bytes(r.bytes_verified()),
+        files(verified.len()),
+        r.seconds,
+        fmt_bytes(moved),
+    );
+    if r.seconds > 0.0 && moved > 0 {
+        line.push_str(&format!(" at {}", fmt_bits(moved as f64 / r.seconds)));
+    }
+    let resumed = r.resumed_bytes();
+    if resumed > 0 {
+        line.push_str(&format!(", {} resumed (already there)", fmt_bytes(resumed)));
+    }
+    if skipped > 0 {
+        line.push_str(&format!(
+            ", {} skipped ({})",
+            files(skipped),
+            fmt_bytes(r.skipped_bytes())
+        ));
+    }
+    if s.data_packets_sent > 0 {
+        line.push_str(&format!(
+            ", retransmitted {:.2}%",
+            100.0 * s.data_packets_retransmitted as f64 / s.data_packets_sent as f64
+        ));
+    }
+    if r.via_stream {
+        line.push_str(", over the ssh channel");
+    }
+    line
 }
 
 /// The object `--json` prints for a copy that ran: a field is there only when it was
@@ -330,6 +403,7 @@ impl Ui for Output {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hayate_io::driver::client::FileResult;
 
     fn line(out: &mut Output, secs: f64, bytes: u64, stats: &Stats) -> String {
         out.interval_line(&Progress {
@@ -379,5 +453,72 @@ mod tests {
         };
         let l = line(&mut out, 2.0, 3_000_000, &later);
         assert!(l.contains("dup  0.00%"), "{l}");
+    }
+
+    fn file(bytes: u64, resumed: u64, verified: bool, skipped: bool) -> FileResult {
+        FileResult {
+            kind: Kind::File,
+            upload: true,
+            local: "f".into(),
+            remote: "f".into(),
+            bytes,
+            blake3: None,
+            verified,
+            skipped: skipped.then(|| "exists (--no-clobber)".to_string()),
+            resumed_bytes: resumed,
+            moved_bytes: if verified { bytes - resumed } else { 0 },
+            error: None,
+        }
+    }
+
+    fn report(files: Vec<FileResult>, seconds: f64, sent: u64, retx: u64) -> Report {
+        Report {
+            files,
+            seconds,
+            stats: Stats {
+                data_packets_sent: sent,
+                data_packets_retransmitted: retx,
+                ..Default::default()
+            },
+            error: None,
+            via_stream: false,
+        }
+    }
+
+    #[test]
+    fn the_summary_rates_only_what_moved_and_shows_resumed_and_skipped_apart() {
+        // 1 GB verified, of which 900 MB were already there: 100 MB in 1 s is 800 Mbit/s,
+        // not 8 Gbit/s.
+        let r = report(
+            vec![
+                file(1_000_000_000, 900_000_000, true, false),
+                file(5_000_000, 0, false, true),
+            ],
+            1.0,
+            1000,
+            10,
+        );
+        assert_eq!(
+            summary_line(&r),
+            "1.00 GB in 1 file verified in 1.00 s: 100.0 MB moved at 800.0 Mbit/s, \
+             900.0 MB resumed (already there), 1 file skipped (5.0 MB), retransmitted 1.00%"
+        );
+        // A download: this side sent no data, so no retransmission figure.
+        let r = report(
+            vec![file(2_500, 0, true, false), file(500, 0, true, false)],
+            0.5,
+            0,
+            0,
+        );
+        assert_eq!(
+            summary_line(&r),
+            "3.0 kB in 2 files verified in 0.50 s: 3.0 kB moved at 48.0 kbit/s"
+        );
+        // Everything skipped: nothing moved, no rate.
+        let r = report(vec![file(5_000_000, 0, false, true)], 0.2, 0, 0);
+        assert_eq!(
+            summary_line(&r),
+            "1 file skipped (5.0 MB) in 0.20 s, nothing to copy"
+        );
     }
 }

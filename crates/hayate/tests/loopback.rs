@@ -1354,3 +1354,83 @@ fn clean_finds_what_an_interrupted_copy_left_and_spares_a_running_one() {
     assert!(r.stdout.contains("removed 2 files"), "{r:#?}");
     assert_eq!(tree(&fx.root), Vec::<String>::new());
 }
+
+/// A size as the summary prints it ("3.0 MB", "120.5 kB", "1.00 GB", "0 B"), in bytes.
+fn size_of(text: &str) -> f64 {
+    let (n, unit) = text
+        .trim()
+        .split_once(' ')
+        .unwrap_or_else(|| panic!("not a size: {text:?}"));
+    let n: f64 = n.parse().unwrap_or_else(|_| panic!("not a size: {text:?}"));
+    n * match unit {
+        "B" => 1.0,
+        "kB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        _ => panic!("not a decimal size unit: {text:?}"),
+    }
+}
+
+/// The summary line: verified size, file count, seconds, what moved and its rate in bits/s,
+/// with resumed and skipped bytes apart and out of the rate.
+#[test]
+fn the_summary_line_rates_what_moved_and_shows_the_rest_apart() {
+    let fx = Fx::new();
+    let src = fx.local.join("s.bin");
+    write_random(&src, 3_000_000, 40);
+    let r = fx.cp(&[s(&src), fx.url("s.bin")]);
+    r.assert_ok();
+    let line = r.stderr.trim();
+    assert_eq!(line.lines().count(), 1, "{r:#?}");
+    let (head, tail) = line.split_once(" s: ").expect(line);
+    let rest = head
+        .strip_prefix("3.0 MB in 1 file verified in ")
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(rest.parse::<f64>().is_ok_and(|t| t > 0.0), "{line}");
+    let (moved, after) = tail.split_once(" moved at ").expect(line);
+    assert_eq!(moved, "3.0 MB", "{line}");
+    let (rate, after) = after.split_once(", ").expect(line);
+    let (num, unit) = rate.split_once(' ').expect(line);
+    assert!(num.parse::<f64>().is_ok(), "{line}");
+    assert!(["kbit/s", "Mbit/s", "Gbit/s"].contains(&unit), "{line}");
+    assert!(
+        after.starts_with("retransmitted ") && after.ends_with('%'),
+        "{line}"
+    );
+
+    // Interrupted, then resumed: what was there is said apart, and moved + resumed is the
+    // whole file.
+    let client = slow_upload(&fx, "big.bin");
+    signal(client.pid(), libc::SIGINT);
+    assert_eq!(
+        client.wait(Duration::from_secs(10)).status.code(),
+        Some(130)
+    );
+    let big = s(&fx.local.join("big.bin"));
+    let r = fx.cp(&[big.clone(), fx.url("big.bin")]);
+    r.assert_ok();
+    let line = r.stderr.trim();
+    assert!(line.starts_with("67.1 MB in 1 file verified in "), "{line}");
+    let moved = size_of(
+        line.split_once(" s: ")
+            .unwrap()
+            .1
+            .split(" moved")
+            .next()
+            .unwrap(),
+    );
+    let resumed = line
+        .split(", ")
+        .find_map(|p| p.strip_suffix(" resumed (already there)"))
+        .unwrap_or_else(|| panic!("no resumed part: {line}"));
+    let resumed = size_of(resumed);
+    assert!(resumed > 1e6, "{line}");
+    assert!(((moved + resumed) - 67.1e6).abs() < 0.3e6, "{line}");
+
+    // Identical already (-u): skipped, said with its size, nothing moved.
+    let r = fx.cp(&["-u".to_string(), big, fx.url("big.bin")]);
+    r.assert_ok();
+    let line = r.stderr.trim();
+    assert!(line.starts_with("1 file skipped (67.1 MB) in "), "{line}");
+    assert!(line.ends_with(" s, nothing to copy"), "{line}");
+}
