@@ -170,17 +170,19 @@ fn man_page_is_roff_and_describes_cp_and_its_options() {
     let cp_part = &m[cp..serve.max(cp)];
     assert!(cp_part.contains("\\fBhayate cp\\fR"), "{cp_part}");
     assert!(cp_part.contains("SOURCE... DEST"), "{cp_part}");
+    // Each option is an item of its own: `.TP`, then the option in bold.
     for opt in [
-        "\\-\\-bwlimit",
-        "\\-\\-remote\\-path",
-        "\\-\\-json",
-        "\\-\\-progress",
-        "\\-i",
-        "\\-l",
+        r"\fB\-\-bwlimit\fR \fI<RATE>\fR",
+        r"\fB\-\-remote\-path\fR",
+        r"\fB\-\-json\fR",
+        r"\fB\-\-progress\fR",
+        r"\fB\-i\fR \fI<KEY>\fR",
+        r"\fB\-l\fR \fI<KBIT>\fR",
+        r"\fB\-4\fR",
     ] {
         assert!(
-            cp_part.contains(opt),
-            "{opt} not in the cp section:\n{cp_part}"
+            cp_part.contains(&format!(".TP\n{opt}")),
+            "{opt} not an item of the cp section:\n{cp_part}"
         );
     }
     // The examples stay laid out as written (no filling).
