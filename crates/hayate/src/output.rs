@@ -455,6 +455,38 @@ mod tests {
         assert!(l.contains("dup  0.00%"), "{l}");
     }
 
+    #[test]
+    fn the_bar_says_decimal_sizes_and_the_rate_in_bits_of_what_moved() {
+        let mut out = Output::new(true, false, None, false);
+        let stats = Stats::default();
+        let at = |secs: f64, done: u64, moved: u64| Progress {
+            elapsed: Duration::from_secs_f64(secs),
+            bytes_done: done,
+            bytes_moved: moved,
+            bytes_total: 1_000_000_000,
+            files_done: 0,
+            files_total: 1,
+            stats: &stats,
+            connected: true,
+        };
+        // A resume: 500 MB were there from the start and are no part of the rate.
+        assert_eq!(
+            out.bar_message(&at(0.0, 500_000_000, 0)),
+            "500.0 MB/1.00 GB"
+        );
+        assert_eq!(
+            out.bar_message(&at(1.0, 510_000_000, 10_000_000)),
+            "510.0 MB/1.00 GB 80.0 Mbit/s ETA 0:00:49"
+        );
+        // The rate is of the last 3 s only (the whole run's would be 32 Mbit/s).
+        out.bar_message(&at(2.0, 510_000_000, 10_000_000));
+        out.bar_message(&at(3.0, 510_000_000, 10_000_000));
+        assert_eq!(
+            out.bar_message(&at(4.0, 516_000_000, 16_000_000)),
+            "516.0 MB/1.00 GB 16.0 Mbit/s ETA 0:04:02"
+        );
+    }
+
     fn file(bytes: u64, resumed: u64, verified: bool, skipped: bool) -> FileResult {
         FileResult {
             kind: Kind::File,
