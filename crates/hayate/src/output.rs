@@ -456,6 +456,24 @@ mod tests {
     }
 
     #[test]
+    fn an_interval_line_rates_what_moved_not_what_was_resumed() {
+        let mut out = Output::new(true, false, Some(1.0), false);
+        let stats = Stats::default();
+        let l = out.interval_line(&Progress {
+            elapsed: Duration::from_secs(1),
+            bytes_done: 500_000_000,
+            bytes_moved: 1_000_000,
+            bytes_total: 1_000_000_000,
+            files_done: 0,
+            files_total: 1,
+            stats: &stats,
+            connected: true,
+        });
+        assert!(l.contains("  8.0 Mbit/s"), "{l}");
+        assert!(l.contains("500.0 MB done"), "{l}");
+    }
+
+    #[test]
     fn the_bar_says_decimal_sizes_and_the_rate_in_bits_of_what_moved() {
         let mut out = Output::new(true, false, None, false);
         let stats = Stats::default();
