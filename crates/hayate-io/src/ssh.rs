@@ -137,6 +137,8 @@ fn parse_ssh_connection(v: &str) -> Option<IpAddr> {
 pub struct SshSpec {
     /// `-e/--ssh` command line, split shell-like (e.g. "ssh -p 2222 -i 'my key'"); default ["ssh"].
     pub command: Vec<String>,
+    /// More ssh options, placed after `command` (scp's `-i KEY`, `-o OPT`, `-F FILE`, `-4`, `-v`).
+    pub options: Vec<String>,
     /// scp's -P → ssh -p
     pub port: Option<u16>,
     /// scp's -J → ssh -J
@@ -147,14 +149,31 @@ pub struct SshSpec {
     pub remote_cmd: String,
 }
 
+/// What scp passes to every ssh it starts, for the same reasons: the far side is a program
+/// speaking over the channel, so no `RemoteCommand` from ~/.ssh/config may replace it, no
+/// terminal may mangle its bytes, and no forwarding or local command belongs to a copy. The
+/// user's own options come first (ssh takes the first value given), so `-o` can still
+/// override any of these on purpose.
+pub const SCP_SSH_OPTIONS: [&str; 7] = [
+    "-x",
+    "-oPermitLocalCommand=no",
+    "-oClearAllForwardings=yes",
+    "-oRemoteCommand=none",
+    "-oRequestTTY=no",
+    "-oControlPersist=no",
+    "-oForwardAgent=no",
+];
+
 impl SshSpec {
-    /// The full argument vector: `command... [-p port] [-J jump] [user@]host -- remote_cmd`.
+    /// The full argument vector:
+    /// `command... options... [-p port] [-J jump] SCP_SSH_OPTIONS... [user@]host -- remote_cmd`.
     pub fn argv(&self) -> Vec<String> {
         let mut v: Vec<String> = if self.command.is_empty() {
             vec!["ssh".to_string()]
         } else {
             self.command.clone()
         };
+        v.extend(self.options.iter().cloned());
         if let Some(p) = self.port {
             v.push("-p".to_string());
             v.push(p.to_string());
@@ -163,6 +182,7 @@ impl SshSpec {
             v.push("-J".to_string());
             v.push(j.clone());
         }
+        v.extend(SCP_SSH_OPTIONS.iter().map(|o| o.to_string()));
         v.push(match &self.user {
             Some(u) => format!("{u}@{}", self.host),
             None => self.host.clone(),
@@ -265,7 +285,7 @@ pub enum SshError {
     /// Remote shell said command not found / exit 127 / 126.
     #[error("hayate is not installed on {host} (or not on the PATH of a non-interactive ssh session): install it there, or point to it with --remote-path PATH")]
     HayateMissing { host: String },
-    #[error("ssh to {host} failed (exit {code}): {stderr}")]
+    #[error("ssh to {host} failed (exit {code}){}", said(.stderr))]
     Failed {
         host: String,
         code: i32,
@@ -275,6 +295,15 @@ pub enum SshError {
     BadBanner(String),
     #[error("timed out after {0:?} waiting for the far side")]
     Timeout(std::time::Duration),
+}
+
+/// What ssh printed, after a colon; nothing when it printed nothing.
+fn said(stderr: &str) -> String {
+    if stderr.is_empty() {
+        String::new()
+    } else {
+        format!(": {stderr}")
+    }
 }
 
 /// How many stderr lines are kept for error messages.
@@ -792,38 +821,38 @@ mod tests {
 
     #[test]
     fn argv_layout() {
+        let scp = SCP_SSH_OPTIONS.map(String::from);
         let spec = SshSpec {
             command: vec![],
+            options: vec!["-i".into(), "k2".into(), "-4".into()],
             port: Some(2222),
             jump: Some("gw".into()),
             user: Some("bob".into()),
             host: "h".into(),
             remote_cmd: "hayate serve --stdio".into(),
         };
-        assert_eq!(
-            spec.argv(),
-            [
-                "ssh",
-                "-p",
-                "2222",
-                "-J",
-                "gw",
-                "bob@h",
-                "--",
-                "hayate serve --stdio"
-            ]
-        );
+        let want: Vec<String> = ["ssh", "-i", "k2", "-4", "-p", "2222", "-J", "gw"]
+            .iter()
+            .map(|s| s.to_string())
+            .chain(scp.iter().cloned())
+            .chain(["bob@h", "--", "hayate serve --stdio"].map(String::from))
+            .collect();
+        assert_eq!(spec.argv(), want);
         let spec = SshSpec {
             command: split("ssh -i k"),
+            options: vec![],
             port: None,
             jump: None,
             user: None,
             ..spec
         };
-        assert_eq!(
-            spec.argv(),
-            ["ssh", "-i", "k", "h", "--", "hayate serve --stdio"]
-        );
+        let want: Vec<String> = ["ssh", "-i", "k"]
+            .map(String::from)
+            .into_iter()
+            .chain(scp.iter().cloned())
+            .chain(["h", "--", "hayate serve --stdio"].map(String::from))
+            .collect();
+        assert_eq!(spec.argv(), want);
     }
 
     #[test]

@@ -136,8 +136,8 @@ pub fn run_bench_mem(args: MemArgs) -> Result<i32> {
     }
     if !args.json {
         println!(
-            "memory bandwidth, {:.0} MiB buffers, best of {}",
-            size as f64 / (1024.0 * 1024.0),
+            "memory bandwidth, {:.1} MB buffers, best of {}",
+            size as f64 / 1e6,
             args.iterations
         );
     }
@@ -146,11 +146,12 @@ pub fn run_bench_mem(args: MemArgs) -> Result<i32> {
             println!("{}", serde_json::to_string(&r)?);
         } else {
             println!(
-                "{} {:>2} thread{}: {:8.2} GB/s",
+                "{} {:>2} thread{}: {:8.1} Gbit/s",
                 r.op,
                 r.threads,
                 if r.threads == 1 { " " } else { "s" },
-                r.gb_per_s
+                // In bits, to set beside a link's rate.
+                r.gb_per_s * 8.0
             );
         }
     }

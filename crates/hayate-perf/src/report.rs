@@ -86,7 +86,8 @@ impl Out {
     }
 }
 
-/// `+1.000 108.139460MB / 75622 rcv ||| 108.139MB / 1.000s (108.128MB/s)`
+/// `+1.000 108.139460MB / 75622 rcv ||| 108.139MB / 1.000s (865.024Mbit/s)`: sizes in
+/// decimal MB, rates in bits/s, as everywhere in hayate.
 pub fn interval_line(mode: Mode, r: &IntervalReport) -> String {
     if mode == Mode::Hayate {
         return hayate_interval_line(r);
@@ -100,14 +101,14 @@ pub fn interval_line(mode: Mode, r: &IntervalReport) -> String {
         _ => r.datagrams.to_string(),
     };
     let mut l = format!(
-        "+{:.3} {:.6}MB / {} {} ||| {:.3}MB / {:.3}s ({:.3}MB/s)",
+        "+{:.3} {:.6}MB / {} {} ||| {:.3}MB / {:.3}s ({:.3}Mbit/s)",
         r.end,
         mb(r.bytes),
         count,
         tag,
         mb(r.total_bytes),
         r.end,
-        per_sec(r.total_bytes, r.end) / 1e6,
+        8.0 * per_sec(r.total_bytes, r.end) / 1e6,
     );
     if let Some(lost) = r.lost {
         let exp = r.datagrams + lost;
@@ -121,8 +122,8 @@ pub fn interval_line(mode: Mode, r: &IntervalReport) -> String {
     l
 }
 
-/// `+1.000 95.123456MB / 67890 snd ||| 190.247MB / 1.000s | acked 760.123Mbps retx 0.012%
-/// rtt 0.210ms pace 800.000Mbps` (sender) or `... rcv ||| ... | goodput 760.987Mbps, 2 files
+/// `+1.000 95.123456MB / 67890 snd ||| 190.247MB / 1.000s | acked 760.123Mbit/s retx 0.012%
+/// rtt 0.210ms pace 800.000Mbit/s` (sender) or `... rcv ||| ... | goodput 760.987Mbit/s, 2 files
 /// verified` (receiver).
 fn hayate_interval_line(r: &IntervalReport) -> String {
     let h = r.hayate.clone().unwrap_or_default();
@@ -140,7 +141,7 @@ fn hayate_interval_line(r: &IntervalReport) -> String {
     };
     match r.side {
         Side::Sender => format!(
-            "{} | acked {:.3}Mbps retx {:.3}% rtt {:.3}ms pace {:.3}Mbps",
+            "{} | acked {:.3}Mbit/s retx {:.3}% rtt {:.3}ms pace {:.3}Mbit/s",
             head("snd"),
             8.0 * per_sec(h.acked_bytes, dur) / 1e6,
             h.retransmit_percent,
@@ -149,7 +150,7 @@ fn hayate_interval_line(r: &IntervalReport) -> String {
         ),
         Side::Receiver => {
             let mut l = format!(
-                "{} | goodput {:.3}Mbps, {} file{} verified",
+                "{} | goodput {:.3}Mbit/s, {} file{} verified",
                 head("rcv"),
                 8.0 * per_sec(r.bytes, dur) / 1e6,
                 h.files_verified,
@@ -362,12 +363,10 @@ impl Summary {
 fn total_line(bytes: u64, secs: f64) -> String {
     let bps = per_sec(bytes, secs);
     format!(
-        "Total: {:.3}s, {:.6}MB, {:.3}MiB/s ({:.3}Mbps {:.3}Mibps)",
+        "Total: {:.3}s, {:.6}MB, {:.3}Mbit/s",
         secs,
         mb(bytes),
-        bps / (1024.0 * 1024.0),
         bps * 8.0 / 1e6,
-        bps * 8.0 / (1024.0 * 1024.0)
     )
 }
 
@@ -389,7 +388,7 @@ pub fn summary_lines(s: &Summary) -> Vec<String> {
             v.push(total_line(s.bytes, s.duration_s));
             for st in &s.streams {
                 let mut l = format!(
-                    "stream {}: {:.6}MB / {:.3}s ({:.3}Mbps)",
+                    "stream {}: {:.6}MB / {:.3}s ({:.3}Mbit/s)",
                     st.stream,
                     mb(st.bytes),
                     st.duration_s,
@@ -397,19 +396,19 @@ pub fn summary_lines(s: &Summary) -> Vec<String> {
                 );
                 if let Some(i) = &st.sender_tcp_info {
                     l += &format!(
-                        " | cwnd {} x {}B ({:.1}KiB), rtt {:.3}ms ±{:.3}, retrans {}",
+                        " | cwnd {} x {}B ({:.1}kB), rtt {:.3}ms ±{:.3}, retrans {}",
                         i.cwnd_segments,
                         i.mss,
-                        i.cwnd_segments as f64 * i.mss as f64 / 1024.0,
+                        i.cwnd_segments as f64 * i.mss as f64 / 1e3,
                         i.rtt_us as f64 / 1e3,
                         i.rttvar_us as f64 / 1e3,
                         i.total_retrans
                     );
                 }
                 l += &format!(
-                    " | sndbuf {:.1}KiB rcvbuf {:.1}KiB",
-                    st.sender_buffer as f64 / 1024.0,
-                    st.receiver_buffer as f64 / 1024.0
+                    " | sndbuf {:.1}kB rcvbuf {:.1}kB",
+                    st.sender_buffer as f64 / 1e3,
+                    st.receiver_buffer as f64 / 1e3
                 );
                 v.push(l);
             }
@@ -431,7 +430,7 @@ pub fn summary_lines(s: &Summary) -> Vec<String> {
                 s.lost, s.loss_percent, s.reordered, s.duplicated, s.jitter_ms
             ));
             v.push(format!(
-                "sent {} datagrams of {}B, {:.6}MB in {:.3}s ({:.3}Mbps offered)",
+                "sent {} datagrams of {}B, {:.6}MB in {:.3}s ({:.3}Mbit/s offered)",
                 s.sender.datagrams,
                 s.size,
                 mb(s.sender.bytes),
@@ -451,7 +450,7 @@ pub fn summary_lines(s: &Summary) -> Vec<String> {
 
 fn hayate_summary_lines(s: &Summary, h: &HayateSummary, v: &mut Vec<String>) {
     v.push(format!(
-        "--END-- hayate, {:.6}MB delivered, goodput {:.3}Mbps",
+        "--END-- hayate, {:.6}MB delivered, goodput {:.3}Mbit/s",
         mb(h.bytes_delivered),
         h.goodput_bps / 1e6
     ));
@@ -466,7 +465,7 @@ fn hayate_summary_lines(s: &Summary, h: &HayateSummary, v: &mut Vec<String>) {
         h.data_bytes_lost
     ));
     v.push(format!(
-        "rtt {:.3}ms (min {:.3}ms), final pace {:.3}Mbps, {} B blocks (MTU {})",
+        "rtt {:.3}ms (min {:.3}ms), final pace {:.3}Mbit/s, {} B blocks (MTU {})",
         h.rtt_ms,
         h.min_rtt_ms,
         h.pacing_bps / 1e6,
@@ -502,5 +501,35 @@ fn hayate_summary_lines(s: &Summary, h: &HayateSummary, v: &mut Vec<String>) {
     }
     for f in &h.failures {
         v.push(format!("  {f}"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_are_in_bits_and_sizes_in_decimal_mb() {
+        let r = IntervalReport {
+            side: Side::Receiver,
+            start: 0.0,
+            end: 2.0,
+            bytes: 125_000_000,
+            datagrams: 1000,
+            lost: None,
+            total_bytes: 250_000_000,
+            total_datagrams: 2000,
+            stream_bytes: Vec::new(),
+            hayate: None,
+        };
+        // 250 MB in 2 s = 1000 Mbit/s.
+        assert_eq!(
+            interval_line(Mode::Udp, &r),
+            "+2.000 125.000000MB / 1000 rcv ||| 250.000MB / 2.000s (1000.000Mbit/s)"
+        );
+        assert_eq!(
+            total_line(250_000_000, 2.0),
+            "Total: 2.000s, 250.000000MB, 1000.000Mbit/s"
+        );
     }
 }

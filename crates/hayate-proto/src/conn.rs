@@ -154,8 +154,11 @@ pub struct Stats {
     pub dropped_auth: u64,
     pub dropped_replay: u64,
     pub dropped_unexpected: u64,
+    /// `srtt_us` and `min_rtt_us` are an initial guess until this is set by a first sample.
     pub srtt_us: u64,
     pub min_rtt_us: u64,
+    /// At least one RTT sample was taken (a session refused at the handshake has none).
+    pub rtt_sampled: bool,
     /// Current pacing rate, bytes/s (0 = unpaced).
     pub pacing_rate: u64,
     /// Sending time the host took away (woken late with data waiting), in bytes at the
@@ -504,6 +507,7 @@ impl Connection {
         let mut s = self.stats.clone();
         s.srtt_us = self.rtt.srtt();
         s.min_rtt_us = self.rtt.min();
+        s.rtt_sampled = self.rtt.has_sample();
         s.pacing_rate = self.pacer.rate().unwrap_or(0);
         s.send_time_lost_bytes = self.pacer.lost_bytes();
         s

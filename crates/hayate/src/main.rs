@@ -15,7 +15,15 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 #[command(
     name = "hayate",
     version,
-    about = "Move files at line rate over long, lossy links (encrypted, verified, paced UDP)"
+    about = "Move files at line rate over long, lossy links (encrypted, verified, paced UDP)",
+    after_help = "\
+Copy as with scp, through your own ssh (hayate installed on both sides, nothing else):
+  hayate cp big.iso me@server:isos/        upload
+  hayate cp me@server:/data/big.iso .      download
+Or with a standing server and a pre-shared key:
+  hayate cp --key-file KEY big.iso hayate://server:5300/isos/
+
+See `hayate cp --help`, `hayate man`."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -24,6 +32,13 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Command {
+    /// Copy files as scp does: to or from [USER@]HOST:PATH over your own ssh, or
+    /// hayate://HOST[:PORT]/PATH on a running `hayate serve`
+    #[command(
+        override_usage = "hayate cp [OPTIONS] SOURCE... DEST",
+        after_help = cmd::cp::AFTER_HELP
+    )]
+    Cp(cmd::cp::CpArgs),
     /// Write a fresh random 256-bit key (mode 0600)
     Keygen {
         /// Where to write the key
@@ -33,16 +48,27 @@ enum Command {
         #[arg(long)]
         force: bool,
     },
-    /// Serve uploads into and downloads out of a directory
+    /// Serve uploads into and downloads out of a directory (for hayate:// copies)
+    #[command(
+        override_usage = "hayate serve --root DIR [--key-file FILE] [OPTIONS]\n       \
+                                hayate serve --stdio [OPTIONS]    (started by `hayate cp` over ssh)"
+    )]
     Serve(cmd::serve::ServeArgs),
-    /// Copy files: SRC... hayate://HOST:PORT/PATH (upload) or hayate://HOST:PORT/PATH... DEST (download)
-    Cp(cmd::cp::CpArgs),
     /// Probe a path: what it carries over UDP, TCP and hayate's own transport
     #[command(subcommand)]
     Perf(hayate_perf::PerfCommand),
     /// Measure this host
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// List the partial copies interrupted transfers left beneath PATH (--delete: remove them)
+    Clean(cmd::clean::CleanArgs),
+    /// Print the manual page (roff): `hayate man | man -l -`
+    Man,
+    /// Print shell completions: `hayate completions bash > /etc/bash_completion.d/hayate`
+    Completions {
+        /// bash, zsh, fish, elvish or powershell
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -54,7 +80,7 @@ enum BenchCommand {
 /// Shared by commands that need the pre-shared key.
 #[derive(Args, Debug, Clone)]
 pub struct KeyArgs {
-    /// Pre-shared key file (from `hayate keygen`)
+    /// Pre-shared key file (from `hayate keygen`), for hayate:// servers
     #[arg(long, env = "HAYATE_KEY_FILE", value_name = "FILE")]
     pub key_file: Option<PathBuf>,
 }
@@ -71,8 +97,22 @@ impl std::fmt::Display for Usage {
 
 impl std::error::Error for Usage {}
 
+/// `hayate cp ... --json ...`: a command line clap refused still gets its JSON object.
+fn wants_json(args: impl Iterator<Item = std::ffi::OsString>) -> bool {
+    let args: Vec<_> = args.take_while(|a| a != "--").collect();
+    args.first().is_some_and(|a| a == "cp") && args.iter().any(|a| a == "--json")
+}
+
 fn main() -> ExitCode {
-    let matches = Cli::command().get_matches();
+    let matches = Cli::command().try_get_matches().unwrap_or_else(|e| {
+        if e.use_stderr() && wants_json(std::env::args_os().skip(1)) {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            let msg = first.strip_prefix("error: ").unwrap_or(first);
+            println!("{}", output::error_json(msg));
+        }
+        e.exit()
+    });
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // HAYATE_KEY_FILE is for hayate:// servers: an ssh copy ignores it, and only refuses a
     // --key-file given on the command line.
@@ -85,6 +125,19 @@ fn main() -> ExitCode {
         Command::Cp(a) => cmd::cp::run(a, key_from_env),
         Command::Perf(c) => hayate_perf::run_perf(c),
         Command::Bench(BenchCommand::Mem(a)) => hayate_perf::run_bench_mem(a),
+        Command::Clean(a) => cmd::clean::run(a),
+        Command::Man => {
+            let mut page = Vec::new();
+            cmd::docs::man(Cli::command(), &mut page)
+                .and_then(|()| cmd::docs::print(&page))
+                .map(|()| 0)
+                .map_err(anyhow::Error::from)
+        }
+        Command::Completions { shell } => {
+            cmd::docs::print(&cmd::docs::completions(shell, Cli::command()))
+                .map(|()| 0)
+                .map_err(anyhow::Error::from)
+        }
     };
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

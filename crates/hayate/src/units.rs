@@ -29,6 +29,45 @@ pub fn parse_rate(s: &str) -> Result<RateConfig, String> {
     Ok(RateConfig::Fixed((bits / 8.0) as u64))
 }
 
+/// scp's `-l`: Kbit/s (1000 bits/s), a whole number above 0.
+pub fn parse_kbit(s: &str) -> Result<RateConfig, String> {
+    let k: u64 = s
+        .trim()
+        .parse()
+        .ok()
+        .filter(|k| *k > 0)
+        .ok_or_else(|| format!("invalid limit {s:?}: Kbit/s as a whole number, like 8000"))?;
+    parse_rate(&format!("{k}k"))
+}
+
+/// rsync's `--bwlimit`: bytes/s in units of 1024 unless a suffix says otherwise (`K`, `M`,
+/// `G` or `KiB`... are powers of 1024, `KB`, `MB`, `GB` of 1000, `B` plain bytes), case
+/// ignored; `0` means no cap, as in rsync.
+pub fn parse_bwlimit(s: &str) -> Result<RateConfig, String> {
+    let bad =
+        || format!("invalid --bwlimit {s:?}: KiB/s like 1024, or with a suffix like 10M or 5MB");
+    let t = s.trim().to_ascii_lowercase();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let v: f64 = num.parse().map_err(|_| bad())?;
+    let mult = match unit {
+        "" | "k" | "kib" => 1024.0,
+        "b" => 1.0,
+        "kb" => 1e3,
+        "m" | "mib" => 1024.0 * 1024.0,
+        "mb" => 1e6,
+        "g" | "gib" => 1024.0 * 1024.0 * 1024.0,
+        "gb" => 1e9,
+        _ => return Err(bad()),
+    };
+    if v == 0.0 {
+        return Ok(RateConfig::Unlimited);
+    }
+    parse_rate(&format!("{}", v * mult * 8.0))
+}
+
 pub fn fmt_bits(bytes_per_sec: f64) -> String {
     let b = bytes_per_sec * 8.0;
     if b >= 1e9 {
@@ -68,5 +107,30 @@ mod tests {
         assert!(parse_rate("fast").is_err());
         assert!(parse_rate("-5M").is_err());
         assert!(parse_rate("1").is_err());
+    }
+
+    #[test]
+    fn scp_limit_is_kbit() {
+        assert_eq!(parse_kbit("8000"), Ok(RateConfig::Fixed(1_000_000)));
+        assert_eq!(parse_kbit("64"), Ok(RateConfig::Fixed(8_000)));
+        for bad in ["0", "-5", "1.5", "8M", ""] {
+            assert!(parse_kbit(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn rsync_bwlimit_is_kib_unless_told() {
+        assert_eq!(parse_bwlimit("1024"), Ok(RateConfig::Fixed(1024 * 1024)));
+        assert_eq!(parse_bwlimit("100K"), Ok(RateConfig::Fixed(102_400)));
+        assert_eq!(parse_bwlimit("1.5m"), Ok(RateConfig::Fixed(1_572_864)));
+        assert_eq!(parse_bwlimit("5MB"), Ok(RateConfig::Fixed(5_000_000)));
+        assert_eq!(parse_bwlimit("2MiB"), Ok(RateConfig::Fixed(2 << 20)));
+        assert_eq!(parse_bwlimit("1G"), Ok(RateConfig::Fixed(1 << 30)));
+        assert_eq!(parse_bwlimit("500kb"), Ok(RateConfig::Fixed(500_000)));
+        assert_eq!(parse_bwlimit("4000b"), Ok(RateConfig::Fixed(4000)));
+        assert_eq!(parse_bwlimit("0"), Ok(RateConfig::Unlimited));
+        for bad in ["fast", "-1", "10X", "", "1e3"] {
+            assert!(parse_bwlimit(bad).is_err(), "{bad}");
+        }
     }
 }

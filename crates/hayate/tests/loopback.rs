@@ -75,12 +75,21 @@ fn check_json(run: &Run, len: u64, hash: &blake3::Hash) -> serde_json::Value {
         "goodput_bps",
         "packets_sent",
         "packets_retransmitted",
-        "loss_ratio",
         "blake3",
         "verified",
+        "srtt_ms",
+        "min_rtt_ms",
     ] {
         assert!(j.get(k).is_some(), "JSON lacks {k:?}: {j}");
     }
+    // What was not measured is absent: no error on success, and a loss ratio only for
+    // what this side sent (a download's sender is the far side).
+    assert!(j.get("error").is_none(), "{j}");
+    assert_eq!(
+        j.get("loss_ratio").is_some(),
+        j["data_packets_sent"].as_u64() > Some(0),
+        "{j}"
+    );
     assert_eq!(j["bytes"].as_u64(), Some(len), "{j}");
     assert_eq!(j["verified"].as_bool(), Some(true), "{j}");
     assert_eq!(j["blake3"].as_str(), Some(hex(hash).as_str()), "{j}");
@@ -88,12 +97,9 @@ fn check_json(run: &Run, len: u64, hash: &blake3::Hash) -> serde_json::Value {
     assert!(j["goodput_bps"].as_f64().is_some_and(|x| x >= 0.0), "{j}");
     assert!(j["packets_sent"].as_u64().is_some_and(|x| x > 0), "{j}");
     assert!(j["packets_retransmitted"].as_u64().is_some(), "{j}");
-    assert!(
-        j["loss_ratio"]
-            .as_f64()
-            .is_some_and(|x| (0.0..=1.0).contains(&x)),
-        "{j}"
-    );
+    if let Some(l) = j.get("loss_ratio") {
+        assert!(l.as_f64().is_some_and(|x| (0.0..=1.0).contains(&x)), "{j}");
+    }
     j
 }
 
@@ -509,6 +515,28 @@ fn wrong_key_is_refused() {
     assert_eq!(part_files(&fx.local), Vec::<String>::new());
     assert_eq!(tree(&fx.root), ["r.bin"]);
 
+    // --json: one object with the error, and no RTT (none was measured: the handshake
+    // failed), no loss ratio, no hash.
+    for args in [
+        ["--json".to_string(), s(&src), fx.url("w.bin")],
+        ["--json".to_string(), fx.url("r.bin"), s(&dst)],
+    ] {
+        let r = cp(&other, &args);
+        assert_eq!(r.status.code(), Some(1), "{r:#?}");
+        let j = r.json();
+        let e = lower(
+            j["error"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no error: {j}")),
+        );
+        assert!(e.contains("key") && e.contains("authentication"), "{j}");
+        for absent in ["srtt_ms", "min_rtt_ms", "loss_ratio", "blake3"] {
+            assert!(j.get(absent).is_none(), "{absent} was not measured: {j}");
+        }
+        assert_eq!(j["verified"], false, "{j}");
+        assert_eq!(j["bytes"], 0, "{j}");
+    }
+
     // The server is unharmed: the right key still works.
     fx.cp(&[s(&src), fx.url("w.bin")]).assert_ok();
 }
@@ -872,10 +900,15 @@ fn sigterm_and_sigint_stop_the_server_cleanly() {
 
 /// Starts a slow 64 MiB upload and waits until the server has its temp file.
 fn slow_upload(fx: &Fx, name: &str) -> Running {
+    slow_upload_with(fx, name, &[])
+}
+
+fn slow_upload_with(fx: &Fx, name: &str, extra: &[&str]) -> Running {
     let src = fx.local.join(name);
     write_random(&src, 64 << 20, 19);
     let mut cmd = hayate();
     cmd.args(["cp", "--key-file", &s(&fx.key), "--rate", "40M"]);
+    cmd.args(extra);
     cmd.args([s(&src), fx.url(name)]);
     let client = spawn_cmd(&mut cmd);
     let part = fx.root.join(format!(".{name}.hayate-part"));
@@ -1148,4 +1181,256 @@ fn an_interrupted_copy_exits_128_plus_the_signal() {
         assert!(lower(&run.stderr).contains("interrupted"), "{run:#?}");
         assert!(!fx.root.join("big.bin").exists());
     }
+}
+
+#[test]
+fn json_of_an_interrupted_copy_reports_what_moved() {
+    let fx = Fx::new();
+    let mut client = slow_upload_with(&fx, "big.bin", &["--json"]);
+    assert!(
+        !client.try_finished(),
+        "upload finished too early to interrupt"
+    );
+    signal(client.pid(), libc::SIGINT);
+    let run = client.wait(Duration::from_secs(10));
+    assert_eq!(run.status.code(), Some(130), "{run:#?}");
+    let j = run.json();
+    assert!(
+        lower(j["error"].as_str().unwrap_or_default()).contains("interrupted"),
+        "{j}"
+    );
+    assert_eq!(j["verified"], false, "{j}");
+    assert!(j.get("blake3").is_none(), "{j}");
+    // At 40 Mbit/s for at least half a second, megabytes had landed; not all 64 MiB.
+    let moved = j["bytes"].as_u64().unwrap();
+    assert!(moved > 1_000_000 && moved < 64 << 20, "{j}");
+    assert_eq!(j["files"][0]["moved_bytes"].as_u64(), Some(moved), "{j}");
+    assert_eq!(j["verified_bytes"], 0, "{j}");
+    // Measured on this run: the RTT is there, and the rate is what moved over the time.
+    assert!(j["srtt_ms"].as_f64().is_some(), "{j}");
+    let secs = j["seconds"].as_f64().unwrap();
+    let bps = j["goodput_bps"].as_f64().unwrap();
+    assert!((bps - moved as f64 * 8.0 / secs).abs() < 1.0, "{j}");
+}
+
+/// scp's -l (Kbit/s) and rsync's --bwlimit (KiB/s) cap the rate as --rate does.
+#[test]
+fn scp_and_rsync_rate_limits_cap_the_rate() {
+    let fx = Fx::new();
+    let src = fx.local.join("l.bin");
+    write_random(&src, 1_000_000, 31);
+    // 1 MB at 4 Mbit/s (-l 4000) or 500 KiB/s (--bwlimit 500): about 2 s either way, where
+    // the uncapped copy on loopback takes a fraction of that.
+    for limit in [["-l", "4000"], ["--bwlimit", "500"]] {
+        let r = fx.cp(&[limit[0], limit[1], "--json", &s(&src), &fx.url("l.bin")]);
+        r.assert_ok();
+        let j = r.json();
+        let secs = j["seconds"].as_f64().unwrap();
+        let bps = j["goodput_bps"].as_f64().unwrap();
+        assert!(secs > 1.5, "{limit:?} not capped: {j}");
+        assert!(bps < 4_300_000.0, "{limit:?} not capped: {j}");
+    }
+    let r = fx.cp(&["--json", &s(&src), &fx.url("l.bin")]);
+    r.assert_ok();
+    assert!(r.json()["seconds"].as_f64().unwrap() < 1.5, "{r:#?}");
+    // One cap at a time, said as a usage error.
+    let r = fx.cp(&["-l", "4000", "--rate", "1M", &s(&src), &fx.url("l.bin")]);
+    assert_eq!(r.status.code(), Some(2), "{r:#?}");
+    assert!(
+        r.stderr
+            .contains("'-l <KBIT>' cannot be used with '--rate <RATE>'"),
+        "{r:#?}"
+    );
+    let r = fx.cp(&["--bwlimit", "fast", &s(&src), &fx.url("l.bin")]);
+    assert_eq!(r.status.code(), Some(2), "{r:#?}");
+    assert!(r.stderr.contains("invalid --bwlimit \"fast\""), "{r:#?}");
+    // -v says what the cap came to.
+    let r = fx.cp(&["-v", "-l", "80000", &s(&src), &fx.url("l.bin")]);
+    r.assert_ok();
+    assert!(
+        r.stderr
+            .contains("hayate: rate: found by itself, capped at 80.0 Mbit/s"),
+        "{r:#?}"
+    );
+}
+
+/// -4 and -6 choose the address family of hayate's UDP.
+#[test]
+fn address_family_options_choose_the_udp_address() {
+    let fx = Fx::new();
+    let src = fx.local.join("a.bin");
+    write_random(&src, 10_000, 32);
+    let r = fx.cp(&["-6", &s(&src), &fx.url("a.bin")]);
+    assert_eq!(r.status.code(), Some(1), "{r:#?}");
+    assert_eq!(
+        r.stderr.trim(),
+        "hayate: no IPv6 address for 127.0.0.1 (-6)",
+        "{r:#?}"
+    );
+    let v6 = format!("hayate://[::1]:{}/a.bin", fx.srv.port);
+    let r = fx.cp(&["-4", &s(&src), &v6]);
+    assert_eq!(r.status.code(), Some(1), "{r:#?}");
+    assert!(r.stderr.contains("no IPv4 address for ::1 (-4)"), "{r:#?}");
+    let r = fx.cp(&["-4", "-v", &s(&src), &fx.url("a.bin")]);
+    r.assert_ok();
+    assert!(
+        r.stderr.contains(&format!(
+            "hayate: server 127.0.0.1:{0} is 127.0.0.1:{0}: data over UDP",
+            fx.srv.port
+        )),
+        "{r:#?}"
+    );
+}
+
+/// --progress prints progress lines when stderr is not a terminal (as rsync does); without
+/// it a log gets none.
+#[test]
+fn progress_prints_lines_without_a_terminal() {
+    let fx = Fx::new();
+    let src = fx.local.join("p.bin");
+    write_random(&src, 2_000_000, 33);
+    fn progress_lines(r: &Run) -> Vec<&str> {
+        r.stderr
+            .lines()
+            .filter(|l| l.contains(" of ") && l.contains(" MB ") && l.contains('%'))
+            .collect()
+    }
+    let r = fx.cp(&["--progress", "-l", "6000", &s(&src), &fx.url("p.bin")]);
+    r.assert_ok();
+    let lines = progress_lines(&r);
+    assert!(lines.len() >= 2, "{r:#?}");
+    for l in &lines {
+        assert!(l.ends_with('s') && l.contains("bit/s"), "{l}");
+    }
+    let r = fx.cp(&["-l", "6000", &s(&src), &fx.url("p2.bin")]);
+    r.assert_ok();
+    assert_eq!(progress_lines(&r), Vec::<&str>::new(), "{r:#?}");
+    // Not with -q.
+    let r = fx.cp(&["-q", "--progress", &s(&src), &fx.url("p3.bin")]);
+    assert_eq!(r.status.code(), Some(2), "{r:#?}");
+}
+
+/// What a real interrupted upload leaves is what `hayate clean` finds; while a copy still
+/// writes its temp file, clean leaves it alone.
+#[test]
+fn clean_finds_what_an_interrupted_copy_left_and_spares_a_running_one() {
+    let fx = Fx::new();
+    let mut client = slow_upload(&fx, "big.bin");
+    let root = s(&fx.root);
+    let part = fx.root.join(".big.bin.hayate-part");
+    let r = run(["clean", "--delete", &root]);
+    r.assert_ok();
+    assert!(
+        r.stdout.contains(&format!(
+            "{root}/.big.bin.hayate-part (a copy is writing it: left alone)"
+        )),
+        "{r:#?}"
+    );
+    assert!(part.exists());
+    assert!(!client.try_finished());
+    signal(client.pid(), libc::SIGINT);
+    let run_ = client.wait(Duration::from_secs(10));
+    assert_eq!(run_.status.code(), Some(130), "{run_:#?}");
+    // The server lets go of the file once it has seen the client leave.
+    let mut listed = String::new();
+    assert!(
+        eventually(Duration::from_secs(30), || {
+            listed = run(["clean", &root]).stdout;
+            !listed.contains("a copy is writing it")
+        }),
+        "{listed}"
+    );
+    // Fully allocated: the whole size is listed, with the state file beside it.
+    assert!(
+        listed.contains(&format!("   67.1 MB  {root}/.big.bin.hayate-part")),
+        "{listed}"
+    );
+    assert!(
+        listed.contains(&format!("{root}/.big.bin.hayate-state")),
+        "{listed}"
+    );
+    let r = run(["clean", "--delete", &root]);
+    r.assert_ok();
+    assert!(r.stdout.contains("removed 2 files"), "{r:#?}");
+    assert_eq!(tree(&fx.root), Vec::<String>::new());
+}
+
+/// A size as the summary prints it ("3.0 MB", "120.5 kB", "1.00 GB", "0 B"), in bytes.
+fn size_of(text: &str) -> f64 {
+    let (n, unit) = text
+        .trim()
+        .split_once(' ')
+        .unwrap_or_else(|| panic!("not a size: {text:?}"));
+    let n: f64 = n.parse().unwrap_or_else(|_| panic!("not a size: {text:?}"));
+    n * match unit {
+        "B" => 1.0,
+        "kB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        _ => panic!("not a decimal size unit: {text:?}"),
+    }
+}
+
+/// The summary line: verified size, file count, seconds, what moved and its rate in bits/s,
+/// with resumed and skipped bytes apart and out of the rate.
+#[test]
+fn the_summary_line_rates_what_moved_and_shows_the_rest_apart() {
+    let fx = Fx::new();
+    let src = fx.local.join("s.bin");
+    write_random(&src, 3_000_000, 40);
+    let r = fx.cp(&[s(&src), fx.url("s.bin")]);
+    r.assert_ok();
+    let line = r.stderr.trim();
+    assert_eq!(line.lines().count(), 1, "{r:#?}");
+    let (head, tail) = line.split_once(" s: ").expect(line);
+    let rest = head
+        .strip_prefix("3.0 MB in 1 file verified in ")
+        .unwrap_or_else(|| panic!("{line}"));
+    assert!(rest.parse::<f64>().is_ok_and(|t| t > 0.0), "{line}");
+    let (moved, after) = tail.split_once(" moved at ").expect(line);
+    assert_eq!(moved, "3.0 MB", "{line}");
+    let (rate, after) = after.split_once(", ").expect(line);
+    let (num, unit) = rate.split_once(' ').expect(line);
+    assert!(num.parse::<f64>().is_ok(), "{line}");
+    assert!(["kbit/s", "Mbit/s", "Gbit/s"].contains(&unit), "{line}");
+    assert!(
+        after.starts_with("retransmitted ") && after.ends_with('%'),
+        "{line}"
+    );
+
+    // Interrupted, then resumed: what was there is said apart, and moved + resumed is the
+    // whole file.
+    let client = slow_upload(&fx, "big.bin");
+    signal(client.pid(), libc::SIGINT);
+    assert_eq!(
+        client.wait(Duration::from_secs(10)).status.code(),
+        Some(130)
+    );
+    let big = s(&fx.local.join("big.bin"));
+    let r = fx.cp(&[big.clone(), fx.url("big.bin")]);
+    r.assert_ok();
+    let line = r.stderr.trim();
+    assert!(line.starts_with("67.1 MB in 1 file verified in "), "{line}");
+    let moved = size_of(
+        line.split_once(" s: ")
+            .unwrap()
+            .1
+            .split(" moved")
+            .next()
+            .unwrap(),
+    );
+    let resumed = line
+        .split(", ")
+        .find_map(|p| p.strip_suffix(" resumed (already there)"))
+        .unwrap_or_else(|| panic!("no resumed part: {line}"));
+    let resumed = size_of(resumed);
+    assert!(resumed > 1e6, "{line}");
+    assert!(((moved + resumed) - 67.1e6).abs() < 0.3e6, "{line}");
+
+    // Identical already (-u): skipped, said with its size, nothing moved.
+    let r = fx.cp(&["-u".to_string(), big, fx.url("big.bin")]);
+    r.assert_ok();
+    let line = r.stderr.trim();
+    assert!(line.starts_with("1 file skipped (67.1 MB) in "), "{line}");
+    assert!(line.ends_with(" s, nothing to copy"), "{line}");
 }

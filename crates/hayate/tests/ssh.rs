@@ -507,6 +507,31 @@ fn bad_host_and_denied_login_fail_clearly() {
         r.stderr
     );
     assert!(!fx.p("g").exists());
+    // With --json: one object on stdout that says why, and nothing unmeasured.
+    let r = run(
+        hayate().args([
+            "cp",
+            "--json",
+            "-e",
+            &ssh,
+            "--remote-path",
+            BIN,
+            fx.p("f").to_str().unwrap(),
+            &fx.remote("g"),
+        ]),
+        Duration::from_secs(30),
+    );
+    assert_eq!(r.status.code(), Some(1), "{r:#?}");
+    let j = r.json();
+    let e = j["error"].as_str().unwrap_or_default().to_lowercase();
+    assert!(
+        e.contains("ssh to 127.0.0.1 failed") && e.contains("permission denied"),
+        "{j}"
+    );
+    assert!(
+        j.get("bytes").is_none() && j.get("srtt_ms").is_none(),
+        "{j}"
+    );
 }
 
 #[test]
@@ -827,4 +852,132 @@ fn a_source_changed_while_sent_fails_both_ways_and_is_never_verified() {
             );
         }
     }
+}
+
+/// An ssh config with a `RemoteCommand` (and a forced terminal) breaks a plain
+/// `ssh HOST COMMAND`; hayate starts its far side with scp's options, so the copy works.
+/// The identity, the config and an option are given with scp's -i, -F and -o.
+#[test]
+fn scp_options_reach_ssh_and_a_remote_command_in_the_config_is_overridden() {
+    let fx = fx!();
+    write(&fx.p("f"), 200_000, 7);
+    let cfg = fx.p("ssh_config");
+    fs::write(
+        &cfg,
+        format!(
+            "Host *\n  Port {}\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  \
+             BatchMode yes\n  LogLevel ERROR\n  RemoteCommand echo hijacked\n  RequestTTY yes\n",
+            fx.sshd.port()
+        ),
+    )
+    .unwrap();
+    let key = fx.sshd.key().to_str().unwrap().to_string();
+    // Without scp's options the config wins and ssh refuses to run our command.
+    let plain = Command::new("ssh")
+        .args(["-F", cfg.to_str().unwrap(), "-i", &key])
+        .args(["-o", "IdentitiesOnly=yes", &fx.sshd.target(), "true"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!plain.status.success(), "{plain:?}");
+    assert!(
+        String::from_utf8_lossy(&plain.stderr)
+            .contains("Cannot execute command-line and remote command"),
+        "{plain:?}"
+    );
+    let cfg_s = cfg.to_str().unwrap();
+    let r = run(
+        hayate().args([
+            "cp",
+            "-F",
+            cfg_s,
+            "-i",
+            &key,
+            "-o",
+            "IdentitiesOnly=yes",
+            "--remote-path",
+            BIN,
+            "--json",
+            fx.p("f").to_str().unwrap(),
+            &fx.remote("g"),
+        ]),
+        Duration::from_secs(60),
+    );
+    r.assert_ok();
+    assert_eq!(fs::read(fx.p("f")).unwrap(), fs::read(fx.p("g")).unwrap());
+    assert!(!r.stdout.contains("hijacked"), "{r:#?}");
+    // Without the identity the same command is refused: -i is what logged in.
+    let r = run(
+        hayate().args([
+            "cp",
+            "-F",
+            cfg_s,
+            "-o",
+            "IdentitiesOnly=yes",
+            "-o",
+            "IdentityFile=/dev/null",
+            "--remote-path",
+            BIN,
+            fx.p("f").to_str().unwrap(),
+            &fx.remote("h"),
+        ]),
+        Duration::from_secs(60),
+    );
+    assert_eq!(r.status.code(), Some(1), "{r:#?}");
+    assert!(
+        r.stderr.to_lowercase().contains("permission denied"),
+        "{r:#?}"
+    );
+    assert!(!fx.p("h").exists());
+}
+
+/// -v says what hayate does (the ssh command line, the far side's port, where the data
+/// goes) and makes ssh verbose too; -4 and -6 reach ssh.
+#[test]
+fn verbose_says_what_happens_and_the_address_family_reaches_ssh() {
+    let fx = fx!();
+    write(&fx.p("f"), 100_000, 8);
+    let r = fx.cp(&["-v", "-4", fx.p("f").to_str().unwrap(), &fx.remote("g")]);
+    r.assert_ok();
+    let err = &r.stderr;
+    let running = err
+        .lines()
+        .find(|l| l.starts_with("hayate: running ssh "))
+        .unwrap_or_else(|| panic!("no ssh command line: {err}"));
+    for part in [
+        " -4 ",
+        " -v ",
+        " -oRemoteCommand=none ",
+        " -oRequestTTY=no ",
+        " -x ",
+        " -oClearAllForwardings=yes ",
+        " serve --stdio --port-range 5301-5399",
+    ] {
+        assert!(running.contains(part), "{part:?} not in {running}");
+    }
+    // ssh's own debug output comes through.
+    assert!(err.contains("debug1:"), "{err}");
+    let port_line = err
+        .lines()
+        .find(|l| l.starts_with("hayate: the far side listens on UDP port "))
+        .unwrap_or_else(|| panic!("{err}"));
+    let port: u16 = port_line["hayate: the far side listens on UDP port ".len()..]
+        .split(' ')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((5301..=5399).contains(&port), "{port_line}");
+    assert!(
+        err.contains(&format!("hayate: data over UDP to 127.0.0.1:{port}")),
+        "{err}"
+    );
+    assert!(err.contains("hayate: the data went over UDP"), "{err}");
+    assert_eq!(fs::read(fx.p("f")).unwrap(), fs::read(fx.p("g")).unwrap());
+
+    // -6 reaches ssh: 127.0.0.1 has no IPv6 address, and ssh says so.
+    let r = fx.cp(&["-6", fx.p("f").to_str().unwrap(), &fx.remote("h")]);
+    assert_eq!(r.status.code(), Some(1), "{r:#?}");
+    assert!(r.stderr.contains("ssh to 127.0.0.1 failed"), "{r:#?}");
+    assert!(!fx.p("h").exists());
 }

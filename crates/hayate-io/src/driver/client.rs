@@ -85,6 +85,9 @@ pub struct FileResult {
     pub skipped: Option<String>,
     /// Bytes the destination already had from an interrupted copy (not sent again).
     pub resumed_bytes: u64,
+    /// Bytes of this file that reached the destination in this run: neither what was
+    /// already there (resumed) nor a skipped file; for an unfinished file, what got there.
+    pub moved_bytes: u64,
     pub error: Option<String>,
 }
 
@@ -100,6 +103,7 @@ impl FileResult {
             verified: false,
             skipped: None,
             resumed_bytes: 0,
+            moved_bytes: 0,
             error: None,
         }
     }
@@ -141,6 +145,18 @@ impl Report {
     pub fn resumed_bytes(&self) -> u64 {
         self.files.iter().map(|f| f.resumed_bytes).sum()
     }
+    /// What reached the destination in this run (resumed and skipped bytes not counted).
+    pub fn moved_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.moved_bytes).sum()
+    }
+    /// The size of the files skipped on purpose (-n, -u).
+    pub fn skipped_bytes(&self) -> u64 {
+        self.files
+            .iter()
+            .filter(|f| f.kind == Kind::File && f.skipped.is_some())
+            .map(|f| f.bytes)
+            .sum()
+    }
     pub fn file_count(&self) -> usize {
         self.files.iter().filter(|f| f.kind == Kind::File).count()
     }
@@ -149,7 +165,10 @@ impl Report {
 /// A snapshot for progress bars and stats lines.
 pub struct Progress<'a> {
     pub elapsed: Duration,
+    /// Done so far, counting what was already there (resumed) and skipped files.
     pub bytes_done: u64,
+    /// What reached the destination in this run: what a rate is computed from.
+    pub bytes_moved: u64,
     pub bytes_total: u64,
     pub files_done: usize,
     pub files_total: usize,
@@ -258,6 +277,7 @@ fn settle_downloads(conn: &mut Connection, files: &mut Files, s: &mut Session<'_
             Ok(h) => {
                 r.verified = true;
                 r.blake3 = Some(hex(h));
+                r.moved_bytes = a.size.saturating_sub(r.resumed_bytes);
                 s.finished_bytes += a.size;
             }
             Err(e) => r.error = Some(e.clone()),
@@ -872,6 +892,17 @@ fn save_download_state(conn: &Connection, xfer: XferId, a: &mut Active) {
     }
 }
 
+/// How much of a file still in flight is at the destination, counting what it already had.
+fn in_flight_done(conn: &Connection, xfer: XferId, a: &Active) -> u64 {
+    if a.upload {
+        conn.outgoing_acked_bytes(xfer).unwrap_or(0)
+    } else {
+        conn.incoming_progress(xfer)
+            .map(|(got, n)| (a.size * got).checked_div(n).unwrap_or(0))
+            .unwrap_or(0)
+    }
+}
+
 fn have_bytes(have: &[(u64, u64)], block: u64, size: u64) -> u64 {
     have.iter()
         .map(|&(a, b)| (b * block).min(size).saturating_sub(a * block))
@@ -1118,6 +1149,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
                             (Ok(h), None) => {
                                 r.verified = true;
                                 r.blake3 = Some(hex(&h));
+                                r.moved_bytes = a.size.saturating_sub(r.resumed_bytes);
                                 s.finished_bytes += a.size;
                             }
                             (Err(e), None) => r.error = Some(format!("far side: {e}")),
@@ -1199,16 +1231,16 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
             let active: u64 = files
                 .act
                 .iter()
+                .map(|(x, a)| in_flight_done(&conn, *x, a))
+                .sum();
+            let active_moved: u64 = files
+                .act
+                .iter()
                 .map(|(x, a)| {
-                    if a.upload {
-                        conn.outgoing_acked_bytes(*x).unwrap_or(0)
-                    } else {
-                        conn.incoming_progress(*x)
-                            .map(|(got, n)| (a.size * got).checked_div(n).unwrap_or(0))
-                            .unwrap_or(0)
-                    }
+                    in_flight_done(&conn, *x, a).saturating_sub(s.results[a.idx].resumed_bytes)
                 })
                 .sum();
+            let finished_moved: u64 = s.results.iter().map(|r| r.moved_bytes).sum();
             let files_total = s.results.iter().filter(|r| r.kind == Kind::File).count();
             let files_done = s
                 .results
@@ -1218,6 +1250,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
             ui.progress(&Progress {
                 elapsed: start.elapsed(),
                 bytes_done: s.finished_bytes + active,
+                bytes_moved: finished_moved + active_moved,
                 bytes_total: s.bytes_total,
                 files_done,
                 files_total,
@@ -1269,6 +1302,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
             save_download_state(&conn, xfer, &mut a);
         }
         let r = &mut s.results[a.idx];
+        r.moved_bytes = in_flight_done(&conn, xfer, &a).saturating_sub(r.resumed_bytes);
         let detail = if a.upload {
             let acked = conn.outgoing_acked_bytes(xfer).unwrap_or(0);
             format!(

@@ -19,19 +19,39 @@ use hayate_proto::Config;
 use super::location::{parse_location, Location};
 use super::serve::{parse_port_range, DEFAULT_PORT_RANGE};
 use crate::output::Output;
-use crate::units::parse_rate;
+use crate::units::{fmt_bits, parse_bwlimit, parse_kbit, parse_rate};
 use crate::KeyArgs;
 
 pub const DEFAULT_PORT: u16 = 5300;
 /// Version of the ssh banner and protocol this build speaks.
 const BANNER_VERSION: u32 = hayate_proto::wire::VERSION as u32;
 
+/// Examples under `hayate cp --help`: the ssh mode first, as it is the one most users want.
+pub const AFTER_HELP: &str = "\
+SOURCE and DEST are as with scp: one local, the other remote.
+  [USER@]HOST:PATH           over your own ssh (keys, agent, ~/.ssh/config apply); the far
+                             side is started as `hayate serve --stdio`, no key file needed
+  hayate://HOST[:PORT]/PATH  a running `hayate serve --root DIR` (needs --key-file)
+
+Examples:
+  hayate cp big.iso me@server:isos/          upload (relative paths are from the remote home)
+  hayate cp me@server:/data/big.iso .        download
+  hayate cp -r -p photos/ server:backup/     a tree, with modes and mtimes
+  hayate cp --key-file ~/.hayate.key big.iso hayate://server:5300/isos/
+
+Exit codes: 0 all verified (or skipped on purpose), 1 a file failed or the copy could not
+start, 2 the command line is wrong, 130 interrupted (128 + the signal).";
+
 #[derive(Args, Debug)]
 pub struct CpArgs {
-    /// SRC... DST as with scp: [USER@]HOST:PATH (over ssh), hayate://HOST[:PORT]/PATH (a
-    /// running `hayate serve`), or a local path; one side local, the other remote
-    #[arg(required = true, num_args = 2.., value_name = "SRC... DST")]
-    pub paths: Vec<String>,
+    /// Files to copy: local paths, or [USER@]HOST:PATH (ssh) or hayate://HOST[:PORT]/PATH
+    /// when DEST is local
+    #[arg(required = true, num_args = 1.., value_name = "SOURCE")]
+    pub sources: Vec<String>,
+    /// Where they go: [USER@]HOST:PATH (ssh), hayate://HOST[:PORT]/PATH, or a local path
+    /// when the sources are remote
+    #[arg(required = true, value_name = "DEST")]
+    pub dest: String,
     /// Copy directories with everything beneath them (links are copied as links)
     #[arg(short, long)]
     pub recursive: bool,
@@ -50,6 +70,21 @@ pub struct CpArgs {
     /// ssh port (scp's -P)
     #[arg(short = 'P', long = "ssh-port", value_name = "PORT")]
     pub ssh_port: Option<u16>,
+    /// ssh identity (private key) file, passed to ssh as -i
+    #[arg(short = 'i', value_name = "KEY")]
+    pub identity: Option<String>,
+    /// An ssh option, passed to ssh as -o (repeatable), e.g. -o Compression=no
+    #[arg(short = 'o', value_name = "OPTION", action = clap::ArgAction::Append)]
+    pub ssh_options: Vec<String>,
+    /// ssh config file instead of ~/.ssh/config, passed to ssh as -F
+    #[arg(short = 'F', value_name = "CONFIG")]
+    pub ssh_config: Option<String>,
+    /// IPv4 only: for ssh and for hayate's UDP
+    #[arg(short = '4', conflicts_with = "ipv6")]
+    pub ipv4: bool,
+    /// IPv6 only: for ssh and for hayate's UDP
+    #[arg(short = '6')]
+    pub ipv6: bool,
     /// ssh jump host (scp's -J)
     #[arg(short = 'J', long, value_name = "[USER@]HOST")]
     pub jump: Option<String>,
@@ -71,6 +106,14 @@ pub struct CpArgs {
     /// automatically (or is exactly this with --fixed)
     #[arg(long, default_value = "max", value_parser = parse_rate)]
     pub rate: RateConfig,
+    /// Rate cap in Kbit/s, as scp's -l (-l 8000 = 8 Mbit/s); same as --rate
+    #[arg(short = 'l', value_name = "KBIT", value_parser = parse_kbit,
+          conflicts_with_all = ["rate", "bwlimit"])]
+    pub limit: Option<RateConfig>,
+    /// Rate cap as rsync's --bwlimit: KiB/s unless a suffix says otherwise (K/M/G = 1024
+    /// based, KB/MB/GB = 1000 based, B = bytes/s); 0 = no cap. Same as --rate
+    #[arg(long, value_name = "RATE", value_parser = parse_bwlimit, conflicts_with = "rate")]
+    pub bwlimit: Option<RateConfig>,
     /// Never pace below this many bits/s, whatever the path says (like Aspera's minimum rate)
     #[arg(long, value_parser = parse_rate, value_name = "RATE")]
     pub rate_min: Option<RateConfig>,
@@ -89,9 +132,63 @@ pub struct CpArgs {
     /// No progress bar, no summary: only errors
     #[arg(short, long)]
     pub quiet: bool,
+    /// Say what hayate does: the ssh command line, the far side's UDP port, the address and
+    /// path the data takes, the rate cap; passes -v to ssh too (-vv, -vvv for more of ssh's)
+    #[arg(short, long, action = clap::ArgAction::Count, conflicts_with = "quiet")]
+    pub verbose: u8,
+    /// Show progress even when stderr is not a terminal, as rsync --progress does: a line
+    /// a second (a bar on a terminal, as without it)
+    #[arg(long, conflicts_with = "quiet")]
+    pub progress: bool,
     /// Seconds to wait for the far side to answer (ssh login not included)
     #[arg(long, default_value_t = 5.0, value_name = "SECS")]
     pub connect_timeout: f64,
+}
+
+impl CpArgs {
+    /// --rate, -l or --bwlimit (only one may be given).
+    pub fn rate_cap(&self) -> RateConfig {
+        self.limit.or(self.bwlimit).unwrap_or(self.rate)
+    }
+
+    pub fn family(&self) -> Family {
+        match (self.ipv4, self.ipv6) {
+            (true, _) => Family::V4,
+            (_, true) => Family::V6,
+            _ => Family::Any,
+        }
+    }
+
+    /// The options given to hayate that are ssh's: passed on as they are.
+    fn ssh_options(&self) -> Vec<String> {
+        let mut v = Vec::new();
+        if let Some(i) = &self.identity {
+            v.extend(["-i".to_string(), i.clone()]);
+        }
+        if let Some(f) = &self.ssh_config {
+            v.extend(["-F".to_string(), f.clone()]);
+        }
+        for o in &self.ssh_options {
+            v.extend(["-o".to_string(), o.clone()]);
+        }
+        if self.ipv4 {
+            v.push("-4".into());
+        }
+        if self.ipv6 {
+            v.push("-6".into());
+        }
+        if self.verbose > 0 {
+            v.push(format!("-{}", "v".repeat(self.verbose.min(3) as usize)));
+        }
+        v
+    }
+
+    /// SOURCE... DEST as one list, as scp sees them.
+    pub fn paths(&self) -> Vec<String> {
+        let mut v = self.sources.clone();
+        v.push(self.dest.clone());
+        v
+    }
 }
 
 /// Where the far side is.
@@ -221,19 +318,54 @@ fn refuse_duplicates(
     Ok(())
 }
 
-fn resolve(host: &str, port: u16) -> anyhow::Result<SocketAddr> {
-    (host, port)
+/// Which addresses UDP may use (-4, -6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    Any,
+    V4,
+    V6,
+}
+
+impl Family {
+    fn admits(self, ip: IpAddr) -> bool {
+        match self {
+            Family::Any => true,
+            Family::V4 => ip.is_ipv4(),
+            Family::V6 => ip.is_ipv6(),
+        }
+    }
+}
+
+fn resolve(host: &str, port: u16, family: Family) -> anyhow::Result<SocketAddr> {
+    let mut addrs = (host, port)
         .to_socket_addrs()
-        .with_context(|| format!("cannot resolve {host}"))?
-        .next()
-        .with_context(|| format!("no address for {host}"))
+        .with_context(|| format!("cannot resolve {host}"))?;
+    match family {
+        Family::Any => addrs.next(),
+        f => addrs.find(|a| f.admits(a.ip())),
+    }
+    .with_context(|| match family {
+        Family::Any => format!("no address for {host}"),
+        Family::V4 => format!("no IPv4 address for {host} (-4)"),
+        Family::V6 => format!("no IPv6 address for {host} (-6)"),
+    })
 }
 
 /// `key_from_env`: `--key-file` came from `HAYATE_KEY_FILE`, which an ssh copy ignores.
 pub fn run(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
+    let json = a.json;
+    let r = copy(a, key_from_env);
+    // A copy that could not start still owes --json its one object.
+    if let (true, Err(e)) = (json, &r) {
+        println!("{}", crate::output::error_json(&format!("{e:#}")));
+    }
+    r
+}
+
+fn copy(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
     check_args(&a, key_from_env).map_err(|e| crate::Usage(format!("{e:#}")))?;
-    let (far, job) = plan(&a.paths)?;
-    let rate = rate_config(a.rate, a.rate_min, a.fixed)?;
+    let (far, job) = plan(&a.paths())?;
+    let rate = rate_config(a.rate_cap(), a.rate_min, a.fixed)?;
     let stop = StopFlag::new();
     // Which signal stopped the copy decides the exit code, as a shell reports it (128 + n).
     let interrupted = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
@@ -263,12 +395,26 @@ pub fn run(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
     if a.update {
         fl |= flags::UPDATE;
     }
-    let mut out = Output::new(a.quiet, a.json, a.interval);
+    let mut out = Output::new(a.quiet, a.json, a.interval, a.progress);
+    if a.verbose > 0 {
+        out.note_line(&match rate {
+            RateConfig::Adaptive { max: Some(m), .. } => {
+                format!("rate: found by itself, capped at {}", fmt_bits(m as f64))
+            }
+            RateConfig::Adaptive { max: None, .. } => "rate: found by itself, no cap".into(),
+            RateConfig::Fixed(r) => format!("rate: fixed at {}", fmt_bits(r as f64)),
+            RateConfig::Unlimited => "rate: unpaced".into(),
+        });
+    }
 
     let (transport, psk, ssh) = match &far {
         Far::Daemon { host, port } => {
             let psk = super::load_key(a.key.key_file.as_deref())?;
-            (Transport::Udp(resolve(host, *port)?), psk, None)
+            let addr = resolve(host, *port, a.family())?;
+            if a.verbose > 0 {
+                out.note_line(&format!("server {host}:{port} is {addr}: data over UDP"));
+            }
+            (Transport::Udp(addr), psk, None)
         }
         Far::Ssh { user, host } => {
             let (t, psk, child) = start_far_side(&a, user.clone(), host, &mut out)?;
@@ -283,6 +429,13 @@ pub fn run(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
         recursive: a.recursive,
     };
     let report = client::run(opts, job, stop, &mut out);
+    if a.verbose > 0 && ssh.is_some() {
+        out.note_line(if report.via_stream {
+            "the data went over the ssh channel"
+        } else {
+            "the data went over UDP"
+        });
+    }
     out.finish(&report);
     if let Some(child) = ssh {
         child.finish(Duration::from_secs(5));
@@ -299,14 +452,14 @@ pub fn run(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
 
 /// What is wrong with the command line itself (exit code 2, as clap's own errors).
 fn check_args(a: &CpArgs, key_from_env: bool) -> anyhow::Result<()> {
-    let (far, _) = plan(&a.paths)?;
+    let (far, _) = plan(&a.paths())?;
     if !(a.connect_timeout > 0.0 && a.connect_timeout < 3600.0) {
         bail!("--connect-timeout must be more than 0 and less than 3600 seconds");
     }
     if !(a.udp_timeout > 0.0 && a.udp_timeout < 3600.0) {
         bail!("--udp-timeout must be more than 0 and less than 3600 seconds");
     }
-    rate_config(a.rate, a.rate_min, a.fixed)?;
+    rate_config(a.rate_cap(), a.rate_min, a.fixed)?;
     match far {
         Far::Daemon { .. } if a.via_ssh => {
             bail!("--via-ssh needs an ssh destination (HOST:PATH), not hayate://")
@@ -337,12 +490,17 @@ fn start_far_side(
     );
     let spec = SshSpec {
         command,
+        options: a.ssh_options(),
         port: a.ssh_port,
         jump: a.jump.clone(),
         user,
         host: host.to_string(),
         remote_cmd,
     };
+    if a.verbose > 0 {
+        let line: Vec<String> = spec.argv().iter().map(|w| shell_quote(w)).collect();
+        out.note_line(&format!("running {}", line.join(" ")));
+    }
     let mut child = SshChild::spawn(&spec, a.quiet)?;
     // Long enough for a password prompt or a slow jump host.
     let banner = child.read_banner(Duration::from_secs(120))?;
@@ -355,14 +513,37 @@ fn start_far_side(
     let psk = Psk::from_bytes(banner.key);
     let (wr, rd, pending) = child.channel();
     let stream = StreamLink::new(rd, wr, pending)?;
+    if a.verbose > 0 {
+        out.note_line(&format!(
+            "the far side listens on UDP port {} (its address as ssh reached it: {})",
+            banner.port,
+            banner
+                .addr
+                .map_or("unknown".to_string(), |ip| ip.to_string())
+        ));
+    }
     if a.via_ssh {
+        if a.verbose > 0 {
+            out.note_line("data over the ssh channel (--via-ssh)");
+        }
         return Ok((Transport::Stream(stream), psk, child));
     }
     // The far side's own view of its address (from SSH_CONNECTION) works for ssh aliases;
     // otherwise resolve the name as given.
+    let family = a.family();
     let ip: Option<IpAddr> = banner
         .addr
-        .or_else(|| resolve(host, banner.port).ok().map(|s| s.ip()));
+        .filter(|ip| family.admits(*ip))
+        .or_else(|| resolve(host, banner.port, family).ok().map(|s| s.ip()));
+    if a.verbose > 0 {
+        if let Some(ip) = ip {
+            out.note_line(&format!(
+                "data over UDP to {}, or the ssh channel if nothing answers within {} s",
+                SocketAddr::new(ip, banner.port),
+                a.udp_timeout
+            ));
+        }
+    }
     let t = match ip {
         Some(ip) => Transport::UdpThenStream {
             addr: SocketAddr::new(ip, banner.port),

@@ -1,4 +1,6 @@
+pub mod clean;
 pub mod cp;
+pub mod docs;
 pub mod keygen;
 pub mod location;
 pub mod serve;

@@ -23,7 +23,8 @@ pub struct ServeArgs {
     /// Address and UDP port to listen on
     #[arg(long, default_value = "0.0.0.0:5300", value_name = "ADDR:PORT")]
     pub listen: SocketAddr,
-    /// Directory to serve: uploads land beneath it, downloads come from it, nothing else
+    /// Directory to serve (required unless --stdio): uploads land beneath it, downloads come
+    /// from it, nothing else
     #[arg(long, value_name = "DIR", required_unless_present = "stdio")]
     pub root: Option<PathBuf>,
     #[command(flatten)]
