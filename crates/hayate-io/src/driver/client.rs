@@ -1209,7 +1209,15 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
         }
         // The clock now, not the loop's (see the server's loop): ACKs say how long data
         // waited here, and send times stamp when a datagram really left.
-        while let Some(n) = conn.poll_transmit(Instant::now(), links.slot(), &mut files) {
+        let mut pushed_back = false;
+        loop {
+            if !links.has_room(peer) {
+                pushed_back = true;
+                break;
+            }
+            let Some(n) = conn.poll_transmit(Instant::now(), links.slot(), &mut files) else {
+                break;
+            };
             links.commit(peer, n);
         }
         links.flush();
@@ -1273,6 +1281,11 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
             .poll_timeout(now)
             .unwrap_or(now + Duration::from_millis(100))
             .min(now + Duration::from_millis(100));
+        if pushed_back {
+            // The channel is full: wait for it to take bytes (the wait wakes when it can),
+            // not for the pacer, which would wake at once and find it still full.
+            next = next.max(now + Duration::from_millis(5));
+        }
         if files
             .act
             .values()

@@ -145,6 +145,13 @@ impl StreamLink {
         }
     }
 
+    /// Whether the queue can take one more datagram of any size. Senders stop at this (the
+    /// channel is reliable: a datagram dropped here would only be resent); `send` still
+    /// drops beyond `MAX_QUEUED` as a last resort.
+    pub fn has_room(&self) -> bool {
+        !self.eof && self.out.len() + 4 + MAX_FRAME <= MAX_QUEUED
+    }
+
     fn wants_write(&self) -> bool {
         !self.out.is_empty()
     }
@@ -213,6 +220,16 @@ impl Links {
         } else if let Some(sock) = &self.udp {
             self.batch.commit(sock, dest, n);
         }
+    }
+
+    /// Whether a datagram to `dest` may be sent now: always on UDP (the network drops what
+    /// it cannot carry, and the rate controller reads that), on the stream only while its
+    /// queue has room (see [`StreamLink::has_room`]).
+    pub fn has_room(&self, dest: SocketAddr) -> bool {
+        if dest != STREAM_PEER {
+            return true;
+        }
+        self.stream.as_ref().is_some_and(StreamLink::has_room)
     }
 
     /// A single datagram outside the batch (handshake replies).

@@ -374,13 +374,27 @@ impl Server {
                 // The clock now, not the loop's: a loop that took in a backlog ran for ms since
                 // `now`, and an ACK built with it tells the sender its data waited here less
                 // than it did (the rest reads as a queue on the path: 10 ms at 1 Gbit/s).
-                while let Some(n) = c.poll_transmit(Instant::now(), links.slot(), f) {
+                let mut pushed_back = false;
+                loop {
+                    if !links.has_room(addr) {
+                        pushed_back = true;
+                        break;
+                    }
+                    let Some(n) = c.poll_transmit(Instant::now(), links.slot(), f) else {
+                        break;
+                    };
                     links.commit(addr, n);
                 }
                 links.flush();
                 // Events raised while transmitting (a read error) are handled next round.
                 if let Some(t) = c.poll_timeout(now) {
-                    next = next.min(t);
+                    // A full channel wakes the wait when it takes bytes again (see the
+                    // client's loop); the pacer's deadline would find it still full.
+                    next = next.min(if pushed_back {
+                        t.max(now + Duration::from_millis(5))
+                    } else {
+                        t
+                    });
                 }
             }
             for (cid, ev) in busy_offers {
