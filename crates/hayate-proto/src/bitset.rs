@@ -3,6 +3,8 @@
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bitset {
+    /// Empty until the first bit is set: a transfer that is queued but not started (a peer
+    /// may queue many) costs no memory for its blocks.
     words: Vec<u64>,
     len: u64,
     ones: u64,
@@ -11,7 +13,7 @@ pub struct Bitset {
 impl Bitset {
     pub fn new(len: u64) -> Self {
         Bitset {
-            words: vec![0; len.div_ceil(64) as usize],
+            words: Vec::new(),
             len,
             ones: 0,
         }
@@ -35,13 +37,25 @@ impl Bitset {
     }
 
     pub fn get(&self, i: u64) -> bool {
-        i < self.len && self.words[(i / 64) as usize] & (1 << (i % 64)) != 0
+        self.word(i / 64) & (1 << (i % 64)) != 0
+    }
+
+    /// Word `wi`, zero where nothing is stored yet.
+    fn word(&self, wi: u64) -> u64 {
+        self.words.get(wi as usize).copied().unwrap_or(0)
+    }
+
+    fn words_mut(&mut self) -> &mut [u64] {
+        if self.words.is_empty() {
+            self.words = vec![0; self.len.div_ceil(64) as usize];
+        }
+        &mut self.words
     }
 
     /// Sets bit `i`; returns true if it was clear before.
     pub fn set(&mut self, i: u64) -> bool {
         debug_assert!(i < self.len);
-        let w = &mut self.words[(i / 64) as usize];
+        let w = &mut self.words_mut()[(i / 64) as usize];
         let m = 1u64 << (i % 64);
         if *w & m == 0 {
             *w |= m;
@@ -60,7 +74,8 @@ impl Bitset {
         }
         let mut newly = 0u64;
         let (wa, wb) = ((a / 64) as usize, ((b - 1) / 64) as usize);
-        for wi in wa..=wb {
+        for (wi, w) in self.words_mut()[wa..=wb].iter_mut().enumerate() {
+            let wi = wi + wa;
             let lo = if wi == wa { a % 64 } else { 0 };
             let hi = if wi == wb { (b - 1) % 64 + 1 } else { 64 };
             let mask = if hi - lo == 64 {
@@ -68,7 +83,6 @@ impl Bitset {
             } else {
                 ((1u64 << (hi - lo)) - 1) << lo
             };
-            let w = &mut self.words[wi];
             newly += (mask & !*w).count_ones() as u64;
             *w |= mask;
         }
@@ -104,27 +118,19 @@ impl Bitset {
         if from >= to {
             return to;
         }
-        let last_word = ((to - 1) / 64) as usize;
-        let mut wi = (from / 64) as usize;
-        let mut w = if zero {
-            !self.words[wi]
-        } else {
-            self.words[wi]
-        };
+        let last_word = (to - 1) / 64;
+        let mut wi = from / 64;
+        let mut w = if zero { !self.word(wi) } else { self.word(wi) };
         w &= u64::MAX << (from % 64);
         loop {
             if w != 0 {
-                return (wi as u64 * 64 + w.trailing_zeros() as u64).min(to);
+                return (wi * 64 + w.trailing_zeros() as u64).min(to);
             }
             wi += 1;
             if wi > last_word {
                 return to;
             }
-            w = if zero {
-                !self.words[wi]
-            } else {
-                self.words[wi]
-            };
+            w = if zero { !self.word(wi) } else { self.word(wi) };
         }
     }
 
@@ -194,5 +200,21 @@ mod tests {
         assert!(!bs.get(4));
         assert!(!bs.get(100));
         assert_eq!(bs.ones_ranges(), vec![(3, 4)]);
+    }
+
+    #[test]
+    fn nothing_is_allocated_until_a_bit_is_set() {
+        let mut bs = Bitset::new(1 << 40);
+        assert!(bs.words.is_empty());
+        assert_eq!(bs.next_zero(5), 5);
+        assert_eq!(bs.next_one(5), 1 << 40);
+        assert!(!bs.get(7));
+        assert!(bs.words.is_empty());
+        let mut small = Bitset::new(130);
+        assert_eq!(small.set_range(60, 70), 10);
+        assert_eq!(small.words.len(), 3);
+        assert_eq!(small.next_zero(60), 70);
+        bs = small;
+        assert!(bs.get(65));
     }
 }

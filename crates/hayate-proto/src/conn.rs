@@ -1500,7 +1500,7 @@ impl Connection {
             State::AwaitConfirm | State::Established => {
                 min(self.last_rx_us + self.cfg.idle_timeout.as_micros() as u64);
                 if self.ack_now
-                    || self.ctrl_tx.has_unsent()
+                    || self.ctrl_tx.has_sendable()
                     || self.ping_pending
                     || self.hash_work
                     || self.path_response_due.is_some()
@@ -1682,7 +1682,7 @@ impl Connection {
             || self.ack_pending >= ACK_EVERY
             || self.ack_deadline.is_some_and(|d| now_us >= d);
         if ack_due
-            || self.ctrl_tx.has_unsent()
+            || self.ctrl_tx.has_sendable()
             || self.ping_pending
             || self.path_response_due.is_some()
         {

@@ -128,6 +128,10 @@ pub struct MetaEntry {
 /// Largest encoded message accepted; bounds the memory a peer can make us buffer.
 pub const MAX_MESSAGE: usize = 1 << 20;
 
+/// How far past its contiguous offset a receiver takes control stream bytes; a sender never
+/// sends past what the peer acknowledged plus this.
+pub const WINDOW: u64 = 4 * MAX_MESSAGE as u64;
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum CtrlError {
     #[error("control message too large ({0} bytes)")]
@@ -162,6 +166,11 @@ impl CtrlSend {
         self.next < self.end()
     }
 
+    /// Unsent bytes within the window: something to send now.
+    pub fn has_sendable(&self) -> bool {
+        self.has_unsent() && self.next < self.acked + WINDOW
+    }
+
     pub fn has_unacked(&self) -> bool {
         !self.buf.is_empty()
     }
@@ -183,11 +192,12 @@ impl CtrlSend {
 
     /// Next chunk of at most `max` bytes to transmit, with its offset.
     pub fn next_chunk(&mut self, max: usize) -> Option<(u64, Vec<u8>)> {
-        if !self.has_unsent() || max == 0 {
+        let allowed = (self.acked + WINDOW).saturating_sub(self.next);
+        if !self.has_unsent() || max == 0 || allowed == 0 {
             return None;
         }
         let start = (self.next - self.acked) as usize;
-        let n = (self.buf.len() - start).min(max);
+        let n = (self.buf.len() - start).min(max).min(allowed as usize);
         let chunk: Vec<u8> = self.buf.range(start..start + n).copied().collect();
         let off = self.next;
         self.next += n as u64;
@@ -225,7 +235,7 @@ impl CtrlRecv {
         if end <= self.next {
             return Ok(false);
         }
-        if end > self.next + 4 * MAX_MESSAGE as u64 {
+        if end > self.next + WINDOW {
             return Err(CtrlError::Window);
         }
         if offset <= self.next {
@@ -279,6 +289,43 @@ impl CtrlRecv {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A sender with more queued than the receiver takes stops at the window, carries on as
+    /// acknowledgements come, and the receiver never refuses a chunk.
+    #[test]
+    fn the_sender_stays_within_the_receivers_window() {
+        let (mut tx, mut rx) = (CtrlSend::default(), CtrlRecv::default());
+        let mut pushed = 0u32;
+        while tx.end() < 3 * WINDOW {
+            tx.push(&Ctrl::Skip {
+                xfer: pushed,
+                reason: "x".repeat(100),
+            });
+            pushed += 1;
+        }
+        let mut got = 0u32;
+        let mut stalls = 0;
+        while got < pushed {
+            let mut sent = 0;
+            while let Some((off, data)) = tx.next_chunk(1200) {
+                rx.on_chunk(off, &data).expect("within the window");
+                sent += data.len() as u64;
+            }
+            if tx.has_unsent() {
+                assert!(!tx.has_sendable());
+                assert_eq!(tx.next, tx.acked + WINDOW);
+                stalls += 1;
+            }
+            assert!(sent <= WINDOW);
+            while let Some(m) = rx.next_message().unwrap() {
+                assert!(matches!(m, Ctrl::Skip { xfer, .. } if xfer == got));
+                got += 1;
+            }
+            tx.on_ack(rx.offset());
+        }
+        assert!(stalls >= 2, "{stalls}");
+        assert!(!tx.has_unacked());
+    }
 
     /// A message said twice goes out again alone, not with everything still unacknowledged
     /// before it; never below what the peer acknowledged.
