@@ -303,6 +303,41 @@ impl Root {
         Ok(out)
     }
 
+    /// The entries of one directory whose names match the last component of `pattern`
+    /// ([`crate::glob`]), sorted, each as `lstat` sees it with `path` the pattern's directory
+    /// part (as given, `~` unexpanded) joined with the name: what to ask for next. The
+    /// directory is resolved as [`list`](Self::list) resolves a path (beneath the root when
+    /// confined); no shell is involved. An empty result is no error here.
+    pub fn glob(&self, pattern: &str, max: usize) -> Result<Vec<Entry>, FsError> {
+        let (dir_part, name_pat) = crate::glob::split(pattern);
+        let dir_rel = if dir_part.is_empty() { "." } else { dir_part };
+        let expanded = self.expand(dir_rel)?;
+        let rel = expanded.as_ref();
+        let (abs, comps) = self.parse(rel, true)?;
+        // The directory part ends with `/`: a symlink to a directory is followed, as a shell does.
+        let top = self.at(
+            &path_str(abs, &comps),
+            OFlags::PATH | OFlags::DIRECTORY,
+            rel,
+        )?;
+        let dir = rfs::openat(
+            &top,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| errno_error(e, rel))?;
+        let entries = read_entries(&dir, "", rel, max)?;
+        Ok(entries
+            .into_iter()
+            .filter(|e| crate::glob::matches(name_pat, &e.path))
+            .map(|mut e| {
+                e.path = format!("{dir_part}{}", e.path);
+                e
+            })
+            .collect())
+    }
+
     /// mkdir of `rel` (fine if it is a directory already), whose parent must exist; `mode`
     /// (masked 0o777) applied when given (also if it already existed). Error if it exists and
     /// is not a directory.

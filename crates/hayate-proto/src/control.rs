@@ -104,6 +104,10 @@ pub enum MetaOp {
         mode: Option<u32>,
         mtime: Option<i64>,
     },
+    /// The entries of one directory whose names match the pattern's last component (`*`,
+    /// `?`, `[...]`, `\\` escapes; no shell), expanded by the server; each entry's `path` is
+    /// the pattern's directory part joined with the name. No match is an empty list.
+    Glob { pattern: String },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -1434,3 +1434,32 @@ fn the_summary_line_rates_what_moved_and_shows_the_rest_apart() {
     assert!(line.starts_with("1 file skipped (67.1 MB) in "), "{line}");
     assert!(line.ends_with(" s, nothing to copy"), "{line}");
 }
+
+#[test]
+fn remote_glob_from_a_daemon_stays_beneath_the_root() {
+    let fx = Fx::new();
+    fs::create_dir(fx.root.join("d")).unwrap();
+    write_random(&fx.root.join("d/x.fits"), 5000, 1);
+    write_random(&fx.root.join("d/y.fits"), 7000, 2);
+    write_random(&fx.root.join("d/z.txt"), 10, 3);
+    write_random(&fx.outside.join("secret.fits"), 10, 4);
+    symlink(&fx.outside, fx.root.join("out")).unwrap();
+    let into = fx.local.join("back");
+    fs::create_dir(&into).unwrap();
+    fx.cp(&[fx.url("d/*.fits"), s(&into)]).assert_ok();
+    assert_eq!(tree(&into), ["x.fits", "y.fits"]);
+    assert_eq!(
+        fs::read(into.join("y.fits")).unwrap(),
+        fs::read(fx.root.join("d/y.fits")).unwrap()
+    );
+    // Neither `..` nor a link leading out lists what is outside the root.
+    for p in ["../outside/*.fits", "out/*.fits"] {
+        let r = fx.cp(&[fx.url(p), s(&into)]);
+        r.assert_failed();
+        assert!(r.stderr.contains("escapes the served root"), "{p}: {r:#?}");
+    }
+    let r = fx.cp(&[fx.url("d/*.none"), s(&into)]);
+    r.assert_failed();
+    assert!(r.stderr.contains("d/*.none: no match"), "{r:#?}");
+    assert_eq!(tree(&into), ["x.fits", "y.fits"]);
+}

@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::sshd::Sshd;
-use common::{hayate, spawn_cmd, Run, BIN};
+use common::{hayate, spawn_cmd, tree, Run, BIN};
 
 struct Fx {
     sshd: Sshd,
@@ -980,4 +980,129 @@ fn verbose_says_what_happens_and_the_address_family_reaches_ssh() {
     assert_eq!(r.status.code(), Some(1), "{r:#?}");
     assert!(r.stderr.contains("ssh to 127.0.0.1 failed"), "{r:#?}");
     assert!(!fx.p("h").exists());
+}
+
+#[test]
+fn remote_glob_copies_every_match_into_a_directory() {
+    let fx = fx!();
+    write(&fx.p("far/one.fits"), 70_000, 1);
+    write(&fx.p("far/two.fits"), 1, 2);
+    write(&fx.p("far/three.fit"), 10, 3);
+    write(&fx.p("far/.hidden.fits"), 10, 4);
+    write(&fx.p("far/sub.fits/inner"), 10, 5);
+    fs::create_dir(fx.p("back")).unwrap();
+    let back = fx.p("back").display().to_string();
+    let r = fx.cp(&["--json", &fx.remote("far/*.fits"), &back]);
+    // `sub.fits` is a directory: without -r it fails, named, and the files still arrive.
+    r.assert_failed();
+    assert!(r.stderr.contains("sub.fits"), "{r:#?}");
+    for n in ["one.fits", "two.fits"] {
+        assert_eq!(
+            fs::read(fx.p(&format!("far/{n}"))).unwrap(),
+            fs::read(fx.p(&format!("back/{n}"))).unwrap()
+        );
+    }
+    assert!(!fx.p("back/three.fit").exists(), "not matched");
+    assert!(!fx.p("back/.hidden.fits").exists(), "`*` skips dot files");
+
+    // With -r the directory comes too; `?` and `[...]` work as in a shell.
+    fs::remove_dir_all(fx.p("back")).unwrap();
+    fs::create_dir(fx.p("back")).unwrap();
+    fx.cp(&["-r", &fx.remote("far/[os]*.fit?"), &back])
+        .assert_ok();
+    assert_eq!(
+        tree(&fx.p("back")),
+        ["one.fits", "sub.fits", "sub.fits/inner"]
+    );
+
+    // Several matches need a directory as the destination.
+    let r = fx.cp(&[&fx.remote("far/*.fits"), fx.p("file").to_str().unwrap()]);
+    r.assert_failed();
+    assert!(r.stderr.contains("not a directory"), "{r:#?}");
+}
+
+#[test]
+fn remote_glob_with_no_match_is_an_error_naming_the_pattern() {
+    let fx = fx!();
+    fs::create_dir(fx.p("far")).unwrap();
+    write(&fx.p("far/a.txt"), 10, 1);
+    let pattern = fx.remote("far/*.fits");
+    let r = fx.cp(&["--json", &pattern, fx.p("").to_str().unwrap()]);
+    r.assert_failed();
+    let want = format!("{}: no match", fx.p("far/*.fits").display());
+    assert!(r.stderr.contains(&want), "{want:?} in {r:#?}");
+    assert_eq!(json(&r)["verified"], false);
+    // A pattern in a directory that is not there names the directory.
+    let r = fx.cp(&[&fx.remote("nodir/*.fits"), fx.p("").to_str().unwrap()]);
+    r.assert_failed();
+    assert!(r.stderr.contains("nodir"), "{r:#?}");
+}
+
+#[test]
+fn remote_glob_is_expanded_by_the_far_side_never_a_shell() {
+    let fx = fx!();
+    // Names a shell would act on, and a sentinel they would remove or create.
+    fs::create_dir_all(fx.p("far/x")).unwrap();
+    let names = [
+        "a;rm -rf x",
+        "$(touch pwned)",
+        "b*c",
+        "`touch pwned2`",
+        "q'\"z",
+    ];
+    for (i, n) in names.iter().enumerate() {
+        write(&fx.p(&format!("far/{n}")), 1000 + i, i as u8);
+    }
+    fs::create_dir(fx.p("back")).unwrap();
+    let back = fx.p("back").display().to_string();
+    fx.cp(&[&fx.remote("far/*"), &back]).assert_failed(); // far/x is a directory (no -r)
+    for n in names {
+        assert_eq!(
+            fs::read(fx.p(&format!("far/{n}"))).unwrap(),
+            fs::read(fx.p(&format!("back/{n}"))).unwrap(),
+            "{n}"
+        );
+    }
+    assert!(fx.p("far/x").is_dir(), "nothing ran `rm -rf x`");
+    let home = remote_home(&fx);
+    for p in [
+        fx.p("pwned"),
+        fx.p("far/pwned"),
+        home.join("pwned"),
+        home.join("pwned2"),
+    ] {
+        assert!(!p.exists(), "{} was created", p.display());
+    }
+    // A pattern made of shell syntax is only a pattern; `\*` matches a literal `*`.
+    fs::remove_dir_all(fx.p("back")).unwrap();
+    fs::create_dir(fx.p("back")).unwrap();
+    fx.cp(&[&fx.remote("far/b\\*?"), &back]).assert_ok();
+    assert_eq!(tree(&fx.p("back")), ["b*c"]);
+    fx.cp(&[&fx.remote("far/$(touch pwned)*"), &back])
+        .assert_ok();
+    assert_eq!(tree(&fx.p("back")), ["$(touch pwned)", "b*c"]);
+    assert!(!home.join("pwned").exists() && !fx.p("pwned").exists());
+}
+
+#[test]
+fn remote_glob_after_tilde_is_in_the_far_sides_home() {
+    let fx = fx!();
+    let home = remote_home(&fx);
+    let dir = tempfile::Builder::new()
+        .prefix("hayate-glob-")
+        .tempdir_in(&home)
+        .unwrap();
+    let name = dir.path().file_name().unwrap().to_str().unwrap();
+    write(&dir.path().join("logs/a.log"), 5000, 1);
+    write(&dir.path().join("logs/b.log"), 6000, 2);
+    write(&dir.path().join("logs/c.txt"), 10, 3);
+    fs::create_dir(fx.p("dst")).unwrap();
+    let dst = format!("{}/", fx.p("dst").display());
+    let src = format!("{}:~/{name}/logs/*.log", fx.sshd.target());
+    fx.cp(&[&src, &dst]).assert_ok();
+    assert_eq!(tree(&fx.p("dst")), ["a.log", "b.log"]);
+    assert_eq!(
+        fs::read(dir.path().join("logs/b.log")).unwrap(),
+        fs::read(fx.p("dst/b.log")).unwrap()
+    );
 }

@@ -296,6 +296,14 @@ enum Pending {
     DestStat,
     /// The listing of download source `i`.
     SourceList(usize, Vec<MetaEntry>),
+    /// The expansion of the download pattern `sources[i]` by the far side.
+    Glob(usize, Vec<MetaEntry>),
+    /// The listing of `src`, a directory one of the patterns matched, going to `base`.
+    Matched {
+        src: String,
+        base: PathBuf,
+        acc: Vec<MetaEntry>,
+    },
     /// A directory, link or metadata change recorded in `results[i]`.
     Op(usize),
     /// The listing of the unlisted download source `results[i]` after the server refused
@@ -369,6 +377,8 @@ struct Session<'a> {
     /// The one file of this upload is offered as `DEST/NAME` with `INTO_DIR`: the server
     /// picks between that and `DEST`, sparing the round trip of looking at `DEST` first.
     into_dir: bool,
+    /// Where each download source goes, and its name: two may not reach one place.
+    bases: HashMap<PathBuf, String>,
 }
 
 impl<'a> Session<'a> {
@@ -386,6 +396,7 @@ impl<'a> Session<'a> {
             bytes_total: 0,
             finished_bytes: 0,
             into_dir: false,
+            bases: HashMap::new(),
         }
     }
 
@@ -433,6 +444,11 @@ impl<'a> Session<'a> {
             }
             Job::Download { sources, .. } => {
                 for (i, s) in sources.iter().enumerate() {
+                    if crate::glob::is_pattern(s) {
+                        let id = conn.meta(MetaOp::Glob { pattern: s.clone() });
+                        self.pending.insert(id, Pending::Glob(i, Vec::new()));
+                        continue;
+                    }
                     let id = conn.meta(MetaOp::List {
                         path: s.clone(),
                         recursive: self.recursive,
@@ -474,6 +490,33 @@ impl<'a> Session<'a> {
                     self.fail(Kind::File, false, dest.clone(), sources[i].clone(), e);
                 }
             },
+            Pending::Glob(i, mut acc) => match result {
+                Ok(v) if more => {
+                    acc.extend(v);
+                    self.pending.insert(id, Pending::Glob(i, acc));
+                }
+                Ok(v) => {
+                    acc.extend(v);
+                    self.plan_matches(conn, i, acc);
+                }
+                Err(e) => {
+                    let Job::Download { sources, dest } = self.job else {
+                        return;
+                    };
+                    self.fail(Kind::File, false, dest.clone(), sources[i].clone(), e);
+                }
+            },
+            Pending::Matched { src, base, mut acc } => match result {
+                Ok(v) if more => {
+                    acc.extend(v);
+                    self.pending.insert(id, Pending::Matched { src, base, acc });
+                }
+                Ok(v) => {
+                    acc.extend(v);
+                    self.plan_download_at(&src, base, acc);
+                }
+                Err(e) => self.fail(Kind::Dir, false, base, src, e),
+            },
             Pending::Op(i) => match result {
                 Ok(_) => self.results[i].verified = true,
                 Err(e) => self.results[i].error = Some(e),
@@ -490,7 +533,9 @@ impl<'a> Session<'a> {
     /// The one download source is asked for without being listed first, so its kind is a
     /// guess (a file) until the server answers.
     fn unlisted_download(&self) -> bool {
-        matches!(self.job, Job::Download { sources, .. } if sources.len() == 1) && !self.recursive
+        matches!(self.job, Job::Download { sources, .. }
+            if sources.len() == 1 && !crate::glob::is_pattern(&sources[0]))
+            && !self.recursive
     }
 
     /// The server would not send or take `results[i]`.
@@ -678,12 +723,62 @@ impl<'a> Session<'a> {
         }
     }
 
+    /// What the pattern `sources[i]` matched, each copied as if it had been named: files
+    /// at once, directories (with `-r`) listed first. No match is an error naming the pattern.
+    fn plan_matches(&mut self, conn: &mut Connection, i: usize, matched: Vec<MetaEntry>) {
+        let Job::Download { sources, dest } = self.job else {
+            return;
+        };
+        if matched.is_empty() {
+            self.fail(
+                Kind::File,
+                false,
+                dest.clone(),
+                sources[i].clone(),
+                "no match".into(),
+            );
+            return;
+        }
+        for mut e in matched {
+            let src = std::mem::take(&mut e.path);
+            let base = dest.join(remote_basename(&src));
+            if e.kind == WireKind::Dir && self.recursive {
+                let id = conn.meta(MetaOp::List {
+                    path: src.clone(),
+                    recursive: true,
+                });
+                let acc = Vec::new();
+                self.pending.insert(id, Pending::Matched { src, base, acc });
+            } else {
+                self.plan_download_at(&src, base, vec![e]);
+            }
+        }
+    }
+
     fn plan_download(&mut self, i: usize, entries: Vec<MetaEntry>) {
         let Job::Download { sources, dest } = self.job else {
             return;
         };
-        let src = &sources[i];
-        let base = download_base(sources, dest, i);
+        self.plan_download_at(
+            &sources[i].clone(),
+            download_base(sources, dest, i),
+            entries,
+        );
+    }
+
+    /// Plans the download of `src` (listed as `entries`) to `base`.
+    fn plan_download_at(&mut self, src: &str, base: PathBuf, entries: Vec<MetaEntry>) {
+        let src = &src.to_string();
+        // Two patterns (or a pattern and a name) may reach one name: the copies would race on
+        // one temp file.
+        if let Some(prev) = self.bases.insert(base.clone(), src.clone()) {
+            let e = format!(
+                "{prev} and {src} would both be copied to {}",
+                base.display()
+            );
+            self.fail(Kind::File, false, base, src.clone(), e);
+            return;
+        }
         let Some(root) = entries.first() else {
             self.fail(Kind::File, false, base, src.clone(), "empty listing".into());
             return;
@@ -946,11 +1041,19 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
         }
     }
     if let Job::Download { sources, dest } = &job {
-        if sources.len() > 1 && !dest.is_dir() {
-            let e = format!(
-                "{}: not a directory (several sources need one)",
-                dest.display()
-            );
+        let patterns = sources.iter().any(|p| crate::glob::is_pattern(p));
+        if (sources.len() > 1 || patterns) && !dest.is_dir() {
+            let e = if sources.len() > 1 {
+                format!(
+                    "{}: not a directory (several sources need one)",
+                    dest.display()
+                )
+            } else {
+                format!(
+                    "{}: not a directory (a pattern may match several files)",
+                    dest.display()
+                )
+            };
             return report(s, Stats::default(), Some(e), false);
         }
     }

@@ -649,6 +649,9 @@ fn on_event(
                 MetaOp::List { path, recursive } => root
                     .list(&path, recursive, MAX_LIST)
                     .map(|v| v.into_iter().map(to_wire).collect()),
+                MetaOp::Glob { pattern } => root
+                    .glob(&pattern, MAX_LIST)
+                    .map(|v| v.into_iter().map(to_wire).collect()),
                 MetaOp::Mkdir { path, mode } => root.mkdirs(&path, mode).map(|()| Vec::new()),
                 MetaOp::Symlink { path, target } => {
                     root.symlink(&path, &target).map(|()| Vec::new())

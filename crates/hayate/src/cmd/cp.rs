@@ -277,17 +277,22 @@ pub fn plan(paths: &[String]) -> anyhow::Result<(Far, Job)> {
             }
             let far = far.expect("at least one source");
             if sources.len() > 1 {
+                // A pattern's matches are checked by the client once the far side says what
+                // they are.
                 refuse_duplicates(
-                    sources.iter().map(|p| {
-                        (
-                            p.clone(),
-                            p.trim_end_matches('/')
-                                .rsplit('/')
-                                .next()
-                                .unwrap_or_default()
-                                .to_string(),
-                        )
-                    }),
+                    sources
+                        .iter()
+                        .filter(|p| !hayate_io::glob::is_pattern(p))
+                        .map(|p| {
+                            (
+                                p.clone(),
+                                p.trim_end_matches('/')
+                                    .rsplit('/')
+                                    .next()
+                                    .unwrap_or_default()
+                                    .to_string(),
+                            )
+                        }),
                     |n| dest.join(n).display().to_string(),
                 )?;
             }
