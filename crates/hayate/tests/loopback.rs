@@ -1463,3 +1463,35 @@ fn remote_glob_from_a_daemon_stays_beneath_the_root() {
     assert!(r.stderr.contains("d/*.none: no match"), "{r:#?}");
     assert_eq!(tree(&into), ["x.fits", "y.fits"]);
 }
+
+#[test]
+fn stdin_and_stdout_with_a_daemon() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let fx = Fx::new();
+    let data: Vec<u8> = (0..1_000_003u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    let mut child = hayate()
+        .args(["cp", "--key-file"])
+        .arg(&fx.key)
+        .args(["-", &fx.url("in.bin")])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&data).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(fs::read(fx.root.join("in.bin")).unwrap() == data);
+    let out = hayate()
+        .args(["cp", "--key-file"])
+        .arg(&fx.key)
+        .args([&fx.url("in.bin"), "-"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(out.stdout == data, "stdout differs");
+}

@@ -1106,3 +1106,149 @@ fn remote_glob_after_tilde_is_in_the_far_sides_home() {
         fs::read(fx.p("dst/b.log")).unwrap()
     );
 }
+
+/// Runs `cmd` with `input` on its stdin; its stdout as bytes, stderr as text, exit code.
+fn run_piped(cmd: &mut Command, input: Vec<u8>) -> (Vec<u8>, String, Option<i32>) {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let feeder = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let out = child.wait_with_output().unwrap();
+    feeder.join().unwrap();
+    (
+        out.stdout,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.code(),
+    )
+}
+
+fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            // xorshift64*
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 56) as u8
+        })
+        .collect()
+}
+
+#[test]
+fn stdin_to_remote_and_remote_to_stdout_round_trip() {
+    let fx = fx!();
+    fs::create_dir(fx.p("far")).unwrap();
+    for (len, seed) in [(5_000_003usize, 1u64), (0, 2), (1, 3)] {
+        let data = random_bytes(len, seed);
+        let (out, err, code) =
+            run_piped(fx.cmd().args(["-", &fx.remote("far/up.bin")]), data.clone());
+        assert_eq!(code, Some(0), "{len}: {err}");
+        assert!(out.is_empty(), "nothing on stdout: {out:?}");
+        assert!(
+            fs::read(fx.p("far/up.bin")).unwrap() == data,
+            "{len}: stdin -> remote"
+        );
+        // Made as a new file is made there, not with the spool file's 0600.
+        let mode = fs::metadata(fx.p("far/up.bin")).unwrap().mode() & 0o777;
+        assert_ne!(mode, 0o600, "{mode:o}");
+
+        let (out, err, code) =
+            run_piped(fx.cmd().args([&fx.remote("far/up.bin"), "-"]), Vec::new());
+        assert_eq!(code, Some(0), "{len}: {err}");
+        assert_eq!(out.len(), data.len(), "{len}: {err}");
+        assert!(out == data, "{len}: remote -> stdout differs");
+        assert!(!err.contains("hayate-part"), "{err}");
+    }
+    // Standard output redirected to a file opened for appending: written after what is
+    // there, at the file's offset, never a temp file renamed over it.
+    let data = random_bytes(300_001, 9);
+    fs::write(fx.p("far/up.bin"), &data).unwrap();
+    fs::write(fx.p("log"), b"head\n").unwrap();
+    let log = fs::OpenOptions::new()
+        .append(true)
+        .open(fx.p("log"))
+        .unwrap();
+    let st = fx
+        .cmd()
+        .args([&fx.remote("far/up.bin"), "-"])
+        .stdout(log)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mut want = b"head\n".to_vec();
+    want.extend(&data);
+    assert!(
+        fs::read(fx.p("log")).unwrap() == want,
+        "appended to stdout's file"
+    );
+    // No temp file was left beside the destination, nor in the local directory.
+    assert_eq!(tree(&fx.p("far")), ["up.bin"]);
+    assert!(!fx.p("-").exists(), "stdout is not a file named -");
+}
+
+#[test]
+fn stdin_and_stdout_refuse_what_they_cannot_do() {
+    let fx = fx!();
+    fs::create_dir(fx.p("far")).unwrap();
+    write(&fx.p("far/f"), 10, 1);
+    // Standard input has no name to put in a directory.
+    let (_, err, code) = run_piped(fx.cmd().args(["-", &fx.remote("far")]), b"x".to_vec());
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("needs a file name"), "{err}");
+    assert!(!fx.p("far/-").exists());
+    for args in [
+        vec!["--json".to_string(), fx.remote("far/f"), "-".into()],
+        vec!["-r".to_string(), fx.remote("far"), "-".into()],
+        vec![fx.remote("far/f"), fx.remote("far/f"), "-".into()],
+        vec![fx.remote("far/*"), "-".into()],
+        vec![
+            "-".into(),
+            fx.p("far/f").display().to_string(),
+            fx.remote("far/"),
+        ],
+    ] {
+        let (_, err, code) = run_piped(fx.cmd().args(&args), Vec::new());
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains("standard "), "{args:?}: {err}");
+    }
+    // A missing source to stdout fails, with nothing written.
+    let (out, err, code) = run_piped(fx.cmd().args([&fx.remote("far/nope"), "-"]), Vec::new());
+    assert_eq!(code, Some(1), "{err}");
+    assert!(out.is_empty());
+    assert!(err.contains("nope"), "{err}");
+}
+
+#[test]
+fn stdout_copy_that_fails_verification_exits_1() {
+    let fx = fx!();
+    write(&fx.p("far-src.bin"), 32 << 20, 4);
+    let out = fs::File::create(fx.p("out.bin")).unwrap();
+    // 32 MiB at 50 Mbit/s: about 5 s, time to change the source on the way.
+    let child = fx
+        .cmd()
+        .args(["--rate", "50M", &fx.remote("far-src.bin"), "-"])
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(
+        common::eventually(Duration::from_secs(30), || fs::metadata(fx.p("out.bin"))
+            .is_ok_and(|m| m.len() > 0)),
+        "nothing reached stdout"
+    );
+    change(&fx.p("far-src.bin"), Change::Overwrite);
+    let r = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(1), "{err}");
+    assert!(err.contains("changed while being sent"), "{err}");
+    assert!(!err.contains("verified in"), "{err}");
+}

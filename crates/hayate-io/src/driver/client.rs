@@ -51,7 +51,16 @@ pub struct ClientOptions {
     pub flags: u32,
     /// `-r`: directories are copied with everything beneath them.
     pub recursive: bool,
+    /// `hayate cp - DEST`: the upload's one source, named `-` in the job, is standard input
+    /// already spooled into this (unnamed) file.
+    pub stdin: Option<File>,
+    /// `hayate cp SRC -`: the download's destination `-` is standard output, written in
+    /// order as the bytes come (no temp file, no resume).
+    pub stdout: bool,
 }
+
+/// How `-` appears in a [`Job`] for standard input or output.
+pub const STDIO: &str = "-";
 
 /// What the user asked for.
 #[derive(Debug, Clone)]
@@ -379,6 +388,10 @@ struct Session<'a> {
     into_dir: bool,
     /// Where each download source goes, and its name: two may not reach one place.
     bases: HashMap<PathBuf, String>,
+    /// See [`ClientOptions::stdin`].
+    stdin: Option<File>,
+    /// See [`ClientOptions::stdout`].
+    stdout: bool,
 }
 
 impl<'a> Session<'a> {
@@ -397,6 +410,8 @@ impl<'a> Session<'a> {
             finished_bytes: 0,
             into_dir: false,
             bases: HashMap::new(),
+            stdin: None,
+            stdout: false,
         }
     }
 
@@ -432,7 +447,11 @@ impl<'a> Session<'a> {
                 // One file: ask for it at once, sparing the round trip of listing it first.
                 // The server's offer says how big it is; a refusal is looked into then
                 // (see `on_refused`).
-                let base = download_base(sources, dest, 0);
+                let base = if self.stdout {
+                    PathBuf::from(STDIO)
+                } else {
+                    download_base(sources, dest, 0)
+                };
                 let i = self.push(FileResult::new(
                     Kind::File,
                     false,
@@ -563,6 +582,7 @@ impl<'a> Session<'a> {
     /// a plain copy (`--no-clobber` and `--update` answer with a skip, which names no path).
     fn can_place_into_dir(&self, sources: &[PathBuf], dest: &str) -> bool {
         self.opts_flags & (flags::NO_CLOBBER | flags::UPDATE) == 0
+            && self.stdin.is_none()
             && sources.len() == 1
             && !dest.is_empty()
             && !dest.ends_with('/')
@@ -573,6 +593,20 @@ impl<'a> Session<'a> {
         let Job::Upload { sources, dest } = self.job else {
             return;
         };
+        if let Some(f) = &self.stdin {
+            // Standard input has no name to give a file in a directory.
+            let local = PathBuf::from(STDIO);
+            if dest.is_empty() || dest.ends_with('/') || dest_kind == Some(WireKind::Dir) {
+                let e = "is a directory: - (standard input) needs a file name as DEST".into();
+                self.fail(Kind::File, true, local, dest.clone(), e);
+                return;
+            }
+            let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+            let i = self.push(FileResult::new(Kind::File, true, local, dest.clone(), size));
+            self.bytes_total += size;
+            self.queue.push_back(i);
+            return;
+        }
         let several = sources.len() > 1;
         let dest_is_dir = dest_kind == Some(WireKind::Dir) || self.into_dir;
         let into_dir = several || dest.is_empty() || dest.ends_with('/') || dest_is_dir;
@@ -876,7 +910,15 @@ impl<'a> Session<'a> {
         let r = &mut self.results[i];
         let fl = self.opts_flags;
         if r.upload {
-            let (f, m) = match open_source(&r.local) {
+            let stdin = self.stdin.as_ref().filter(|_| r.local == Path::new(STDIO));
+            let opened = match stdin {
+                Some(f) => f
+                    .try_clone()
+                    .and_then(|f| f.metadata().map(|m| (f, m)))
+                    .map_err(|e| format!("standard input: {e}")),
+                None => open_source(&r.local),
+            };
+            let (f, m) = match opened {
                 Ok(x) => x,
                 Err(e) => {
                     r.error = Some(e);
@@ -897,18 +939,27 @@ impl<'a> Session<'a> {
                 None
             };
             let into_dir = if self.into_dir { flags::INTO_DIR } else { 0 };
+            // Standard input's spool file is 0600 and new: the far side makes the file as a
+            // new file is made there (0666 less its umask).
+            let mode = if stdin.is_some() { 0o666 } else { m.mode() };
             let x = conn.send_file_ext(&FileOffer {
                 path: &r.remote,
                 size: m.len(),
-                mode: m.mode(),
+                mode,
                 mtime: m.mtime(),
                 flags: fl | into_dir,
                 hash,
             });
-            let watched = SourceFile::new(f, m.len()).watch({
-                let path = r.local.clone();
-                Box::new(move || std::fs::metadata(&path).map(|m| (m.dev(), m.ino())))
-            });
+            let source = SourceFile::new(f, m.len());
+            // The spool file has no name to watch; nothing else writes to it.
+            let watched = if stdin.is_some() {
+                source
+            } else {
+                source.watch({
+                    let path = r.local.clone();
+                    Box::new(move || std::fs::metadata(&path).map(|m| (m.dev(), m.ino())))
+                })
+            };
             let sending = match Sending::new(watched) {
                 Ok(s) => s,
                 Err(e) => {
@@ -923,7 +974,7 @@ impl<'a> Session<'a> {
                     idx: i,
                     upload: true,
                     size: m.len(),
-                    mode: m.mode(),
+                    mode,
                     mtime: m.mtime(),
                     file: Some(sending),
                     part: None,
@@ -933,7 +984,10 @@ impl<'a> Session<'a> {
                 },
             ))
         } else {
-            if fl & flags::NO_CLOBBER != 0 && std::fs::symlink_metadata(&r.local).is_ok() {
+            if fl & flags::NO_CLOBBER != 0
+                && !self.stdout
+                && std::fs::symlink_metadata(&r.local).is_ok()
+            {
                 r.skipped = Some("destination exists (--no-clobber)".into());
                 return None;
             }
@@ -1019,6 +1073,8 @@ fn new_conn(cfg: &Config, psk: &Psk, peer: SocketAddr, now: Instant) -> Connecti
 pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Report {
     let start = Instant::now();
     let mut s = Session::new(&job, opts.flags, opts.recursive);
+    s.stdin = opts.stdin;
+    s.stdout = opts.stdout;
     let report = |s: Session<'_>, stats: Stats, error: Option<String>, via_stream: bool| Report {
         files: s.results,
         seconds: start.elapsed().as_secs_f64(),
@@ -1042,7 +1098,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
     }
     if let Job::Download { sources, dest } = &job {
         let patterns = sources.iter().any(|p| crate::glob::is_pattern(p));
-        if (sources.len() > 1 || patterns) && !dest.is_dir() {
+        if (sources.len() > 1 || patterns) && !opts.stdout && !dest.is_dir() {
             let e = if sources.len() > 1 {
                 format!(
                     "{}: not a directory (several sources need one)",
@@ -1182,7 +1238,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
                     a.size = size;
                     a.mode = mode;
                     a.mtime = mtime;
-                    if let Some(want) = hash.filter(|_| fl & flags::UPDATE != 0) {
+                    if let Some(want) = hash.filter(|_| fl & flags::UPDATE != 0 && !s.stdout) {
                         let same = File::open(&r.local)
                             .ok()
                             .filter(|f| f.metadata().is_ok_and(|m| m.is_file() && m.len() == size))
@@ -1197,7 +1253,12 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
                         }
                     }
                     let bs = conn.block_size() as u64;
-                    let started = create_local_part(&r.local, size).and_then(|mut p| {
+                    let part = if s.stdout {
+                        PartFile::stdout(size)
+                    } else {
+                        create_local_part(&r.local, size)
+                    };
+                    let started = part.and_then(|mut p| {
                         let have = resumable(&p, size, mtime, bs);
                         let landing = Landing::start(&mut p, size, &have, bs)
                             .map_err(|e| FsError::Io(r.local.display().to_string(), e))?;
