@@ -939,6 +939,7 @@ impl<'a> Session<'a> {
                 None
             };
             let into_dir = if self.into_dir { flags::INTO_DIR } else { 0 };
+            let no_resume = if stdin.is_some() { flags::NO_RESUME } else { 0 };
             // Standard input's spool file is 0600 and new: the far side makes the file as a
             // new file is made there (0666 less its umask).
             let mode = if stdin.is_some() { 0o666 } else { m.mode() };
@@ -947,7 +948,7 @@ impl<'a> Session<'a> {
                 size: m.len(),
                 mode,
                 mtime: m.mtime(),
-                flags: fl | into_dir,
+                flags: fl | into_dir | no_resume,
                 hash,
             });
             let source = SourceFile::new(f, m.len());

@@ -568,7 +568,11 @@ fn on_event(
                 }
                 return None;
             }
-            let have = resumable(&part, size, mtime, c.block_size() as u64);
+            let have = if flags & flags::NO_RESUME != 0 {
+                Vec::new()
+            } else {
+                resumable(&part, size, mtime, c.block_size() as u64)
+            };
             let landing = match Landing::start(&mut part, size, &have, c.block_size() as u64) {
                 Ok(l) => l,
                 Err(e) => {
