@@ -1495,3 +1495,28 @@ fn stdin_and_stdout_with_a_daemon() {
     assert!(out.status.success(), "{out:?}");
     assert!(out.stdout == data, "stdout differs");
 }
+
+#[test]
+fn two_patterns_matching_one_name_copy_it_once_and_name_the_clash() {
+    let fx = Fx::new();
+    for d in ["a", "b"] {
+        fs::create_dir(fx.root.join(d)).unwrap();
+    }
+    write_random(&fx.root.join("a/same.x"), 1000, 1);
+    write_random(&fx.root.join("b/same.x"), 2000, 2);
+    write_random(&fx.root.join("b/other.x"), 3000, 3);
+    let into = fx.local.join("back");
+    fs::create_dir(&into).unwrap();
+    let r = fx.cp(&[fx.url("a/*.x"), fx.url("b/*.x"), s(&into)]);
+    r.assert_failed();
+    assert!(r.stderr.contains("would both be copied to"), "{r:#?}");
+    assert!(r.stderr.contains("same.x"), "{r:#?}");
+    assert_eq!(tree(&into), ["other.x", "same.x"]);
+    // The one that arrived is whole, from one of the two sources, never a mix.
+    let got = fs::read(into.join("same.x")).unwrap();
+    assert!(
+        got == fs::read(fx.root.join("a/same.x")).unwrap()
+            || got == fs::read(fx.root.join("b/same.x")).unwrap()
+    );
+    assert_eq!(part_files(&fx.local), Vec::<String>::new());
+}
