@@ -532,7 +532,7 @@ impl<'a> Session<'a> {
                 }
                 Ok(v) => {
                     acc.extend(v);
-                    self.plan_download_at(&src, base, acc);
+                    self.plan_download_at(src, base, acc);
                 }
                 Err(e) => self.fail(Kind::Dir, false, base, src, e),
             },
@@ -784,7 +784,7 @@ impl<'a> Session<'a> {
                 let acc = Vec::new();
                 self.pending.insert(id, Pending::Matched { src, base, acc });
             } else {
-                self.plan_download_at(&src, base, vec![e]);
+                self.plan_download_at(src, base, vec![e]);
             }
         }
     }
@@ -793,16 +793,12 @@ impl<'a> Session<'a> {
         let Job::Download { sources, dest } = self.job else {
             return;
         };
-        self.plan_download_at(
-            &sources[i].clone(),
-            download_base(sources, dest, i),
-            entries,
-        );
+        self.plan_download_at(sources[i].clone(), download_base(sources, dest, i), entries);
     }
 
     /// Plans the download of `src` (listed as `entries`) to `base`.
-    fn plan_download_at(&mut self, src: &str, base: PathBuf, entries: Vec<MetaEntry>) {
-        let src = &src.to_string();
+    fn plan_download_at(&mut self, src: String, base: PathBuf, entries: Vec<MetaEntry>) {
+        let src = &src;
         // Two patterns (or a pattern and a name) may reach one name: the copies would race on
         // one temp file.
         if let Some(prev) = self.bases.insert(base.clone(), src.clone()) {
