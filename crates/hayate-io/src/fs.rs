@@ -303,6 +303,41 @@ impl Root {
         Ok(out)
     }
 
+    /// The entries of one directory whose names match the last component of `pattern`
+    /// ([`crate::glob`]), sorted, each as `lstat` sees it with `path` the pattern's directory
+    /// part (as given, `~` unexpanded) joined with the name: what to ask for next. The
+    /// directory is resolved as [`list`](Self::list) resolves a path (beneath the root when
+    /// confined); no shell is involved. An empty result is no error here.
+    pub fn glob(&self, pattern: &str, max: usize) -> Result<Vec<Entry>, FsError> {
+        let (dir_part, name_pat) = crate::glob::split(pattern);
+        let dir_rel = if dir_part.is_empty() { "." } else { dir_part };
+        let expanded = self.expand(dir_rel)?;
+        let rel = expanded.as_ref();
+        let (abs, comps) = self.parse(rel, true)?;
+        // The directory part ends with `/`: a symlink to a directory is followed, as a shell does.
+        let top = self.at(
+            &path_str(abs, &comps),
+            OFlags::PATH | OFlags::DIRECTORY,
+            rel,
+        )?;
+        let dir = rfs::openat(
+            &top,
+            ".",
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| errno_error(e, rel))?;
+        let entries = read_entries(&dir, "", rel, max)?;
+        Ok(entries
+            .into_iter()
+            .filter(|e| crate::glob::matches(name_pat, &e.path))
+            .map(|mut e| {
+                e.path = format!("{dir_part}{}", e.path);
+                e
+            })
+            .collect())
+    }
+
     /// mkdir of `rel` (fine if it is a directory already), whose parent must exist; `mode`
     /// (masked 0o777) applied when given (also if it already existed). Error if it exists and
     /// is not a directory.
@@ -807,33 +842,7 @@ impl PartFile {
         let (dir, name) = match found {
             Found::Replace(dir, name) => (dir, name),
             Found::Special(out, dir, name) => {
-                let file = spill_file().map_err(|e| {
-                    FsError::Io(
-                        shown.to_string(),
-                        io::Error::new(e.kind(), format!("no temporary file for reordering: {e}")),
-                    )
-                })?;
-                return Ok(Self {
-                    file,
-                    run: Vec::new(),
-                    run_at: 0,
-                    size,
-                    failed: None,
-                    dir,
-                    part_name: String::new(),
-                    state_name: String::new(),
-                    final_name: name,
-                    shown: shown.to_string(),
-                    existing_len: 0,
-                    space: None,
-                    stream: Some(Box::new(Stream {
-                        out,
-                        next: 0,
-                        held: BTreeMap::new(),
-                        hasher: blake3::Hasher::new(),
-                    })),
-                    link,
-                });
+                return Self::in_order(out, dir, name, shown, size, link);
             }
         };
         let name = name.as_str();
@@ -895,6 +904,65 @@ impl PartFile {
             stream: None,
             link,
         })
+    }
+
+    /// A destination written in place, in order (a device, a FIFO, standard output): blocks
+    /// that come early wait in an unnamed temp file.
+    fn in_order(
+        out: File,
+        dir: OwnedFd,
+        name: String,
+        shown: &str,
+        size: u64,
+        link: Option<Entry>,
+    ) -> Result<Self, FsError> {
+        let file = spill_file().map_err(|e| {
+            FsError::Io(
+                shown.to_string(),
+                io::Error::new(e.kind(), format!("no temporary file for reordering: {e}")),
+            )
+        })?;
+        Ok(Self {
+            file,
+            run: Vec::new(),
+            run_at: 0,
+            size,
+            failed: None,
+            dir,
+            part_name: String::new(),
+            state_name: String::new(),
+            final_name: name,
+            shown: shown.to_string(),
+            existing_len: 0,
+            space: None,
+            stream: Some(Box::new(Stream {
+                out,
+                next: 0,
+                held: BTreeMap::new(),
+                hasher: blake3::Hasher::new(),
+            })),
+            link,
+        })
+    }
+
+    /// Client side: a download to `-`, written to standard output as it comes in order,
+    /// as a device or FIFO destination is (whatever stdout is: a pipe, a terminal, a file it
+    /// was redirected to, written at its offset). What is verified is the hash of exactly
+    /// the bytes written; there is no resume.
+    pub fn stdout(size: u64) -> Result<Self, FsError> {
+        let shown = "- (standard output)";
+        let out = std::io::stdout()
+            .as_fd()
+            .try_clone_to_owned()
+            .map_err(|e| FsError::Io(shown.to_string(), e))?;
+        // Only there to fill the field: nothing is looked up in it for a stream.
+        let dir = rfs::open(
+            "/",
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| errno_error(e, "/"))?;
+        Self::in_order(File::from(out), dir, String::new(), shown, size, None)
     }
 
     /// The temp file's length before this `create_part` resized it: 0 for a fresh one,
@@ -1309,7 +1377,9 @@ fn open_special(dir: &OwnedFd, name: &str, shown: &str) -> Result<File, FsError>
 
 /// An unnamed temp file (nothing to clean up, whatever happens): `O_TMPFILE` in the temp
 /// directory, or a name removed at once where that is not supported.
-fn spill_file() -> io::Result<File> {
+/// An unnamed temp file in `$TMPDIR` (`O_TMPFILE`; where that is not supported, a named
+/// one removed at once), mode 0600.
+pub fn spill_file() -> io::Result<File> {
     let tmp = std::env::temp_dir();
     if let Ok(fd) = rfs::open(
         &tmp,

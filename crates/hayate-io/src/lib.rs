@@ -4,6 +4,7 @@
 pub mod clock;
 pub mod driver;
 pub mod fs;
+pub mod glob;
 pub mod keyfile;
 pub mod ssh;
 pub mod udp;

@@ -87,6 +87,9 @@ pub mod flags {
     /// is `DIR` itself (`cp FILE DEST`). The receiver decides, and says where in `Ready`:
     /// the sender saves the round trip of asking first.
     pub const INTO_DIR: u32 = 8;
+    /// The offered content cannot be sent again (standard input): the receiver resumes
+    /// nothing from an earlier temp file, whatever its state says.
+    pub const NO_RESUME: u32 = 16;
 }
 
 /// File-system requests carried by `Ctrl::Meta`.
@@ -104,6 +107,10 @@ pub enum MetaOp {
         mode: Option<u32>,
         mtime: Option<i64>,
     },
+    /// The entries of one directory whose names match the pattern's last component (`*`,
+    /// `?`, `[...]`, `\\` escapes; no shell), expanded by the server; each entry's `path` is
+    /// the pattern's directory part joined with the name. No match is an empty list.
+    Glob { pattern: String },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

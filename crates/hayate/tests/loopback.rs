@@ -1434,3 +1434,89 @@ fn the_summary_line_rates_what_moved_and_shows_the_rest_apart() {
     assert!(line.starts_with("1 file skipped (67.1 MB) in "), "{line}");
     assert!(line.ends_with(" s, nothing to copy"), "{line}");
 }
+
+#[test]
+fn remote_glob_from_a_daemon_stays_beneath_the_root() {
+    let fx = Fx::new();
+    fs::create_dir(fx.root.join("d")).unwrap();
+    write_random(&fx.root.join("d/x.fits"), 5000, 1);
+    write_random(&fx.root.join("d/y.fits"), 7000, 2);
+    write_random(&fx.root.join("d/z.txt"), 10, 3);
+    write_random(&fx.outside.join("secret.fits"), 10, 4);
+    symlink(&fx.outside, fx.root.join("out")).unwrap();
+    let into = fx.local.join("back");
+    fs::create_dir(&into).unwrap();
+    fx.cp(&[fx.url("d/*.fits"), s(&into)]).assert_ok();
+    assert_eq!(tree(&into), ["x.fits", "y.fits"]);
+    assert_eq!(
+        fs::read(into.join("y.fits")).unwrap(),
+        fs::read(fx.root.join("d/y.fits")).unwrap()
+    );
+    // Neither `..` nor a link leading out lists what is outside the root.
+    for p in ["../outside/*.fits", "out/*.fits"] {
+        let r = fx.cp(&[fx.url(p), s(&into)]);
+        r.assert_failed();
+        assert!(r.stderr.contains("escapes the served root"), "{p}: {r:#?}");
+    }
+    let r = fx.cp(&[fx.url("d/*.none"), s(&into)]);
+    r.assert_failed();
+    assert!(r.stderr.contains("d/*.none: no match"), "{r:#?}");
+    assert_eq!(tree(&into), ["x.fits", "y.fits"]);
+}
+
+#[test]
+fn stdin_and_stdout_with_a_daemon() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let fx = Fx::new();
+    let data: Vec<u8> = (0..1_000_003u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    let mut child = hayate()
+        .args(["cp", "--key-file"])
+        .arg(&fx.key)
+        .args(["-", &fx.url("in.bin")])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(&data).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(fs::read(fx.root.join("in.bin")).unwrap() == data);
+    let out = hayate()
+        .args(["cp", "--key-file"])
+        .arg(&fx.key)
+        .args([&fx.url("in.bin"), "-"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(out.stdout == data, "stdout differs");
+}
+
+#[test]
+fn two_patterns_matching_one_name_copy_it_once_and_name_the_clash() {
+    let fx = Fx::new();
+    for d in ["a", "b"] {
+        fs::create_dir(fx.root.join(d)).unwrap();
+    }
+    write_random(&fx.root.join("a/same.x"), 1000, 1);
+    write_random(&fx.root.join("b/same.x"), 2000, 2);
+    write_random(&fx.root.join("b/other.x"), 3000, 3);
+    let into = fx.local.join("back");
+    fs::create_dir(&into).unwrap();
+    let r = fx.cp(&[fx.url("a/*.x"), fx.url("b/*.x"), s(&into)]);
+    r.assert_failed();
+    assert!(r.stderr.contains("would both be copied to"), "{r:#?}");
+    assert!(r.stderr.contains("same.x"), "{r:#?}");
+    assert_eq!(tree(&into), ["other.x", "same.x"]);
+    // The one that arrived is whole, from one of the two sources, never a mix.
+    let got = fs::read(into.join("same.x")).unwrap();
+    assert!(
+        got == fs::read(fx.root.join("a/same.x")).unwrap()
+            || got == fs::read(fx.root.join("b/same.x")).unwrap()
+    );
+    assert_eq!(part_files(&fx.local), Vec::<String>::new());
+}

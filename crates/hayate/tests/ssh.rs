@@ -11,7 +11,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::sshd::Sshd;
-use common::{hayate, spawn_cmd, Run, BIN};
+use common::{hayate, spawn_cmd, tree, Run, BIN};
 
 struct Fx {
     sshd: Sshd,
@@ -992,4 +992,275 @@ fn verbose_says_what_happens_and_the_address_family_reaches_ssh() {
     assert_eq!(r.status.code(), Some(1), "{r:#?}");
     assert!(r.stderr.contains("ssh to 127.0.0.1 failed"), "{r:#?}");
     assert!(!fx.p("h").exists());
+}
+
+#[test]
+fn remote_glob_copies_every_match_into_a_directory() {
+    let fx = fx!();
+    write(&fx.p("far/one.fits"), 70_000, 1);
+    write(&fx.p("far/two.fits"), 1, 2);
+    write(&fx.p("far/three.fit"), 10, 3);
+    write(&fx.p("far/.hidden.fits"), 10, 4);
+    write(&fx.p("far/sub.fits/inner"), 10, 5);
+    fs::create_dir(fx.p("back")).unwrap();
+    let back = fx.p("back").display().to_string();
+    let r = fx.cp(&["--json", &fx.remote("far/*.fits"), &back]);
+    // `sub.fits` is a directory: without -r it fails, named, and the files still arrive.
+    r.assert_failed();
+    assert!(r.stderr.contains("sub.fits"), "{r:#?}");
+    for n in ["one.fits", "two.fits"] {
+        assert_eq!(
+            fs::read(fx.p(&format!("far/{n}"))).unwrap(),
+            fs::read(fx.p(&format!("back/{n}"))).unwrap()
+        );
+    }
+    assert!(!fx.p("back/three.fit").exists(), "not matched");
+    assert!(!fx.p("back/.hidden.fits").exists(), "`*` skips dot files");
+
+    // With -r the directory comes too; `?` and `[...]` work as in a shell.
+    fs::remove_dir_all(fx.p("back")).unwrap();
+    fs::create_dir(fx.p("back")).unwrap();
+    fx.cp(&["-r", &fx.remote("far/[os]*.fit?"), &back])
+        .assert_ok();
+    assert_eq!(
+        tree(&fx.p("back")),
+        ["one.fits", "sub.fits", "sub.fits/inner"]
+    );
+
+    // Several matches need a directory as the destination.
+    let r = fx.cp(&[&fx.remote("far/*.fits"), fx.p("file").to_str().unwrap()]);
+    r.assert_failed();
+    assert!(r.stderr.contains("not a directory"), "{r:#?}");
+}
+
+#[test]
+fn remote_glob_with_no_match_is_an_error_naming_the_pattern() {
+    let fx = fx!();
+    fs::create_dir(fx.p("far")).unwrap();
+    write(&fx.p("far/a.txt"), 10, 1);
+    let pattern = fx.remote("far/*.fits");
+    let r = fx.cp(&["--json", &pattern, fx.p("").to_str().unwrap()]);
+    r.assert_failed();
+    let want = format!("{}: no match", fx.p("far/*.fits").display());
+    assert!(r.stderr.contains(&want), "{want:?} in {r:#?}");
+    assert_eq!(json(&r)["verified"], false);
+    // A pattern in a directory that is not there names the directory.
+    let r = fx.cp(&[&fx.remote("nodir/*.fits"), fx.p("").to_str().unwrap()]);
+    r.assert_failed();
+    assert!(r.stderr.contains("nodir"), "{r:#?}");
+}
+
+#[test]
+fn remote_glob_is_expanded_by_the_far_side_never_a_shell() {
+    let fx = fx!();
+    // Names a shell would act on, and a sentinel they would remove or create.
+    fs::create_dir_all(fx.p("far/x")).unwrap();
+    let names = [
+        "a;rm -rf x",
+        "$(touch pwned)",
+        "b*c",
+        "`touch pwned2`",
+        "q'\"z",
+    ];
+    for (i, n) in names.iter().enumerate() {
+        write(&fx.p(&format!("far/{n}")), 1000 + i, i as u8);
+    }
+    fs::create_dir(fx.p("back")).unwrap();
+    let back = fx.p("back").display().to_string();
+    fx.cp(&[&fx.remote("far/*"), &back]).assert_failed(); // far/x is a directory (no -r)
+    for n in names {
+        assert_eq!(
+            fs::read(fx.p(&format!("far/{n}"))).unwrap(),
+            fs::read(fx.p(&format!("back/{n}"))).unwrap(),
+            "{n}"
+        );
+    }
+    assert!(fx.p("far/x").is_dir(), "nothing ran `rm -rf x`");
+    let home = remote_home(&fx);
+    for p in [
+        fx.p("pwned"),
+        fx.p("far/pwned"),
+        home.join("pwned"),
+        home.join("pwned2"),
+    ] {
+        assert!(!p.exists(), "{} was created", p.display());
+    }
+    // A pattern made of shell syntax is only a pattern; `\*` matches a literal `*`.
+    fs::remove_dir_all(fx.p("back")).unwrap();
+    fs::create_dir(fx.p("back")).unwrap();
+    fx.cp(&[&fx.remote("far/b\\*?"), &back]).assert_ok();
+    assert_eq!(tree(&fx.p("back")), ["b*c"]);
+    fx.cp(&[&fx.remote("far/$(touch pwned)*"), &back])
+        .assert_ok();
+    assert_eq!(tree(&fx.p("back")), ["$(touch pwned)", "b*c"]);
+    assert!(!home.join("pwned").exists() && !fx.p("pwned").exists());
+}
+
+#[test]
+fn remote_glob_after_tilde_is_in_the_far_sides_home() {
+    let fx = fx!();
+    let home = remote_home(&fx);
+    let dir = tempfile::Builder::new()
+        .prefix("hayate-glob-")
+        .tempdir_in(&home)
+        .unwrap();
+    let name = dir.path().file_name().unwrap().to_str().unwrap();
+    write(&dir.path().join("logs/a.log"), 5000, 1);
+    write(&dir.path().join("logs/b.log"), 6000, 2);
+    write(&dir.path().join("logs/c.txt"), 10, 3);
+    fs::create_dir(fx.p("dst")).unwrap();
+    let dst = format!("{}/", fx.p("dst").display());
+    let src = format!("{}:~/{name}/logs/*.log", fx.sshd.target());
+    fx.cp(&[&src, &dst]).assert_ok();
+    assert_eq!(tree(&fx.p("dst")), ["a.log", "b.log"]);
+    assert_eq!(
+        fs::read(dir.path().join("logs/b.log")).unwrap(),
+        fs::read(fx.p("dst/b.log")).unwrap()
+    );
+}
+
+/// Runs `cmd` with `input` on its stdin; its stdout as bytes, stderr as text, exit code.
+fn run_piped(cmd: &mut Command, input: Vec<u8>) -> (Vec<u8>, String, Option<i32>) {
+    use std::io::Write;
+    let mut child = cmd
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let feeder = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let out = child.wait_with_output().unwrap();
+    feeder.join().unwrap();
+    (
+        out.stdout,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.code(),
+    )
+}
+
+fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            // xorshift64*
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 56) as u8
+        })
+        .collect()
+}
+
+#[test]
+fn stdin_to_remote_and_remote_to_stdout_round_trip() {
+    let fx = fx!();
+    fs::create_dir(fx.p("far")).unwrap();
+    for (len, seed) in [(5_000_003usize, 1u64), (0, 2), (1, 3)] {
+        let data = random_bytes(len, seed);
+        let (out, err, code) =
+            run_piped(fx.cmd().args(["-", &fx.remote("far/up.bin")]), data.clone());
+        assert_eq!(code, Some(0), "{len}: {err}");
+        assert!(out.is_empty(), "nothing on stdout: {out:?}");
+        assert!(
+            fs::read(fx.p("far/up.bin")).unwrap() == data,
+            "{len}: stdin -> remote"
+        );
+        // Made as a new file is made there, not with the spool file's 0600.
+        let mode = fs::metadata(fx.p("far/up.bin")).unwrap().mode() & 0o777;
+        assert_ne!(mode, 0o600, "{mode:o}");
+
+        let (out, err, code) =
+            run_piped(fx.cmd().args([&fx.remote("far/up.bin"), "-"]), Vec::new());
+        assert_eq!(code, Some(0), "{len}: {err}");
+        assert_eq!(out.len(), data.len(), "{len}: {err}");
+        assert!(out == data, "{len}: remote -> stdout differs");
+        assert!(!err.contains("hayate-part"), "{err}");
+    }
+    // Standard output redirected to a file opened for appending: written after what is
+    // there, at the file's offset, never a temp file renamed over it.
+    let data = random_bytes(300_001, 9);
+    fs::write(fx.p("far/up.bin"), &data).unwrap();
+    fs::write(fx.p("log"), b"head\n").unwrap();
+    let log = fs::OpenOptions::new()
+        .append(true)
+        .open(fx.p("log"))
+        .unwrap();
+    let st = fx
+        .cmd()
+        .args([&fx.remote("far/up.bin"), "-"])
+        .stdout(log)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let mut want = b"head\n".to_vec();
+    want.extend(&data);
+    assert!(
+        fs::read(fx.p("log")).unwrap() == want,
+        "appended to stdout's file"
+    );
+    // No temp file was left beside the destination, nor in the local directory.
+    assert_eq!(tree(&fx.p("far")), ["up.bin"]);
+    assert!(!fx.p("-").exists(), "stdout is not a file named -");
+}
+
+#[test]
+fn stdin_and_stdout_refuse_what_they_cannot_do() {
+    let fx = fx!();
+    fs::create_dir(fx.p("far")).unwrap();
+    write(&fx.p("far/f"), 10, 1);
+    // Standard input has no name to put in a directory.
+    let (_, err, code) = run_piped(fx.cmd().args(["-", &fx.remote("far")]), b"x".to_vec());
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("needs a file name"), "{err}");
+    assert!(!fx.p("far/-").exists());
+    for args in [
+        vec!["--json".to_string(), fx.remote("far/f"), "-".into()],
+        vec!["-r".to_string(), fx.remote("far"), "-".into()],
+        vec![fx.remote("far/f"), fx.remote("far/f"), "-".into()],
+        vec![fx.remote("far/*"), "-".into()],
+        vec![
+            "-".into(),
+            fx.p("far/f").display().to_string(),
+            fx.remote("far/"),
+        ],
+    ] {
+        let (_, err, code) = run_piped(fx.cmd().args(&args), Vec::new());
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains("standard "), "{args:?}: {err}");
+    }
+    // A missing source to stdout fails, with nothing written.
+    let (out, err, code) = run_piped(fx.cmd().args([&fx.remote("far/nope"), "-"]), Vec::new());
+    assert_eq!(code, Some(1), "{err}");
+    assert!(out.is_empty());
+    assert!(err.contains("nope"), "{err}");
+}
+
+#[test]
+fn stdout_copy_that_fails_verification_exits_1() {
+    let fx = fx!();
+    write(&fx.p("far-src.bin"), 32 << 20, 4);
+    let out = fs::File::create(fx.p("out.bin")).unwrap();
+    // 32 MiB at 50 Mbit/s: about 5 s, time to change the source on the way.
+    let child = fx
+        .cmd()
+        .args(["--rate", "50M", &fx.remote("far-src.bin"), "-"])
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    assert!(
+        common::eventually(Duration::from_secs(30), || fs::metadata(fx.p("out.bin"))
+            .is_ok_and(|m| m.len() > 0)),
+        "nothing reached stdout"
+    );
+    change(&fx.p("far-src.bin"), Change::Overwrite);
+    let r = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(1), "{err}");
+    assert!(err.contains("changed while being sent"), "{err}");
+    assert!(!err.contains("verified in"), "{err}");
 }

@@ -51,7 +51,16 @@ pub struct ClientOptions {
     pub flags: u32,
     /// `-r`: directories are copied with everything beneath them.
     pub recursive: bool,
+    /// `hayate cp - DEST`: the upload's one source, named `-` in the job, is standard input
+    /// already spooled into this (unnamed) file.
+    pub stdin: Option<File>,
+    /// `hayate cp SRC -`: the download's destination `-` is standard output, written in
+    /// order as the bytes come (no temp file, no resume).
+    pub stdout: bool,
 }
+
+/// How `-` appears in a [`Job`] for standard input or output.
+pub const STDIO: &str = "-";
 
 /// What the user asked for.
 #[derive(Debug, Clone)]
@@ -296,6 +305,14 @@ enum Pending {
     DestStat,
     /// The listing of download source `i`.
     SourceList(usize, Vec<MetaEntry>),
+    /// The expansion of the download pattern `sources[i]` by the far side.
+    Glob(usize, Vec<MetaEntry>),
+    /// The listing of `src`, a directory one of the patterns matched, going to `base`.
+    Matched {
+        src: String,
+        base: PathBuf,
+        acc: Vec<MetaEntry>,
+    },
     /// A directory, link or metadata change recorded in `results[i]`.
     Op(usize),
     /// The listing of the unlisted download source `results[i]` after the server refused
@@ -369,6 +386,12 @@ struct Session<'a> {
     /// The one file of this upload is offered as `DEST/NAME` with `INTO_DIR`: the server
     /// picks between that and `DEST`, sparing the round trip of looking at `DEST` first.
     into_dir: bool,
+    /// Where each download source goes, and its name: two may not reach one place.
+    bases: HashMap<PathBuf, String>,
+    /// See [`ClientOptions::stdin`].
+    stdin: Option<File>,
+    /// See [`ClientOptions::stdout`].
+    stdout: bool,
 }
 
 impl<'a> Session<'a> {
@@ -386,6 +409,9 @@ impl<'a> Session<'a> {
             bytes_total: 0,
             finished_bytes: 0,
             into_dir: false,
+            bases: HashMap::new(),
+            stdin: None,
+            stdout: false,
         }
     }
 
@@ -421,7 +447,11 @@ impl<'a> Session<'a> {
                 // One file: ask for it at once, sparing the round trip of listing it first.
                 // The server's offer says how big it is; a refusal is looked into then
                 // (see `on_refused`).
-                let base = download_base(sources, dest, 0);
+                let base = if self.stdout {
+                    PathBuf::from(STDIO)
+                } else {
+                    download_base(sources, dest, 0)
+                };
                 let i = self.push(FileResult::new(
                     Kind::File,
                     false,
@@ -433,6 +463,11 @@ impl<'a> Session<'a> {
             }
             Job::Download { sources, .. } => {
                 for (i, s) in sources.iter().enumerate() {
+                    if crate::glob::is_pattern(s) {
+                        let id = conn.meta(MetaOp::Glob { pattern: s.clone() });
+                        self.pending.insert(id, Pending::Glob(i, Vec::new()));
+                        continue;
+                    }
                     let id = conn.meta(MetaOp::List {
                         path: s.clone(),
                         recursive: self.recursive,
@@ -474,6 +509,33 @@ impl<'a> Session<'a> {
                     self.fail(Kind::File, false, dest.clone(), sources[i].clone(), e);
                 }
             },
+            Pending::Glob(i, mut acc) => match result {
+                Ok(v) if more => {
+                    acc.extend(v);
+                    self.pending.insert(id, Pending::Glob(i, acc));
+                }
+                Ok(v) => {
+                    acc.extend(v);
+                    self.plan_matches(conn, i, acc);
+                }
+                Err(e) => {
+                    let Job::Download { sources, dest } = self.job else {
+                        return;
+                    };
+                    self.fail(Kind::File, false, dest.clone(), sources[i].clone(), e);
+                }
+            },
+            Pending::Matched { src, base, mut acc } => match result {
+                Ok(v) if more => {
+                    acc.extend(v);
+                    self.pending.insert(id, Pending::Matched { src, base, acc });
+                }
+                Ok(v) => {
+                    acc.extend(v);
+                    self.plan_download_at(src, base, acc);
+                }
+                Err(e) => self.fail(Kind::Dir, false, base, src, e),
+            },
             Pending::Op(i) => match result {
                 Ok(_) => self.results[i].verified = true,
                 Err(e) => self.results[i].error = Some(e),
@@ -490,7 +552,9 @@ impl<'a> Session<'a> {
     /// The one download source is asked for without being listed first, so its kind is a
     /// guess (a file) until the server answers.
     fn unlisted_download(&self) -> bool {
-        matches!(self.job, Job::Download { sources, .. } if sources.len() == 1) && !self.recursive
+        matches!(self.job, Job::Download { sources, .. }
+            if sources.len() == 1 && !crate::glob::is_pattern(&sources[0]))
+            && !self.recursive
     }
 
     /// The server would not send or take `results[i]`.
@@ -518,6 +582,7 @@ impl<'a> Session<'a> {
     /// a plain copy (`--no-clobber` and `--update` answer with a skip, which names no path).
     fn can_place_into_dir(&self, sources: &[PathBuf], dest: &str) -> bool {
         self.opts_flags & (flags::NO_CLOBBER | flags::UPDATE) == 0
+            && self.stdin.is_none()
             && sources.len() == 1
             && !dest.is_empty()
             && !dest.ends_with('/')
@@ -528,6 +593,20 @@ impl<'a> Session<'a> {
         let Job::Upload { sources, dest } = self.job else {
             return;
         };
+        if let Some(f) = &self.stdin {
+            // Standard input has no name to give a file in a directory.
+            let local = PathBuf::from(STDIO);
+            if dest.is_empty() || dest.ends_with('/') || dest_kind == Some(WireKind::Dir) {
+                let e = "is a directory: - (standard input) needs a file name as DEST".into();
+                self.fail(Kind::File, true, local, dest.clone(), e);
+                return;
+            }
+            let size = f.metadata().map(|m| m.len()).unwrap_or(0);
+            let i = self.push(FileResult::new(Kind::File, true, local, dest.clone(), size));
+            self.bytes_total += size;
+            self.queue.push_back(i);
+            return;
+        }
         let several = sources.len() > 1;
         let dest_is_dir = dest_kind == Some(WireKind::Dir) || self.into_dir;
         let into_dir = several || dest.is_empty() || dest.ends_with('/') || dest_is_dir;
@@ -678,12 +757,58 @@ impl<'a> Session<'a> {
         }
     }
 
+    /// What the pattern `sources[i]` matched, each copied as if it had been named: files
+    /// at once, directories (with `-r`) listed first. No match is an error naming the pattern.
+    fn plan_matches(&mut self, conn: &mut Connection, i: usize, matched: Vec<MetaEntry>) {
+        let Job::Download { sources, dest } = self.job else {
+            return;
+        };
+        if matched.is_empty() {
+            self.fail(
+                Kind::File,
+                false,
+                dest.clone(),
+                sources[i].clone(),
+                "no match".into(),
+            );
+            return;
+        }
+        for mut e in matched {
+            let src = std::mem::take(&mut e.path);
+            let base = dest.join(remote_basename(&src));
+            if e.kind == WireKind::Dir && self.recursive {
+                let id = conn.meta(MetaOp::List {
+                    path: src.clone(),
+                    recursive: true,
+                });
+                let acc = Vec::new();
+                self.pending.insert(id, Pending::Matched { src, base, acc });
+            } else {
+                self.plan_download_at(src, base, vec![e]);
+            }
+        }
+    }
+
     fn plan_download(&mut self, i: usize, entries: Vec<MetaEntry>) {
         let Job::Download { sources, dest } = self.job else {
             return;
         };
-        let src = &sources[i];
-        let base = download_base(sources, dest, i);
+        self.plan_download_at(sources[i].clone(), download_base(sources, dest, i), entries);
+    }
+
+    /// Plans the download of `src` (listed as `entries`) to `base`.
+    fn plan_download_at(&mut self, src: String, base: PathBuf, entries: Vec<MetaEntry>) {
+        let src = &src;
+        // Two patterns (or a pattern and a name) may reach one name: the copies would race on
+        // one temp file.
+        if let Some(prev) = self.bases.insert(base.clone(), src.clone()) {
+            let e = format!(
+                "{prev} and {src} would both be copied to {}",
+                base.display()
+            );
+            self.fail(Kind::File, false, base, src.clone(), e);
+            return;
+        }
         let Some(root) = entries.first() else {
             self.fail(Kind::File, false, base, src.clone(), "empty listing".into());
             return;
@@ -781,7 +906,15 @@ impl<'a> Session<'a> {
         let r = &mut self.results[i];
         let fl = self.opts_flags;
         if r.upload {
-            let (f, m) = match open_source(&r.local) {
+            let stdin = self.stdin.as_ref().filter(|_| r.local == Path::new(STDIO));
+            let opened = match stdin {
+                Some(f) => f
+                    .try_clone()
+                    .and_then(|f| f.metadata().map(|m| (f, m)))
+                    .map_err(|e| format!("standard input: {e}")),
+                None => open_source(&r.local),
+            };
+            let (f, m) = match opened {
                 Ok(x) => x,
                 Err(e) => {
                     r.error = Some(e);
@@ -802,18 +935,28 @@ impl<'a> Session<'a> {
                 None
             };
             let into_dir = if self.into_dir { flags::INTO_DIR } else { 0 };
+            let no_resume = if stdin.is_some() { flags::NO_RESUME } else { 0 };
+            // Standard input's spool file is 0600 and new: the far side makes the file as a
+            // new file is made there (0666 less its umask).
+            let mode = if stdin.is_some() { 0o666 } else { m.mode() };
             let x = conn.send_file_ext(&FileOffer {
                 path: &r.remote,
                 size: m.len(),
-                mode: m.mode(),
+                mode,
                 mtime: m.mtime(),
-                flags: fl | into_dir,
+                flags: fl | into_dir | no_resume,
                 hash,
             });
-            let watched = SourceFile::new(f, m.len()).watch({
-                let path = r.local.clone();
-                Box::new(move || std::fs::metadata(&path).map(|m| (m.dev(), m.ino())))
-            });
+            let source = SourceFile::new(f, m.len());
+            // The spool file has no name to watch; nothing else writes to it.
+            let watched = if stdin.is_some() {
+                source
+            } else {
+                source.watch({
+                    let path = r.local.clone();
+                    Box::new(move || std::fs::metadata(&path).map(|m| (m.dev(), m.ino())))
+                })
+            };
             let sending = match Sending::new(watched) {
                 Ok(s) => s,
                 Err(e) => {
@@ -828,7 +971,7 @@ impl<'a> Session<'a> {
                     idx: i,
                     upload: true,
                     size: m.len(),
-                    mode: m.mode(),
+                    mode,
                     mtime: m.mtime(),
                     file: Some(sending),
                     part: None,
@@ -838,7 +981,10 @@ impl<'a> Session<'a> {
                 },
             ))
         } else {
-            if fl & flags::NO_CLOBBER != 0 && std::fs::symlink_metadata(&r.local).is_ok() {
+            if fl & flags::NO_CLOBBER != 0
+                && !self.stdout
+                && std::fs::symlink_metadata(&r.local).is_ok()
+            {
                 r.skipped = Some("destination exists (--no-clobber)".into());
                 return None;
             }
@@ -924,6 +1070,8 @@ fn new_conn(cfg: &Config, psk: &Psk, peer: SocketAddr, now: Instant) -> Connecti
 pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Report {
     let start = Instant::now();
     let mut s = Session::new(&job, opts.flags, opts.recursive);
+    s.stdin = opts.stdin;
+    s.stdout = opts.stdout;
     let report = |s: Session<'_>, stats: Stats, error: Option<String>, via_stream: bool| Report {
         files: s.results,
         seconds: start.elapsed().as_secs_f64(),
@@ -946,11 +1094,19 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
         }
     }
     if let Job::Download { sources, dest } = &job {
-        if sources.len() > 1 && !dest.is_dir() {
-            let e = format!(
-                "{}: not a directory (several sources need one)",
-                dest.display()
-            );
+        let patterns = sources.iter().any(|p| crate::glob::is_pattern(p));
+        if (sources.len() > 1 || patterns) && !opts.stdout && !dest.is_dir() {
+            let e = if sources.len() > 1 {
+                format!(
+                    "{}: not a directory (several sources need one)",
+                    dest.display()
+                )
+            } else {
+                format!(
+                    "{}: not a directory (a pattern may match several files)",
+                    dest.display()
+                )
+            };
             return report(s, Stats::default(), Some(e), false);
         }
     }
@@ -1079,7 +1235,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
                     a.size = size;
                     a.mode = mode;
                     a.mtime = mtime;
-                    if let Some(want) = hash.filter(|_| fl & flags::UPDATE != 0) {
+                    if let Some(want) = hash.filter(|_| fl & flags::UPDATE != 0 && !s.stdout) {
                         let same = File::open(&r.local)
                             .ok()
                             .filter(|f| f.metadata().is_ok_and(|m| m.is_file() && m.len() == size))
@@ -1094,7 +1250,12 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
                         }
                     }
                     let bs = conn.block_size() as u64;
-                    let started = create_local_part(&r.local, size).and_then(|mut p| {
+                    let part = if s.stdout {
+                        PartFile::stdout(size)
+                    } else {
+                        create_local_part(&r.local, size)
+                    };
+                    let started = part.and_then(|mut p| {
                         let have = resumable(&p, size, mtime, bs);
                         let landing = Landing::start(&mut p, size, &have, bs)
                             .map_err(|e| FsError::Io(r.local.display().to_string(), e))?;

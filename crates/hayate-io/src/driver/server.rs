@@ -582,7 +582,11 @@ fn on_event(
                 }
                 return None;
             }
-            let have = resumable(&part, size, mtime, c.block_size() as u64);
+            let have = if flags & flags::NO_RESUME != 0 {
+                Vec::new()
+            } else {
+                resumable(&part, size, mtime, c.block_size() as u64)
+            };
             let landing = match Landing::start(&mut part, size, &have, c.block_size() as u64) {
                 Ok(l) => l,
                 Err(e) => {
@@ -662,6 +666,9 @@ fn on_event(
             let result = match op {
                 MetaOp::List { path, recursive } => root
                     .list(&path, recursive, MAX_LIST)
+                    .map(|v| v.into_iter().map(to_wire).collect()),
+                MetaOp::Glob { pattern } => root
+                    .glob(&pattern, MAX_LIST)
                     .map(|v| v.into_iter().map(to_wire).collect()),
                 MetaOp::Mkdir { path, mode } => root.mkdirs(&path, mode).map(|()| Vec::new()),
                 MetaOp::Symlink { path, target } => {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use hayate_io::driver::client::{self, ClientOptions, Job, Transport};
+use hayate_io::driver::client::{self, ClientOptions, Job, Transport, STDIO};
 use hayate_io::driver::link::StreamLink;
 use hayate_io::driver::StopFlag;
 use hayate_io::ssh::{shell_quote, split_command, SshChild, SshSpec};
@@ -37,6 +37,8 @@ Examples:
   hayate cp big.iso me@server:isos/          upload (relative paths are from the remote home)
   hayate cp me@server:/data/big.iso .        download
   hayate cp -r -p photos/ server:backup/     a tree, with modes and mtimes
+  hayate cp 'server:logs/*.log' dst/        a pattern, expanded by the far side (no shell)
+  tar c dir | hayate cp - server:dir.tar     - is standard input (as SOURCE) or output (as DEST)
   hayate cp --key-file ~/.hayate.key big.iso hayate://server:5300/isos/
 
 Exit codes: 0 all verified (or skipped on purpose), 1 a file failed or the copy could not
@@ -44,12 +46,13 @@ start, 2 the command line is wrong, 130 interrupted (128 + the signal).";
 
 #[derive(Args, Debug)]
 pub struct CpArgs {
-    /// Files to copy: local paths, or [USER@]HOST:PATH (ssh) or hayate://HOST[:PORT]/PATH
-    /// when DEST is local
+    /// Files to copy: local paths (`-`: standard input), or [USER@]HOST:PATH (ssh) or
+    /// hayate://HOST[:PORT]/PATH when DEST is local (`*`, `?`, `[...]` in the last component
+    /// are expanded by the far side)
     #[arg(required = true, num_args = 1.., value_name = "SOURCE")]
     pub sources: Vec<String>,
     /// Where they go: [USER@]HOST:PATH (ssh), hayate://HOST[:PORT]/PATH, or a local path
-    /// when the sources are remote
+    /// when the sources are remote (`-`: standard output)
     #[arg(required = true, value_name = "DEST")]
     pub dest: String,
     /// Copy directories with everything beneath them (links are copied as links)
@@ -277,17 +280,22 @@ pub fn plan(paths: &[String]) -> anyhow::Result<(Far, Job)> {
             }
             let far = far.expect("at least one source");
             if sources.len() > 1 {
+                // A pattern's matches are checked by the client once the far side says what
+                // they are.
                 refuse_duplicates(
-                    sources.iter().map(|p| {
-                        (
-                            p.clone(),
-                            p.trim_end_matches('/')
-                                .rsplit('/')
-                                .next()
-                                .unwrap_or_default()
-                                .to_string(),
-                        )
-                    }),
+                    sources
+                        .iter()
+                        .filter(|p| !hayate_io::glob::is_pattern(p))
+                        .map(|p| {
+                            (
+                                p.clone(),
+                                p.trim_end_matches('/')
+                                    .rsplit('/')
+                                    .next()
+                                    .unwrap_or_default()
+                                    .to_string(),
+                            )
+                        }),
                     |n| dest.join(n).display().to_string(),
                 )?;
             }
@@ -407,6 +415,13 @@ fn copy(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
         });
     }
 
+    // Standard input is read to its end first: the offer needs its size, the BLAKE3 is of
+    // all of it, and a slow producer cannot stall the session meanwhile.
+    let stdin = if writes_stdin(&a) {
+        Some(spool_stdin()?)
+    } else {
+        None
+    };
     let (transport, psk, ssh) = match &far {
         Far::Daemon { host, port } => {
             let psk = super::load_key(a.key.key_file.as_deref())?;
@@ -427,6 +442,8 @@ fn copy(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
         proto,
         flags: fl,
         recursive: a.recursive,
+        stdin,
+        stdout: reads_stdout(&a),
     };
     let report = client::run(opts, job, stop, &mut out);
     if a.verbose > 0 && ssh.is_some() {
@@ -450,8 +467,47 @@ fn copy(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
     })
 }
 
+/// `hayate cp - DEST`: the one source is standard input.
+fn writes_stdin(a: &CpArgs) -> bool {
+    a.sources.iter().any(|s| s == STDIO)
+}
+
+/// `hayate cp SRC -`: the destination is standard output.
+fn reads_stdout(a: &CpArgs) -> bool {
+    a.dest == STDIO
+}
+
+/// Standard input, read to its end into an unnamed temp file in `$TMPDIR`.
+fn spool_stdin() -> anyhow::Result<std::fs::File> {
+    let mut f = hayate_io::fs::spill_file()
+        .context("no temporary file to hold standard input ($TMPDIR)")?;
+    std::io::copy(&mut std::io::stdin().lock(), &mut f).context("reading standard input")?;
+    Ok(f)
+}
+
 /// What is wrong with the command line itself (exit code 2, as clap's own errors).
 fn check_args(a: &CpArgs, key_from_env: bool) -> anyhow::Result<()> {
+    if writes_stdin(a) && a.sources.len() > 1 {
+        bail!("- (standard input) must be the only SOURCE");
+    }
+    if reads_stdout(a) {
+        if a.sources.len() > 1 {
+            bail!("- (standard output) takes one SOURCE");
+        }
+        if a.sources.iter().any(|s| hayate_io::glob::is_pattern(s)) {
+            bail!("- (standard output) takes one file, not a pattern");
+        }
+        for (set, opt) in [
+            (a.recursive, "-r"),
+            (a.no_clobber, "-n"),
+            (a.update, "-u"),
+            (a.json, "--json"),
+        ] {
+            if set {
+                bail!("{opt} cannot be used with - (standard output) as DEST");
+            }
+        }
+    }
     let (far, _) = plan(&a.paths())?;
     if !(a.connect_timeout > 0.0 && a.connect_timeout < 3600.0) {
         bail!("--connect-timeout must be more than 0 and less than 3600 seconds");
