@@ -1430,6 +1430,9 @@ impl Stream {
     }
 }
 
+/// How every error about a source that changed while it was sent begins.
+pub const CHANGED_WHILE_SENT: &str = "changed while being sent";
+
 /// A file being sent. New data goes out in order, a datagram's worth at a time: reading
 /// ahead in chunks makes each block a copy instead of a system call (at 1 Gbit/s that is
 /// 80 000 `pread`s a second fewer, on a sender that shares its cores with the receiver).
@@ -1544,7 +1547,7 @@ impl SourceFile {
         } else {
             return Ok(());
         };
-        Err(format!("changed while being sent ({how})"))
+        Err(format!("{CHANGED_WHILE_SENT} ({how})"))
     }
 
     /// Fills `out` with the file's bytes at `offset`; an error if the file ends first or
@@ -1592,7 +1595,7 @@ impl SourceFile {
         if n == out.len() {
             Ok(())
         } else {
-            Err("changed while being sent (it shrank)".into())
+            Err(format!("{CHANGED_WHILE_SENT} (it shrank)"))
         }
     }
 }

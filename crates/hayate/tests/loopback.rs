@@ -1434,3 +1434,94 @@ fn the_summary_line_rates_what_moved_and_shows_the_rest_apart() {
     assert!(line.starts_with("1 file skipped (67.1 MB) in "), "{line}");
     assert!(line.ends_with(" s, nothing to copy"), "{line}");
 }
+
+/// Starts a 16 MiB upload at 50 Mbit/s (about 3 s) with `extra` options and waits until the
+/// server has its temp file.
+fn slow_changing_upload(fx: &Fx, src: &Path, name: &str, extra: &[&str]) -> Running {
+    write_random(src, 16 << 20, 23);
+    let mut cmd = hayate();
+    cmd.args(["cp", "--key-file", &s(&fx.key), "--json", "--rate", "50M"]);
+    cmd.args(extra);
+    cmd.args([s(src), fx.url(name)]);
+    let client = spawn_cmd(&mut cmd);
+    let part = fx.root.join(format!(".{name}.hayate-part"));
+    assert!(
+        eventually(Duration::from_secs(10), || part.exists()),
+        "the upload did not start"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    client
+}
+
+fn append(path: &Path, bytes: &[u8]) {
+    use std::io::Write;
+    let mut f = fs::OpenOptions::new().append(true).open(path).unwrap();
+    f.write_all(bytes).unwrap();
+}
+
+/// A source appended to while it is sent: without --retry-changed the file fails
+/// ("changed while being sent", exit 1, nothing put in place); with it, it is sent again
+/// from the start and ends verified with the new content.
+#[test]
+fn retry_changed_sends_a_changed_source_again_and_ends_verified_with_the_new_content() {
+    let fx = Fx::new();
+    let src = fx.local.join("grows.bin");
+
+    let running = slow_changing_upload(&fx, &src, "plain.bin", &[]);
+    append(&src, b"appended while sent");
+    let r = running.wait(Duration::from_secs(120));
+    assert_eq!(r.status.code(), Some(1), "{r:#?}");
+    assert!(r.stderr.contains("changed while being sent"), "{r:#?}");
+    assert!(!r.stderr.contains("sending it again"), "{r:#?}");
+    assert_eq!(r.json()["verified"], false, "{r:#?}");
+    assert!(!fx.root.join("plain.bin").exists(), "{:?}", tree(&fx.root));
+
+    let running = slow_changing_upload(&fx, &src, "retried.bin", &["--retry-changed"]);
+    append(&src, b"appended while sent");
+    let r = running.wait(Duration::from_secs(120));
+    assert_eq!(r.status.code(), Some(0), "{r:#?}");
+    assert!(
+        r.stderr.contains(&format!(
+            "{}: changed while being sent (size {} -> {} bytes): sending it again from the start",
+            s(&src),
+            16 << 20,
+            (16 << 20) + 19
+        )),
+        "{r:#?}"
+    );
+    let j = r.json();
+    assert_eq!(j["verified"], true, "{j}");
+    assert_eq!(j["bytes"].as_u64(), Some((16 << 20) + 19), "{j}");
+    let now = hash_file(&src);
+    assert_eq!(j["blake3"].as_str(), Some(hex(&now).as_str()), "{j}");
+    assert_eq!(
+        fs::read(fx.root.join("retried.bin")).unwrap(),
+        fs::read(&src).unwrap()
+    );
+    // What the first try left is gone with it (the plain run's is kept for a rerun).
+    assert_eq!(part_files(&fx.root), [".plain.bin.hayate-part"]);
+}
+
+/// --retry-changed sends a file once more, not forever: a source that keeps changing fails
+/// on its second send, and is not put in place.
+#[test]
+fn retry_changed_fails_a_source_that_changes_again() {
+    let fx = Fx::new();
+    let src = fx.local.join("busy.bin");
+    let mut running = slow_changing_upload(&fx, &src, "busy.bin", &["--retry-changed"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !running.try_finished() && std::time::Instant::now() < deadline {
+        append(&src, b"more");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let r = running.wait(Duration::from_secs(10));
+    assert_eq!(r.status.code(), Some(1), "{r:#?}");
+    assert_eq!(
+        r.stderr.matches("sending it again from the start").count(),
+        1,
+        "{r:#?}"
+    );
+    assert!(r.stderr.contains("changed while being sent"), "{r:#?}");
+    assert_eq!(r.json()["verified"], false, "{r:#?}");
+    assert!(!fx.root.join("busy.bin").exists(), "{:?}", tree(&fx.root));
+}

@@ -51,6 +51,9 @@ pub struct ClientOptions {
     pub flags: u32,
     /// `-r`: directories are copied with everything beneath them.
     pub recursive: bool,
+    /// `--retry-changed`: an upload whose source changed while it was sent is sent once
+    /// more from the start (opened afresh); only a second change fails it.
+    pub retry_changed: bool,
 }
 
 /// What the user asked for.
@@ -369,6 +372,9 @@ struct Session<'a> {
     /// The one file of this upload is offered as `DEST/NAME` with `INTO_DIR`: the server
     /// picks between that and `DEST`, sparing the round trip of looking at `DEST` first.
     into_dir: bool,
+    /// `--retry-changed`, and the uploads (result indexes) already sent again once.
+    retry_changed: bool,
+    retried: std::collections::HashSet<usize>,
 }
 
 impl<'a> Session<'a> {
@@ -386,7 +392,28 @@ impl<'a> Session<'a> {
             bytes_total: 0,
             finished_bytes: 0,
             into_dir: false,
+            retry_changed: false,
+            retried: Default::default(),
         }
+    }
+
+    /// Whether upload `i`, failed with `why`, is sent again (`--retry-changed`, once): if so
+    /// its result is reset and it goes to the front of the queue, to be opened afresh.
+    fn retry_changed_source(&mut self, i: usize, why: &str) -> bool {
+        if !self.retry_changed
+            || !why.starts_with(fs::CHANGED_WHILE_SENT)
+            || !self.retried.insert(i)
+        {
+            return false;
+        }
+        let r = &mut self.results[i];
+        r.error = None;
+        r.verified = false;
+        r.blake3 = None;
+        r.resumed_bytes = 0;
+        r.moved_bytes = 0;
+        self.queue.push_front(i);
+        true
     }
 
     fn preserve(&self) -> bool {
@@ -924,6 +951,7 @@ fn new_conn(cfg: &Config, psk: &Psk, peer: SocketAddr, now: Instant) -> Connecti
 pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Report {
     let start = Instant::now();
     let mut s = Session::new(&job, opts.flags, opts.recursive);
+    s.retry_changed = opts.retry_changed;
     let report = |s: Session<'_>, stats: Stats, error: Option<String>, via_stream: bool| Report {
         files: s.results,
         seconds: start.elapsed().as_secs_f64(),
@@ -1138,13 +1166,21 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
                 }
                 Event::OutgoingDone { xfer, result } => {
                     if let Some(a) = files.act.remove(&xfer) {
-                        let r = &mut s.results[a.idx];
                         // Checked after the far side's verdict too: a file changed after its
                         // last read is not the one that was verified.
                         let src = a.file.as_ref().map(|s| &s.file);
                         let local = src.and_then(|f| f.failure().map(str::to_string));
                         let changed = src.and_then(|f| f.check().err());
-                        match (result, local.or(changed)) {
+                        let failed = local.or(changed);
+                        if let Some(e) = failed.as_deref() {
+                            if s.retry_changed_source(a.idx, e) {
+                                let path = s.results[a.idx].local.display().to_string();
+                                ui.note(&format!("{path}: {e}: sending it again from the start"));
+                                continue;
+                            }
+                        }
+                        let r = &mut s.results[a.idx];
+                        match (result, failed) {
                             (_, Some(e)) => r.error = Some(e),
                             (Ok(h), None) => {
                                 r.verified = true;
