@@ -1525,3 +1525,36 @@ fn retry_changed_fails_a_source_that_changes_again() {
     assert_eq!(r.json()["verified"], false, "{r:#?}");
     assert!(!fx.root.join("busy.bin").exists(), "{:?}", tree(&fx.root));
 }
+
+/// A `..` that stays beneath the served root is resolved, not refused: `sub/../x` is `x`
+/// when `sub` exists, both ways; when the directory before it does not exist the error says
+/// so ("nodir: no such directory"), and nothing is written. Climbing out is still refused.
+#[test]
+fn dotdot_inside_the_root_works_or_names_the_missing_directory() {
+    let fx = Fx::new();
+    let src = fx.local.join("x");
+    let hash = write_random(&src, 300_000, 31);
+    fs::create_dir(fx.root.join("sub")).unwrap();
+
+    fx.cp(&[s(&src), fx.url("sub/../inside.bin")]).assert_ok();
+    assert_eq!(hash_file(&fx.root.join("inside.bin")), hash);
+    let dst = fx.local.join("back.bin");
+    fx.cp(&[fx.url("sub/../inside.bin"), s(&dst)]).assert_ok();
+    assert_eq!(hash_file(&dst), hash);
+
+    let up = fx.cp(&[s(&src), fx.url("nodir/../other.bin")]);
+    up.assert_failed();
+    assert!(up.stderr.contains("nodir: no such directory"), "{up:#?}");
+    assert!(!lower(&up.stderr).contains("escapes"), "{up:#?}");
+    let down = fx.cp(&[fx.url("nodir/../inside.bin"), s(&fx.local.join("no.bin"))]);
+    down.assert_failed();
+    assert!(
+        down.stderr.contains("nodir: no such directory"),
+        "{down:#?}"
+    );
+    assert!(!fx.local.join("no.bin").exists());
+    assert_eq!(tree(&fx.root), ["inside.bin", "sub"]);
+
+    let out = fx.cp(&[s(&src), fx.url("sub/../../x")]);
+    assert_escape_refused(&out, "sub/../../x");
+}
