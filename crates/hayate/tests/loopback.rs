@@ -1558,3 +1558,64 @@ fn dotdot_inside_the_root_works_or_names_the_missing_directory() {
     let out = fx.cp(&[s(&src), fx.url("sub/../../x")]);
     assert_escape_refused(&out, "sub/../../x");
 }
+
+/// A 4 MiB tmpfs mounted at `at` (made here), unmounted on drop; None where this process
+/// may not mount (SKIP, a failure under CI).
+struct SmallFs(PathBuf);
+
+impl SmallFs {
+    fn mount(at: &Path) -> Option<SmallFs> {
+        fs::create_dir(at).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
+            .arg(at)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            common::sshd::skip_unless_ci("cannot mount a small tmpfs (needs root)");
+            return None;
+        }
+        Some(SmallFs(at.to_path_buf()))
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A download onto a full local disk names the local destination with "No space left on
+/// device" (not the far side's source), whether the disk is found full as the file is
+/// created (a small file) or at its first writes (a large one); nothing is left there.
+#[test]
+fn a_full_local_disk_on_a_download_names_the_local_destination() {
+    let fx = Fx::new();
+    let Some(small) = SmallFs::mount(&fx.local.join("small")) else {
+        return;
+    };
+    write_random(&fx.root.join("big.bin"), 16 << 20, 41);
+    write_random(&fx.root.join("two.bin"), 2 << 20, 42);
+    fs::write(small.0.join("filler"), vec![0u8; 3 << 20]).unwrap();
+    for name in ["big.bin", "two.bin"] {
+        let dst = small.0.join(name);
+        let r = fx.cp(&["--json", &fx.url(name), &s(&dst)]);
+        assert_eq!(r.status.code(), Some(1), "{r:#?}");
+        let line = r
+            .stderr
+            .lines()
+            .find(|l| l.contains("No space left on device"))
+            .unwrap_or_else(|| panic!("{name}: no ENOSPC line: {r:#?}"));
+        let (before, _) = line.split_once("No space left on device").unwrap();
+        assert!(before.ends_with(&format!("{}: ", s(&dst))), "{line}");
+        // The source (the far side's path) first, then what is wrong: the local file.
+        assert!(
+            line.starts_with(&format!("hayate: {name}: cannot write ")),
+            "{line}"
+        );
+        assert_eq!(r.json()["verified"], false, "{r:#?}");
+        assert!(!dst.exists(), "{name}");
+    }
+    assert_eq!(tree(&small.0), ["filler"]);
+}

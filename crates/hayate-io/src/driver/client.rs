@@ -198,6 +198,8 @@ struct Active {
     landing: Option<Landing>,
     saved: Option<u64>,
     no_space: bool,
+    /// Why writing this download's destination failed here, if it did.
+    write_error: Option<String>,
 }
 
 #[derive(Default)]
@@ -225,6 +227,7 @@ impl BlockSink for Files {
             .and_then(|()| l.wrote(p, offset, data.len() as u64))
             .map_err(|e| {
                 a.no_space |= e.raw_os_error() == Some(libc::ENOSPC);
+                a.write_error.get_or_insert_with(|| e.to_string());
                 e.to_string()
             })
     }
@@ -862,6 +865,7 @@ impl<'a> Session<'a> {
                     landing: None,
                     saved: None,
                     no_space: false,
+                    write_error: None,
                 },
             ))
         } else {
@@ -883,6 +887,7 @@ impl<'a> Session<'a> {
                     landing: None,
                     saved: None,
                     no_space: false,
+                    write_error: None,
                 },
             ))
         }
@@ -1150,7 +1155,13 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
                 }
                 Event::IncomingFailed { xfer, reason } => {
                     if let Some(mut a) = files.act.remove(&xfer) {
-                        s.results[a.idx].error = Some(reason);
+                        // The core names the transfer by the far side's path; a write that
+                        // failed here (a full disk) is about the local destination.
+                        let r = &mut s.results[a.idx];
+                        r.error = Some(match a.write_error.take() {
+                            Some(e) => format!("cannot write {}: {e}", r.local.display()),
+                            None => reason,
+                        });
                         if a.no_space {
                             // Keeping it would leave the disk full for everything else.
                             if let Some(p) = a.part {
