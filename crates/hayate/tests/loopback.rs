@@ -1526,6 +1526,55 @@ fn retry_changed_fails_a_source_that_changes_again() {
     assert!(!fx.root.join("busy.bin").exists(), "{:?}", tree(&fx.root));
 }
 
+/// The same for a download, whose source (on the far side) is appended to while it is sent:
+/// without --retry-changed it fails; with it, it is asked for again and ends verified with
+/// the new content, and nothing of the first try is left behind.
+#[test]
+fn retry_changed_asks_again_for_a_download_whose_source_changed() {
+    let fx = Fx::new();
+    let src = fx.root.join("grows.bin");
+    for retry in [false, true] {
+        write_random(&src, 16 << 20, 29);
+        let dst = fx.local.join(format!("got-{retry}.bin"));
+        let mut cmd = hayate();
+        cmd.args(["cp", "--key-file", &s(&fx.key), "--json", "--rate", "50M"]);
+        if retry {
+            cmd.arg("--retry-changed");
+        }
+        cmd.args([fx.url("grows.bin"), s(&dst)]);
+        let running = spawn_cmd(&mut cmd);
+        let part = fx.local.join(format!(".got-{retry}.bin.hayate-part"));
+        assert!(
+            eventually(Duration::from_secs(10), || part.exists()),
+            "the download did not start"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        append(&src, b"appended while sent");
+        let r = running.wait(Duration::from_secs(120));
+        assert!(r.stderr.contains("changed while being sent"), "{r:#?}");
+        if retry {
+            assert_eq!(r.status.code(), Some(0), "{r:#?}");
+            assert!(
+                r.stderr
+                    .contains("grows.bin: far side: cannot read grows.bin: changed while being sent (size 16777216 -> 16777235 bytes): asking for it again from the start"),
+                "{r:#?}"
+            );
+            let j = r.json();
+            assert_eq!(j["verified"], true, "{j}");
+            assert_eq!(j["bytes"].as_u64(), Some((16 << 20) + 19), "{j}");
+            assert_eq!(fs::read(&dst).unwrap(), fs::read(&src).unwrap());
+        } else {
+            assert_eq!(r.status.code(), Some(1), "{r:#?}");
+            assert!(!r.stderr.contains("again from the start"), "{r:#?}");
+            assert_eq!(r.json()["verified"], false, "{r:#?}");
+            assert!(!dst.exists());
+            let _ = fs::remove_file(&part);
+            let _ = fs::remove_file(fx.local.join(format!(".got-{retry}.bin.hayate-state")));
+        }
+    }
+    assert_eq!(tree(&fx.local), ["got-true.bin"]);
+}
+
 /// A `..` that stays beneath the served root is resolved, not refused: `sub/../x` is `x`
 /// when `sub` exists, both ways; when the directory before it does not exist the error says
 /// so ("nodir: no such directory"), and nothing is written. Climbing out is still refused.

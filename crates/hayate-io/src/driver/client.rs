@@ -51,8 +51,8 @@ pub struct ClientOptions {
     pub flags: u32,
     /// `-r`: directories are copied with everything beneath them.
     pub recursive: bool,
-    /// `--retry-changed`: an upload whose source changed while it was sent is sent once
-    /// more from the start (opened afresh); only a second change fails it.
+    /// `--retry-changed`: a file whose source changed while it was sent (by either side) is
+    /// sent once more from the start (opened afresh); only a second change fails it.
     pub retry_changed: bool,
 }
 
@@ -400,13 +400,11 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// Whether upload `i`, failed with `why`, is sent again (`--retry-changed`, once): if so
-    /// its result is reset and it goes to the front of the queue, to be opened afresh.
+    /// Whether file `i`, failed with `why`, is sent again (`--retry-changed`, once): if so
+    /// its result is reset and it goes to the front of the queue, to be opened (an upload)
+    /// or asked for (a download) afresh.
     fn retry_changed_source(&mut self, i: usize, why: &str) -> bool {
-        if !self.retry_changed
-            || !why.starts_with(fs::CHANGED_WHILE_SENT)
-            || !self.retried.insert(i)
-        {
+        if !self.retry_changed || !why.contains(fs::CHANGED_WHILE_SENT) || !self.retried.insert(i) {
             return false;
         }
         let r = &mut self.results[i];
@@ -1211,6 +1209,19 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
                 }
                 Event::Rejected { xfer, reason } => {
                     if let Some(a) = files.act.remove(&xfer) {
+                        // A download whose source changed on the far side: what landed is
+                        // of the old file, so it goes, and the file is asked for afresh.
+                        if !a.upload && s.retry_changed_source(a.idx, &reason) {
+                            if let Some(p) = a.part {
+                                p.discard();
+                            }
+                            let r = &s.results[a.idx];
+                            ui.note(&format!(
+                                "{}: far side: {reason}: asking for it again from the start",
+                                r.remote
+                            ));
+                            continue;
+                        }
                         if let Some(p) = a.part {
                             p.abandon();
                         }
