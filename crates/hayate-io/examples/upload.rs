@@ -40,17 +40,15 @@ fn main() -> anyhow::Result<()> {
         anyhow::bail!("usage: upload FILE SERVER_ADDR KEY_FILE");
     };
     let text = hayate_io::keyfile::read_key_file(key.as_ref())?;
-    let opts = ClientOptions {
-        path: Transport::Udp(server.parse()?),
-        psk: Psk::parse_key_file(&text.contents)?,
-        proto: Config {
+    let opts = ClientOptions::new(
+        Transport::Udp(server.parse()?),
+        Psk::parse_key_file(&text.contents)?,
+        Config {
             // Found by itself, no cap (what `hayate cp` does without --rate).
             rate: RateConfig::Adaptive { max: None, min: 0 },
             ..Config::default()
         },
-        flags: 0,
-        recursive: false,
-    };
+    );
     let job = Job::Upload {
         sources: vec![file.into()],
         dest: String::new(),

@@ -46,6 +46,9 @@ pub enum FsError {
     InvalidPath(String),
     #[error("no such file or directory: {0}")]
     NotFound(String),
+    /// A directory named before a `..` does not exist (`nodir` of `nodir/../x`).
+    #[error("{0}: no such directory")]
+    NoSuchDir(String),
     #[error("not a regular file: {0}")]
     NotAFile(String),
     #[error("is a directory: {0}")]
@@ -460,22 +463,38 @@ impl Root {
     /// Splits a client path: (absolute, components). Confined: as [`components`], except that
     /// `allow_top` accepts "" and "." as the root itself. Whole-fs: `..` and absolute paths
     /// are fine, "" and "." are the working directory.
+    ///
+    /// A `..` is resolved by the kernel (beneath the root when confined: a path that climbs
+    /// out, even through a symlink, is refused as escaping), after the directory before it
+    /// is found to exist: `nodir/../x` is "nodir: no such directory", not a missing `x`.
     fn parse<'a>(&self, rel: &'a str, allow_top: bool) -> Result<(bool, Vec<&'a str>), FsError> {
-        if !self.confined {
-            return split(rel, true);
-        }
-        if allow_top {
-            if let Ok((false, c)) = split(rel, false) {
-                if c.is_empty() {
-                    return Ok((false, c));
+        let (abs, comps) = if !self.confined {
+            split(rel, true)?
+        } else {
+            match split(rel, false) {
+                Ok((false, c)) if c.is_empty() && allow_top => return Ok((false, c)),
+                _ => (false, components(rel)?),
+            }
+        };
+        for (i, c) in comps.iter().enumerate() {
+            if *c == ".." && i > 0 && comps[i - 1] != ".." {
+                let before = path_str(abs, &comps[..i]);
+                match self.at(&before, OFlags::PATH | OFlags::DIRECTORY, &before) {
+                    Err(FsError::NotFound(_)) => return Err(FsError::NoSuchDir(before)),
+                    Err(e) => return Err(e),
+                    Ok(_) => {}
                 }
             }
         }
-        Ok((false, components(rel)?))
+        Ok((abs, comps))
     }
 
     /// For creating an entry: (absolute, parent components, final name).
     fn parse_named<'a>(&self, rel: &'a str) -> Result<(bool, Vec<&'a str>, &'a str), FsError> {
+        // Said before looking at what comes before the `..`.
+        if rel.rsplit('/').find(|c| !c.is_empty() && *c != ".") == Some("..") {
+            return Err(FsError::InvalidPath(format!("{rel}: names no file")));
+        }
         let (abs, mut comps) = self.parse(rel, false)?;
         match comps.pop() {
             Some(name) if name != ".." => Ok((abs, comps, name)),
@@ -1500,6 +1519,9 @@ impl Stream {
     }
 }
 
+/// How every error about a source that changed while it was sent begins.
+pub const CHANGED_WHILE_SENT: &str = "changed while being sent";
+
 /// A file being sent. New data goes out in order, a datagram's worth at a time: reading
 /// ahead in chunks makes each block a copy instead of a system call (at 1 Gbit/s that is
 /// 80 000 `pread`s a second fewer, on a sender that shares its cores with the receiver).
@@ -1614,7 +1636,7 @@ impl SourceFile {
         } else {
             return Ok(());
         };
-        Err(format!("changed while being sent ({how})"))
+        Err(format!("{CHANGED_WHILE_SENT} ({how})"))
     }
 
     /// Fills `out` with the file's bytes at `offset`; an error if the file ends first or
@@ -1662,7 +1684,7 @@ impl SourceFile {
         if n == out.len() {
             Ok(())
         } else {
-            Err("changed while being sent (it shrank)".into())
+            Err(format!("{CHANGED_WHILE_SENT} (it shrank)"))
         }
     }
 }
@@ -1763,7 +1785,8 @@ fn components(rel: &str) -> Result<Vec<&str>, FsError> {
 }
 
 /// (absolute, components) of a path; `.` and empty components dropped. Only `whole` (the
-/// whole-filesystem mode) accepts `..` and a leading `/`; the result may be empty.
+/// whole-filesystem mode) accepts a leading `/` and any `..`; otherwise a `..` must stay
+/// beneath the top (`a/../b`, not `a/../../b`). The result may be empty.
 fn split(rel: &str, whole: bool) -> Result<(bool, Vec<&str>), FsError> {
     if rel.contains('\0') {
         return Err(FsError::InvalidPath(format!(
@@ -1776,11 +1799,19 @@ fn split(rel: &str, whole: bool) -> Result<(bool, Vec<&str>), FsError> {
         return Err(FsError::Escapes(rel.to_string()));
     }
     let mut comps = Vec::new();
+    let mut depth = 0usize;
     for c in rel.split('/') {
         match c {
             "" | "." => {}
-            ".." if !whole => return Err(FsError::Escapes(rel.to_string())),
-            c => comps.push(c),
+            ".." if !whole && depth == 0 => return Err(FsError::Escapes(rel.to_string())),
+            ".." => {
+                depth = depth.saturating_sub(1);
+                comps.push(c);
+            }
+            c => {
+                depth += 1;
+                comps.push(c);
+            }
         }
     }
     Ok((abs, comps))

@@ -56,7 +56,7 @@ fn escapes_are_rejected() {
         "../x",
         "/etc/passwd",
         "a/../../x",
-        "sub/../hello.txt",
+        "sub/../../hello.txt",
         "..",
         "passwd-link",
         "out-dir/secret",
@@ -646,8 +646,33 @@ fn confined_tree_ops_refuse_escapes() {
     assert_eq!(names(outside.path()), ["secret"]);
     let m = fs::metadata(outside.path()).unwrap();
     assert_ne!(m.mtime(), 1);
-    // ".." inside the root is refused too (no lexical escapes at all in confined mode).
-    assert!(matches!(root.stat("a/../a"), Err(FsError::Escapes(_))));
+    // ".." that stays inside the root is resolved (by the kernel, beneath the root).
+    assert_eq!(root.stat("a/../a/f").unwrap().kind, EntryKind::File);
+    // Through a link it is the link's target's parent that counts: a/c/dirlink -> ../b,
+    // so a/c/dirlink/.. is a/, not a/c/.
+    assert_eq!(root.stat("a/c/dirlink/../f").unwrap().kind, EntryKind::File);
+    // The directory before a ".." must exist, and the error says which one is missing.
+    let e = root.stat("nodir/../a").unwrap_err();
+    assert!(matches!(e, FsError::NoSuchDir(_)), "{e:?}");
+    assert_eq!(e.to_string(), "nodir: no such directory");
+    let e = root.mkdirs("a/nodir/../new", Some(0o755)).unwrap_err();
+    assert_eq!(e.to_string(), "a/nodir: no such directory");
+    assert!(!dir.path().join("a/new").exists());
+}
+
+#[test]
+fn dotdot_inside_the_root_reads_and_writes_where_it_leads() {
+    let (dir, root) = setup();
+    assert_eq!(read_all(&root, "sub/../hello.txt"), b"hello world");
+    let mut p = root.create_part("sub/../made.bin", 2).unwrap();
+    p.write_at(0, b"ok").unwrap();
+    p.commit(None, None).unwrap();
+    assert_eq!(fs::read(dir.path().join("made.bin")).unwrap(), b"ok");
+    let e = root.open_read("nodir/../hello.txt").unwrap_err();
+    assert_eq!(e.to_string(), "nodir: no such directory");
+    let e = root.create_part("nodir/../x.bin", 2).unwrap_err();
+    assert_eq!(e.to_string(), "nodir: no such directory");
+    assert!(!dir.path().join("x.bin").exists());
 }
 
 #[test]

@@ -1520,3 +1520,237 @@ fn two_patterns_matching_one_name_copy_it_once_and_name_the_clash() {
     );
     assert_eq!(part_files(&fx.local), Vec::<String>::new());
 }
+
+/// Starts a 16 MiB upload at 50 Mbit/s (about 3 s) with `extra` options and waits until the
+/// server has its temp file.
+fn slow_changing_upload(fx: &Fx, src: &Path, name: &str, extra: &[&str]) -> Running {
+    write_random(src, 16 << 20, 23);
+    let mut cmd = hayate();
+    cmd.args(["cp", "--key-file", &s(&fx.key), "--json", "--rate", "50M"]);
+    cmd.args(extra);
+    cmd.args([s(src), fx.url(name)]);
+    let client = spawn_cmd(&mut cmd);
+    let part = fx.root.join(format!(".{name}.hayate-part"));
+    assert!(
+        eventually(Duration::from_secs(10), || part.exists()),
+        "the upload did not start"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    client
+}
+
+fn append(path: &Path, bytes: &[u8]) {
+    use std::io::Write;
+    let mut f = fs::OpenOptions::new().append(true).open(path).unwrap();
+    f.write_all(bytes).unwrap();
+}
+
+/// A source appended to while it is sent: without --retry-changed the file fails
+/// ("changed while being sent", exit 1, nothing put in place); with it, it is sent again
+/// from the start and ends verified with the new content.
+#[test]
+fn retry_changed_sends_a_changed_source_again_and_ends_verified_with_the_new_content() {
+    let fx = Fx::new();
+    let src = fx.local.join("grows.bin");
+
+    let running = slow_changing_upload(&fx, &src, "plain.bin", &[]);
+    append(&src, b"appended while sent");
+    let r = running.wait(Duration::from_secs(120));
+    assert_eq!(r.status.code(), Some(1), "{r:#?}");
+    assert!(r.stderr.contains("changed while being sent"), "{r:#?}");
+    assert!(!r.stderr.contains("sending it again"), "{r:#?}");
+    assert_eq!(r.json()["verified"], false, "{r:#?}");
+    assert!(!fx.root.join("plain.bin").exists(), "{:?}", tree(&fx.root));
+
+    let running = slow_changing_upload(&fx, &src, "retried.bin", &["--retry-changed"]);
+    append(&src, b"appended while sent");
+    let r = running.wait(Duration::from_secs(120));
+    assert_eq!(r.status.code(), Some(0), "{r:#?}");
+    assert!(
+        r.stderr.contains(&format!(
+            "{}: changed while being sent (size {} -> {} bytes): sending it again from the start",
+            s(&src),
+            16 << 20,
+            (16 << 20) + 19
+        )),
+        "{r:#?}"
+    );
+    let j = r.json();
+    assert_eq!(j["verified"], true, "{j}");
+    assert_eq!(j["bytes"].as_u64(), Some((16 << 20) + 19), "{j}");
+    let now = hash_file(&src);
+    assert_eq!(j["blake3"].as_str(), Some(hex(&now).as_str()), "{j}");
+    assert_eq!(
+        fs::read(fx.root.join("retried.bin")).unwrap(),
+        fs::read(&src).unwrap()
+    );
+    // What the first try left is gone with it (the plain run's is kept for a rerun).
+    assert_eq!(part_files(&fx.root), [".plain.bin.hayate-part"]);
+}
+
+/// --retry-changed sends a file once more, not forever: a source that keeps changing fails
+/// on its second send, and is not put in place.
+#[test]
+fn retry_changed_fails_a_source_that_changes_again() {
+    let fx = Fx::new();
+    let src = fx.local.join("busy.bin");
+    let mut running = slow_changing_upload(&fx, &src, "busy.bin", &["--retry-changed"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !running.try_finished() && std::time::Instant::now() < deadline {
+        append(&src, b"more");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let r = running.wait(Duration::from_secs(10));
+    assert_eq!(r.status.code(), Some(1), "{r:#?}");
+    assert_eq!(
+        r.stderr.matches("sending it again from the start").count(),
+        1,
+        "{r:#?}"
+    );
+    assert!(r.stderr.contains("changed while being sent"), "{r:#?}");
+    assert_eq!(r.json()["verified"], false, "{r:#?}");
+    assert!(!fx.root.join("busy.bin").exists(), "{:?}", tree(&fx.root));
+}
+
+/// The same for a download, whose source (on the far side) is appended to while it is sent:
+/// without --retry-changed it fails; with it, it is asked for again and ends verified with
+/// the new content, and nothing of the first try is left behind.
+#[test]
+fn retry_changed_asks_again_for_a_download_whose_source_changed() {
+    let fx = Fx::new();
+    let src = fx.root.join("grows.bin");
+    for retry in [false, true] {
+        write_random(&src, 16 << 20, 29);
+        let dst = fx.local.join(format!("got-{retry}.bin"));
+        let mut cmd = hayate();
+        cmd.args(["cp", "--key-file", &s(&fx.key), "--json", "--rate", "50M"]);
+        if retry {
+            cmd.arg("--retry-changed");
+        }
+        cmd.args([fx.url("grows.bin"), s(&dst)]);
+        let running = spawn_cmd(&mut cmd);
+        let part = fx.local.join(format!(".got-{retry}.bin.hayate-part"));
+        assert!(
+            eventually(Duration::from_secs(10), || part.exists()),
+            "the download did not start"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        append(&src, b"appended while sent");
+        let r = running.wait(Duration::from_secs(120));
+        assert!(r.stderr.contains("changed while being sent"), "{r:#?}");
+        if retry {
+            assert_eq!(r.status.code(), Some(0), "{r:#?}");
+            assert!(
+                r.stderr
+                    .contains("grows.bin: far side: cannot read grows.bin: changed while being sent (size 16777216 -> 16777235 bytes): asking for it again from the start"),
+                "{r:#?}"
+            );
+            let j = r.json();
+            assert_eq!(j["verified"], true, "{j}");
+            assert_eq!(j["bytes"].as_u64(), Some((16 << 20) + 19), "{j}");
+            assert_eq!(fs::read(&dst).unwrap(), fs::read(&src).unwrap());
+        } else {
+            assert_eq!(r.status.code(), Some(1), "{r:#?}");
+            assert!(!r.stderr.contains("again from the start"), "{r:#?}");
+            assert_eq!(r.json()["verified"], false, "{r:#?}");
+            assert!(!dst.exists());
+            let _ = fs::remove_file(&part);
+            let _ = fs::remove_file(fx.local.join(format!(".got-{retry}.bin.hayate-state")));
+        }
+    }
+    assert_eq!(tree(&fx.local), ["got-true.bin"]);
+}
+
+/// A `..` that stays beneath the served root is resolved, not refused: `sub/../x` is `x`
+/// when `sub` exists, both ways; when the directory before it does not exist the error says
+/// so ("nodir: no such directory"), and nothing is written. Climbing out is still refused.
+#[test]
+fn dotdot_inside_the_root_works_or_names_the_missing_directory() {
+    let fx = Fx::new();
+    let src = fx.local.join("x");
+    let hash = write_random(&src, 300_000, 31);
+    fs::create_dir(fx.root.join("sub")).unwrap();
+
+    fx.cp(&[s(&src), fx.url("sub/../inside.bin")]).assert_ok();
+    assert_eq!(hash_file(&fx.root.join("inside.bin")), hash);
+    let dst = fx.local.join("back.bin");
+    fx.cp(&[fx.url("sub/../inside.bin"), s(&dst)]).assert_ok();
+    assert_eq!(hash_file(&dst), hash);
+
+    let up = fx.cp(&[s(&src), fx.url("nodir/../other.bin")]);
+    up.assert_failed();
+    assert!(up.stderr.contains("nodir: no such directory"), "{up:#?}");
+    assert!(!lower(&up.stderr).contains("escapes"), "{up:#?}");
+    let down = fx.cp(&[fx.url("nodir/../inside.bin"), s(&fx.local.join("no.bin"))]);
+    down.assert_failed();
+    assert!(
+        down.stderr.contains("nodir: no such directory"),
+        "{down:#?}"
+    );
+    assert!(!fx.local.join("no.bin").exists());
+    assert_eq!(tree(&fx.root), ["inside.bin", "sub"]);
+
+    let out = fx.cp(&[s(&src), fx.url("sub/../../x")]);
+    assert_escape_refused(&out, "sub/../../x");
+}
+
+/// A 4 MiB tmpfs mounted at `at` (made here), unmounted on drop; None where this process
+/// may not mount (SKIP, a failure under CI).
+struct SmallFs(PathBuf);
+
+impl SmallFs {
+    fn mount(at: &Path) -> Option<SmallFs> {
+        fs::create_dir(at).unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=4m", "tmpfs"])
+            .arg(at)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            common::sshd::skip_unless_ci("cannot mount a small tmpfs (needs root)");
+            return None;
+        }
+        Some(SmallFs(at.to_path_buf()))
+    }
+}
+
+impl Drop for SmallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+/// A download onto a full local disk names the local destination with "No space left on
+/// device" (not the far side's source), whether the disk is found full as the file is
+/// created (a small file) or at its first writes (a large one); nothing is left there.
+#[test]
+fn a_full_local_disk_on_a_download_names_the_local_destination() {
+    let fx = Fx::new();
+    let Some(small) = SmallFs::mount(&fx.local.join("small")) else {
+        return;
+    };
+    write_random(&fx.root.join("big.bin"), 16 << 20, 41);
+    write_random(&fx.root.join("two.bin"), 2 << 20, 42);
+    fs::write(small.0.join("filler"), vec![0u8; 3 << 20]).unwrap();
+    for name in ["big.bin", "two.bin"] {
+        let dst = small.0.join(name);
+        let r = fx.cp(&["--json", &fx.url(name), &s(&dst)]);
+        assert_eq!(r.status.code(), Some(1), "{r:#?}");
+        let line = r
+            .stderr
+            .lines()
+            .find(|l| l.contains("No space left on device"))
+            .unwrap_or_else(|| panic!("{name}: no ENOSPC line: {r:#?}"));
+        let (before, _) = line.split_once("No space left on device").unwrap();
+        assert!(before.ends_with(&format!("{}: ", s(&dst))), "{line}");
+        // The source (the far side's path) first, then what is wrong: the local file.
+        assert!(
+            line.starts_with(&format!("hayate: {name}: cannot write ")),
+            "{line}"
+        );
+        assert_eq!(r.json()["verified"], false, "{r:#?}");
+        assert!(!dst.exists(), "{name}");
+    }
+    assert_eq!(tree(&small.0), ["filler"]);
+}

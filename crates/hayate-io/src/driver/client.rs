@@ -57,6 +57,26 @@ pub struct ClientOptions {
     /// `hayate cp SRC -`: the download's destination `-` is standard output, written in
     /// order as the bytes come (no temp file, no resume).
     pub stdout: bool,
+    /// `--retry-changed`: a file whose source changed while it was sent (by either side) is
+    /// sent once more from the start (opened afresh); only a second change fails it.
+    pub retry_changed: bool,
+}
+
+impl ClientOptions {
+    /// A plain job: no flags, not recursive, no standard streams, no retries. Set the
+    /// public fields for more.
+    pub fn new(path: Transport, psk: Psk, proto: Config) -> Self {
+        ClientOptions {
+            path,
+            psk,
+            proto,
+            flags: 0,
+            recursive: false,
+            stdin: None,
+            stdout: false,
+            retry_changed: false,
+        }
+    }
 }
 
 /// How `-` appears in a [`Job`] for standard input or output.
@@ -204,6 +224,8 @@ struct Active {
     landing: Option<Landing>,
     saved: Option<u64>,
     no_space: bool,
+    /// Why writing this download's destination failed here, if it did.
+    write_error: Option<String>,
 }
 
 #[derive(Default)]
@@ -231,6 +253,7 @@ impl BlockSink for Files {
             .and_then(|()| l.wrote(p, offset, data.len() as u64))
             .map_err(|e| {
                 a.no_space |= e.raw_os_error() == Some(libc::ENOSPC);
+                a.write_error.get_or_insert_with(|| e.to_string());
                 e.to_string()
             })
     }
@@ -392,6 +415,9 @@ struct Session<'a> {
     stdin: Option<File>,
     /// See [`ClientOptions::stdout`].
     stdout: bool,
+    /// `--retry-changed`, and the uploads (result indexes) already sent again once.
+    retry_changed: bool,
+    retried: std::collections::HashSet<usize>,
 }
 
 impl<'a> Session<'a> {
@@ -412,7 +438,26 @@ impl<'a> Session<'a> {
             bases: HashMap::new(),
             stdin: None,
             stdout: false,
+            retry_changed: false,
+            retried: Default::default(),
         }
+    }
+
+    /// Whether file `i`, failed with `why`, is sent again (`--retry-changed`, once): if so
+    /// its result is reset and it goes to the front of the queue, to be opened (an upload)
+    /// or asked for (a download) afresh.
+    fn retry_changed_source(&mut self, i: usize, why: &str) -> bool {
+        if !self.retry_changed || !why.contains(fs::CHANGED_WHILE_SENT) || !self.retried.insert(i) {
+            return false;
+        }
+        let r = &mut self.results[i];
+        r.error = None;
+        r.verified = false;
+        r.blake3 = None;
+        r.resumed_bytes = 0;
+        r.moved_bytes = 0;
+        self.queue.push_front(i);
+        true
     }
 
     fn preserve(&self) -> bool {
@@ -978,6 +1023,7 @@ impl<'a> Session<'a> {
                     landing: None,
                     saved: None,
                     no_space: false,
+                    write_error: None,
                 },
             ))
         } else {
@@ -1002,6 +1048,7 @@ impl<'a> Session<'a> {
                     landing: None,
                     saved: None,
                     no_space: false,
+                    write_error: None,
                 },
             ))
         }
@@ -1072,6 +1119,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
     let mut s = Session::new(&job, opts.flags, opts.recursive);
     s.stdin = opts.stdin;
     s.stdout = opts.stdout;
+    s.retry_changed = opts.retry_changed;
     let report = |s: Session<'_>, stats: Stats, error: Option<String>, via_stream: bool| Report {
         files: s.results,
         seconds: start.elapsed().as_secs_f64(),
@@ -1283,7 +1331,13 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
                 }
                 Event::IncomingFailed { xfer, reason } => {
                     if let Some(mut a) = files.act.remove(&xfer) {
-                        s.results[a.idx].error = Some(reason);
+                        // The core names the transfer by the far side's path; a write that
+                        // failed here (a full disk) is about the local destination.
+                        let r = &mut s.results[a.idx];
+                        r.error = Some(match a.write_error.take() {
+                            Some(e) => format!("cannot write {}: {e}", r.local.display()),
+                            None => reason,
+                        });
                         if a.no_space {
                             // Keeping it would leave the disk full for everything else.
                             if let Some(p) = a.part {
@@ -1299,13 +1353,21 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
                 }
                 Event::OutgoingDone { xfer, result } => {
                     if let Some(a) = files.act.remove(&xfer) {
-                        let r = &mut s.results[a.idx];
                         // Checked after the far side's verdict too: a file changed after its
                         // last read is not the one that was verified.
                         let src = a.file.as_ref().map(|s| &s.file);
                         let local = src.and_then(|f| f.failure().map(str::to_string));
                         let changed = src.and_then(|f| f.check().err());
-                        match (result, local.or(changed)) {
+                        let failed = local.or(changed);
+                        if let Some(e) = failed.as_deref() {
+                            if s.retry_changed_source(a.idx, e) {
+                                let path = s.results[a.idx].local.display().to_string();
+                                ui.note(&format!("{path}: {e}: sending it again from the start"));
+                                continue;
+                            }
+                        }
+                        let r = &mut s.results[a.idx];
+                        match (result, failed) {
                             (_, Some(e)) => r.error = Some(e),
                             (Ok(h), None) => {
                                 r.verified = true;
@@ -1325,6 +1387,19 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
                 }
                 Event::Rejected { xfer, reason } => {
                     if let Some(a) = files.act.remove(&xfer) {
+                        // A download whose source changed on the far side: what landed is
+                        // of the old file, so it goes, and the file is asked for afresh.
+                        if !a.upload && s.retry_changed_source(a.idx, &reason) {
+                            if let Some(p) = a.part {
+                                p.discard();
+                            }
+                            let r = &s.results[a.idx];
+                            ui.note(&format!(
+                                "{}: far side: {reason}: asking for it again from the start",
+                                r.remote
+                            ));
+                            continue;
+                        }
                         if let Some(p) = a.part {
                             p.abandon();
                         }

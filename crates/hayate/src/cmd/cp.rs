@@ -67,6 +67,10 @@ pub struct CpArgs {
     /// Skip files whose destination is already identical (compared by BLAKE3)
     #[arg(short, long, conflicts_with = "no_clobber")]
     pub update: bool,
+    /// A source file that changes while it is sent is sent once more from the start
+    /// (opened afresh); only a second change fails it
+    #[arg(long)]
+    pub retry_changed: bool,
     /// The ssh command and its options, as with rsync -e (e.g. 'ssh -i key -o Foo=bar')
     #[arg(short = 'e', long = "ssh", value_name = "CMD", default_value = "ssh")]
     pub ssh: String,
@@ -444,6 +448,7 @@ fn copy(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
         recursive: a.recursive,
         stdin,
         stdout: reads_stdout(&a),
+        retry_changed: a.retry_changed,
     };
     let report = client::run(opts, job, stop, &mut out);
     if a.verbose > 0 && ssh.is_some() {
