@@ -302,6 +302,29 @@ fn one_file_goes_into_an_existing_remote_dir_or_becomes_the_path() {
     }
     assert_eq!(tree(&fx.root), ["d", "d/f.bin", "d/g", "ln", "new", "old"]);
     assert_eq!(fs::read_link(fx.root.join("ln")).unwrap(), Path::new("d"));
+
+    // Several sources into the link to a directory: into the directory. Into a link to a
+    // file: refused, as into the file itself.
+    let src2 = fx.local.join("f2.bin");
+    write_random(&src2, 3000, 22);
+    fx.cp(&[s(&src), s(&src2), fx.url("ln")]).assert_ok();
+    assert_eq!(
+        fs::read(fx.root.join("d/f2.bin")).unwrap(),
+        fs::read(&src2).unwrap()
+    );
+    std::os::unix::fs::symlink("old", fx.root.join("ln-file")).unwrap();
+    for dest in ["old", "ln-file"] {
+        let r = fx.cp(&[s(&src), s(&src2), fx.url(dest)]);
+        r.assert_failed();
+        assert!(
+            r.stderr.contains(&format!("{dest}: not a directory")),
+            "{r:#?}"
+        );
+    }
+    assert_eq!(
+        fs::read(fx.root.join("old")).unwrap(),
+        fs::read(&src).unwrap()
+    );
 }
 
 #[test]

@@ -326,6 +326,8 @@ fn hex(h: &[u8; 32]) -> String {
 enum Pending {
     /// What the upload destination is (directory or not).
     DestStat,
+    /// What the upload destination, a symbolic link, points to (a directory or not).
+    DestLinkTarget,
     /// The listing of download source `i`.
     SourceList(usize, Vec<MetaEntry>),
     /// The expansion of the download pattern `sources[i]` by the far side.
@@ -536,7 +538,28 @@ impl<'a> Session<'a> {
         match p {
             Pending::DestStat => {
                 let dest_kind = result.ok().and_then(|v| v.first().map(|e| e.kind));
+                if let (Some(WireKind::Symlink), Job::Upload { dest, .. }) = (dest_kind, self.job) {
+                    // Followed, as scp does: a link to a directory is that directory.
+                    let id = conn.meta(MetaOp::List {
+                        path: format!("{dest}/"),
+                        recursive: false,
+                    });
+                    self.pending.insert(id, Pending::DestLinkTarget);
+                    return;
+                }
                 self.plan_upload(conn, dest_kind);
+            }
+            Pending::DestLinkTarget => {
+                // Anything but a directory (a file, a dangling link) stays a link to write
+                // through.
+                let to_dir =
+                    result.is_ok_and(|v| v.first().is_some_and(|e| e.kind == WireKind::Dir));
+                let kind = if to_dir {
+                    WireKind::Dir
+                } else {
+                    WireKind::Symlink
+                };
+                self.plan_upload(conn, Some(kind));
             }
             Pending::SourceList(i, mut acc) => match result {
                 Ok(v) if more => {
