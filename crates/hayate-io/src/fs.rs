@@ -712,14 +712,15 @@ pub fn umask() -> u32 {
 /// [`flush`](Self::flush), and on drop. A gathered write that fails fails every later call.
 #[derive(Debug)]
 pub struct PartFile {
-    file: File,
+    file: Arc<File>,
     /// Gathered bytes, for the file at `run_at`.
     run: Vec<u8>,
     run_at: u64,
     /// Size the file was created with (bounds the gathering buffer for small files).
     size: u64,
-    /// A gathered write failed: its error (raw OS code where there was one) and text.
-    failed: Option<(Option<i32>, String)>,
+    /// Writes gathered runs in the background (the temp file; `None` for a device or FIFO,
+    /// written in order as blocks come).
+    behind: Option<crate::writeback::Queue>,
     dir: OwnedFd,
     part_name: String,
     state_name: String,
@@ -907,12 +908,13 @@ impl PartFile {
         let existing_len = meta.len();
         file.set_len(size).map_err(io_err)?;
         let space = Reserve::start(&file, size).map_err(io_err)?;
+        let file = Arc::new(file);
         Ok(Self {
+            behind: Some(crate::writeback::Queue::new(file.clone())),
             file,
             run: Vec::new(),
             run_at: 0,
             size,
-            failed: None,
             dir,
             part_name,
             state_name: format!(".{name}{STATE_SUFFIX}"),
@@ -942,11 +944,11 @@ impl PartFile {
             )
         })?;
         Ok(Self {
-            file,
+            file: Arc::new(file),
             run: Vec::new(),
             run_at: 0,
             size,
-            failed: None,
+            behind: None,
             dir,
             part_name: String::new(),
             state_name: String::new(),
@@ -1098,46 +1100,73 @@ impl PartFile {
         }
         let end = self.run_at + self.run.len() as u64;
         if self.run.is_empty() || offset != end || self.run.len() + data.len() > Self::RUN {
-            self.flush()?;
+            self.push_run()?;
             if data.len() >= Self::RUN {
-                return self.file.write_all_at(data, offset);
-            }
-            if self.run.capacity() == 0 {
-                self.run
-                    .reserve_exact(self.size.clamp(data.len() as u64, Self::RUN as u64) as usize);
+                return self.queue(offset, data.to_vec());
             }
             self.run_at = offset;
         }
+        if self.run.capacity() == 0 {
+            let cap = self.size.clamp(data.len() as u64, Self::RUN as u64) as usize;
+            self.run = match &self.behind {
+                Some(q) => q.buffer(cap),
+                None => Vec::with_capacity(cap),
+            };
+        }
         self.run.extend_from_slice(data);
         if self.run.len() == Self::RUN {
-            self.flush()?;
+            self.push_run()?;
         }
         Ok(())
     }
 
-    /// Writes what was gathered.
-    pub fn flush(&mut self) -> io::Result<()> {
+    /// Hands what was gathered to the writer, without waiting for it to be written.
+    fn push_run(&mut self) -> io::Result<()> {
         self.check()?;
         if self.run.is_empty() {
             return Ok(());
         }
-        let r = self.file.write_all_at(&self.run, self.run_at);
-        self.run.clear();
-        if let Err(e) = &r {
-            self.failed = Some((e.raw_os_error(), e.to_string()));
-        }
-        r
+        let run = std::mem::take(&mut self.run);
+        self.queue(self.run_at, run)
     }
 
-    /// The error of a gathered write that failed earlier, again.
+    fn queue(&mut self, at: u64, buf: Vec<u8>) -> io::Result<()> {
+        match &self.behind {
+            Some(q) => q.write(at, buf),
+            None => self.file.write_all_at(&buf, at),
+        }
+    }
+
+    /// Writes what was gathered and waits until every write reached the file.
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.push_run()?;
+        match &self.behind {
+            Some(q) => q.drain(),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs `f` (on the writer thread) once everything written so far is in the file, or
+    /// at once when nothing is written behind. The protocol loop does not wait.
+    pub fn after_writes(&mut self, f: impl FnOnce() + Send + 'static) -> io::Result<()> {
+        self.push_run()?;
+        match &self.behind {
+            Some(q) => q.then(f),
+            None => {
+                f();
+                Ok(())
+            }
+        }
+    }
+
+    /// The error of a write that failed earlier, again.
     fn check(&self) -> io::Result<()> {
         if let Some(r) = &self.space {
             r.check()?;
         }
-        match &self.failed {
+        match &self.behind {
+            Some(q) => q.check(),
             None => Ok(()),
-            Some((Some(code), _)) => Err(io::Error::from_raw_os_error(*code)),
-            Some((None, text)) => Err(io::Error::other(text.clone())),
         }
     }
 
@@ -1200,6 +1229,8 @@ impl PartFile {
 
     /// Removes the temp file and its resume state (after a failed verification).
     pub fn discard(mut self) {
+        // Writes still queued land in the unlinked file (its handle is the writer's), never
+        // in a new file of the same name.
         self.run.clear();
         if self.stream.is_some() {
             return;

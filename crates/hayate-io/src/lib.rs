@@ -9,3 +9,4 @@ pub mod keyfile;
 pub mod ssh;
 pub mod udp;
 pub mod verify;
+pub mod writeback;

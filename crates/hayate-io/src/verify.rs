@@ -154,26 +154,31 @@ impl StreamHash {
 
     /// Hands whole subtrees to the workers.
     pub fn submit(&self, subtrees: &[usize]) {
+        if let Some(jobs) = self.jobs(subtrees) {
+            jobs.send();
+        }
+    }
+
+    /// The hashing of whole subtrees, counted as outstanding from now on, to be handed to
+    /// the workers (by [`Jobs::send`]) once their bytes are in the file.
+    pub fn jobs(&self, subtrees: &[usize]) -> Option<Jobs> {
         if subtrees.is_empty() {
-            return;
+            return None;
         }
         self.shared.lock().expect("hash state").outstanding += subtrees.len();
-        let tx = pool().jobs.lock().expect("job queue");
-        for &index in subtrees {
-            let job = Job {
-                file: self.file.clone(),
-                index,
-                offset: index as u64 * SUBTREE_LEN,
-                len: self.subtree_len(index) as usize,
-                single: self.filled.len() == 1,
-                shared: self.shared.clone(),
-            };
-            if tx.send(job).is_err() {
-                let mut s = self.shared.lock().expect("hash state");
-                s.outstanding -= 1;
-                s.error.get_or_insert("the hashing threads are gone".into());
-            }
-        }
+        Some(Jobs(
+            subtrees
+                .iter()
+                .map(|&index| Job {
+                    file: self.file.clone(),
+                    index,
+                    offset: index as u64 * SUBTREE_LEN,
+                    len: self.subtree_len(index) as usize,
+                    single: self.filled.len() == 1,
+                    shared: self.shared.clone(),
+                })
+                .collect(),
+        ))
     }
 
     /// Subtrees still being hashed.
@@ -208,6 +213,23 @@ impl StreamHash {
     /// verified resume).
     pub fn subtree_cvs(&self) -> Vec<Option<ChainingValue>> {
         self.shared.lock().expect("hash state").cvs.clone()
+    }
+}
+
+/// Subtrees to hash, already counted as outstanding (see [`StreamHash::jobs`]).
+pub struct Jobs(Vec<Job>);
+
+impl Jobs {
+    /// Hands them to the hashing threads.
+    pub fn send(self) {
+        let tx = pool().jobs.lock().expect("job queue");
+        for job in self.0 {
+            if let Err(e) = tx.send(job) {
+                let mut s = e.0.shared.lock().expect("hash state");
+                s.outstanding -= 1;
+                s.error.get_or_insert("the hashing threads are gone".into());
+            }
+        }
     }
 }
 
@@ -280,11 +302,11 @@ impl Landing {
             return Ok(());
         };
         let whole = hash.landed(offset, len);
-        if !whole.is_empty() {
-            part.flush()?;
-            hash.submit(&whole);
+        match hash.jobs(&whole) {
+            // Hashed once the writer has put their bytes in the file.
+            Some(jobs) => part.after_writes(move || jobs.send()),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// Every block has landed and the sender's hash is `want`: the verdict is due.

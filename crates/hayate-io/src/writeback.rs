@@ -1,0 +1,229 @@
+//! Write-behind: a receiver's gathered runs of blocks are written to their file by a
+//! background thread, so the protocol loop never waits on `pwrite` (the page-cache copy, or
+//! a disk that throttles dirty pages).
+//!
+//! Each file is bound to one writer thread and its jobs run in the order they were queued,
+//! so work queued after some writes (the hashing of a subtree they completed, see
+//! [`Queue::then`]) sees those bytes in the file. A file may have at most
+//! [`MAX_QUEUED`] bytes waiting; past that, [`Queue::write`] waits (backpressure on the
+//! writer of this file only). Errors are kept and returned by the next call.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+
+/// Bytes one file may have queued for writing before its writer waits: enough to ride out
+/// a writer thread's scheduling gaps at several Gbit/s, small next to the page cache.
+pub const MAX_QUEUED: usize = 16 << 20;
+
+/// Spare run buffers kept per file for reuse (a fresh 256 KiB buffer costs page faults).
+const SPARES: usize = 8;
+
+enum Job {
+    Write {
+        file: Arc<File>,
+        at: u64,
+        buf: Vec<u8>,
+        state: Arc<Shared>,
+    },
+    Then(Box<dyn FnOnce() + Send>),
+}
+
+#[derive(Default, Debug)]
+struct State {
+    queued: usize,
+    /// The first write that failed: its OS error code, if any, and text.
+    error: Option<(Option<i32>, String)>,
+    spares: Vec<Vec<u8>>,
+}
+
+#[derive(Default, Debug)]
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled whenever queued bytes are written.
+    written: Condvar,
+}
+
+struct Pool {
+    threads: Vec<Mutex<Sender<Job>>>,
+    next: AtomicUsize,
+}
+
+fn pool() -> &'static Pool {
+    static POOL: OnceLock<Pool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let n = std::thread::available_parallelism().map_or(2, |n| n.get().min(4));
+        let threads = (0..n)
+            .map(|i| {
+                let (tx, rx) = channel::<Job>();
+                std::thread::Builder::new()
+                    .name(format!("hayate-write-{i}"))
+                    .spawn(move || {
+                        while let Ok(job) = rx.recv() {
+                            run(job);
+                        }
+                    })
+                    .expect("cannot start a writer thread");
+                Mutex::new(tx)
+            })
+            .collect();
+        Pool {
+            threads,
+            next: AtomicUsize::new(0),
+        }
+    })
+}
+
+fn run(job: Job) {
+    match job {
+        Job::Then(f) => f(),
+        Job::Write {
+            file,
+            at,
+            mut buf,
+            state,
+        } => {
+            let r = file.write_all_at(&buf, at);
+            let mut s = state.state.lock().expect("write state");
+            s.queued -= buf.len();
+            if let Err(e) = r {
+                s.error.get_or_insert((e.raw_os_error(), e.to_string()));
+            }
+            if s.spares.len() < SPARES {
+                buf.clear();
+                s.spares.push(buf);
+            }
+            drop(s);
+            state.written.notify_all();
+        }
+    }
+}
+
+/// One file's queue on its writer thread.
+#[derive(Debug)]
+pub struct Queue {
+    file: Arc<File>,
+    thread: usize,
+    shared: Arc<Shared>,
+}
+
+impl Queue {
+    pub fn new(file: Arc<File>) -> Self {
+        let p = pool();
+        let thread = p.next.fetch_add(1, Ordering::Relaxed) % p.threads.len();
+        Queue {
+            file,
+            thread,
+            shared: Arc::default(),
+        }
+    }
+
+    fn send(&self, job: Job) -> io::Result<()> {
+        pool().threads[self.thread]
+            .lock()
+            .expect("writer queue")
+            .send(job)
+            .map_err(|_| io::Error::other("the writer thread is gone"))
+    }
+
+    /// Queues `buf` to be written at `at`, after waiting while this file has more than
+    /// [`MAX_QUEUED`] bytes waiting. Returns an earlier write's error, if one failed.
+    pub fn write(&self, at: u64, buf: Vec<u8>) -> io::Result<()> {
+        let mut s = self.shared.state.lock().expect("write state");
+        while s.queued > 0 && s.queued + buf.len() > MAX_QUEUED && s.error.is_none() {
+            s = self.shared.written.wait(s).expect("write state");
+        }
+        error(&s)?;
+        s.queued += buf.len();
+        drop(s);
+        self.send(Job::Write {
+            file: self.file.clone(),
+            at,
+            buf,
+            state: self.shared.clone(),
+        })
+    }
+
+    /// Runs `f` on the writer thread once every write queued so far is done.
+    pub fn then(&self, f: impl FnOnce() + Send + 'static) -> io::Result<()> {
+        self.send(Job::Then(Box::new(f)))
+    }
+
+    /// Waits until every queued write is done; the first error of any.
+    pub fn drain(&self) -> io::Result<()> {
+        let mut s = self.shared.state.lock().expect("write state");
+        while s.queued > 0 {
+            s = self.shared.written.wait(s).expect("write state");
+        }
+        error(&s)
+    }
+
+    /// The first error of a write done so far, without waiting.
+    pub fn check(&self) -> io::Result<()> {
+        error(&self.shared.state.lock().expect("write state"))
+    }
+
+    /// An empty buffer with room for `cap` bytes, reused when one is spare.
+    pub fn buffer(&self, cap: usize) -> Vec<u8> {
+        let spare = self.shared.state.lock().expect("write state").spares.pop();
+        match spare {
+            Some(b) if b.capacity() >= cap => b,
+            _ => Vec::with_capacity(cap),
+        }
+    }
+}
+
+fn error(s: &State) -> io::Result<()> {
+    match &s.error {
+        None => Ok(()),
+        Some((Some(code), _)) => Err(io::Error::from_raw_os_error(*code)),
+        Some((None, text)) => Err(io::Error::other(text.clone())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    #[test]
+    fn writes_land_in_order_with_work_queued_after_them() {
+        let file = Arc::new(tempfile::tempfile().unwrap());
+        let q = Queue::new(file.clone());
+        let n = 200usize;
+        for i in 0..n {
+            let mut b = q.buffer(64 << 10);
+            b.resize(64 << 10, i as u8);
+            q.write(i as u64 * (64 << 10), b).unwrap();
+        }
+        let (tx, rx) = std::sync::mpsc::channel();
+        let f2 = file.clone();
+        q.then(move || {
+            // Everything queued before is in the file when this runs.
+            let mut last = vec![0u8; 64 << 10];
+            f2.read_exact_at(&mut last, (n as u64 - 1) * (64 << 10))
+                .unwrap();
+            tx.send(last.iter().all(|&x| x == (n - 1) as u8)).unwrap();
+        })
+        .unwrap();
+        assert!(rx.recv().unwrap());
+        q.drain().unwrap();
+        assert_eq!(file.metadata().unwrap().len(), n as u64 * (64 << 10));
+    }
+
+    #[test]
+    fn a_failed_write_is_reported_by_later_calls() {
+        // A file opened read-only: every write fails with EBADF.
+        let path = tempfile::NamedTempFile::new().unwrap();
+        let file = Arc::new(File::open(path.path()).unwrap());
+        let q = Queue::new(file);
+        q.write(0, vec![1; 10]).unwrap();
+        let e = q.drain().unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::EBADF));
+        assert!(q.write(10, vec![1; 10]).is_err());
+        assert!(q.check().is_err());
+    }
+}
