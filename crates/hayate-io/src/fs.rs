@@ -17,7 +17,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsStr;
 use std::fs::{File, FileTimes, Metadata, Permissions};
-use std::io::{self, Read, Write};
+use std::io::{self, Read};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::Path;
@@ -943,6 +943,12 @@ impl PartFile {
                 io::Error::new(e.kind(), format!("no temporary file for reordering: {e}")),
             )
         })?;
+        // A pipe's default 64 KiB makes its writer and reader take turns 16 times per MiB;
+        // 1 MiB (the unprivileged maximum) lets each side run longer. Best effort.
+        if rfs::fstat(&out).is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Fifo) {
+            // SAFETY: fcntl on a descriptor we own; failure is harmless.
+            unsafe { libc::fcntl(out.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
+        }
         Ok(Self {
             file: Arc::new(file),
             run: Vec::new(),
@@ -957,7 +963,8 @@ impl PartFile {
             existing_len: 0,
             space: None,
             stream: Some(Box::new(Stream {
-                out,
+                out: crate::writeback::Queue::appending(Arc::new(out)),
+                gathered: Vec::new(),
                 next: 0,
                 held: BTreeMap::new(),
                 hasher: blake3::Hasher::new(),
@@ -1016,10 +1023,12 @@ impl PartFile {
     /// (contents are the driver's business). Gathered writes reach the file first, so the
     /// state never claims bytes the file does not hold.
     pub fn save_state(&mut self, data: &[u8]) -> io::Result<()> {
-        self.flush()?;
         if self.stream.is_some() {
+            // Nothing to resume: and the writer, perhaps behind a slow reader, is not
+            // waited for.
             return Ok(());
         }
+        self.flush()?;
         let tmp = format!("{}.tmp", self.state_name);
         let ctx = |e: io::Error| {
             io::Error::new(
@@ -1140,6 +1149,9 @@ impl PartFile {
     /// Writes what was gathered and waits until every write reached the file.
     pub fn flush(&mut self) -> io::Result<()> {
         self.push_run()?;
+        if let Some(s) = &mut self.stream {
+            s.drain(&self.file)?;
+        }
         match &self.behind {
             Some(q) => q.drain(),
             None => Ok(()),
@@ -1164,9 +1176,38 @@ impl PartFile {
         if let Some(r) = &self.space {
             r.check()?;
         }
+        if let Some(s) = &self.stream {
+            s.out.check()?;
+        }
         match &self.behind {
             Some(q) => q.check(),
             None => Ok(()),
+        }
+    }
+
+    /// Moves writes on without waiting; whether every byte written so far is in the
+    /// destination (so [`hash`](Self::hash) and [`commit`](Self::commit) will not wait).
+    pub fn pump(&mut self) -> io::Result<bool> {
+        self.check()?;
+        if let Some(s) = &mut self.stream {
+            return s.pump(&self.file);
+        }
+        let Some(q) = &self.behind else {
+            return Ok(true);
+        };
+        if !self.run.is_empty() && q.has_room(self.run.len()) {
+            self.push_run()?;
+        }
+        Ok(self.run.is_empty() && self.behind.as_ref().is_some_and(|q| q.idle()))
+    }
+
+    /// Whether a block can be written now without waiting for the writer (storage
+    /// backpressure: see `BlockSink::ready`).
+    pub fn has_room(&self) -> bool {
+        match (&self.stream, &self.behind) {
+            (Some(s), _) => s.out.has_room(Stream::GATHER + Stream::CHUNK),
+            (None, Some(q)) => q.has_room(Self::RUN),
+            (None, None) => true,
         }
     }
 
@@ -1466,8 +1507,11 @@ pub fn spill_file() -> io::Result<File> {
 /// go out), so only what is in flight is held, not the whole file.
 #[derive(Debug)]
 struct Stream {
-    out: File,
-    /// Bytes written to `out` so far.
+    /// The destination, written in order by a writer thread.
+    out: crate::writeback::Queue,
+    /// In-order bytes not yet handed to `out`.
+    gathered: Vec<u8>,
+    /// Bytes that went out (handed to `out`) so far.
     next: u64,
     /// Ranges `[start, end)` held in the temp file, disjoint, none adjacent.
     held: BTreeMap<u64, u64>,
@@ -1477,6 +1521,8 @@ struct Stream {
 impl Stream {
     /// Bytes moved from the temp file to the destination at a time.
     const CHUNK: usize = 1 << 20;
+    /// In-order bytes gathered before they are handed to the writer.
+    const GATHER: usize = 64 << 10;
 
     fn put(&mut self, spill: &File, offset: u64, data: &[u8]) -> io::Result<()> {
         let end = offset + data.len() as u64;
@@ -1502,16 +1548,24 @@ impl Stream {
             return Ok(());
         }
         self.emit(&data[(self.next - offset) as usize..])?;
+        self.release(spill)
+    }
+
+    /// Moves held bytes that now continue the output from the temp file to the writer, as
+    /// far as the writer has room (the rest goes on the next call: see `PartFile::pump`).
+    fn release(&mut self, spill: &File) -> io::Result<()> {
         let mut buf = Vec::new();
         while let Some((&s, &e)) = self.held.first_key_value() {
             if s > self.next {
                 break;
             }
-            self.held.pop_first();
             if buf.is_empty() {
                 buf = vec![0; Self::CHUNK];
             }
             while self.next < e {
+                if !self.out.has_room(Self::GATHER + Self::CHUNK) {
+                    return Ok(());
+                }
                 let n = (e - self.next).min(Self::CHUNK as u64) as usize;
                 let got = read_at(spill, self.next, &mut buf[..n])?;
                 if got < n {
@@ -1519,6 +1573,7 @@ impl Stream {
                 }
                 self.emit(&buf[..n])?;
             }
+            self.held.pop_first();
             // Gone out: its space is not needed any more.
             let _ = rfs::fallocate(
                 spill,
@@ -1531,10 +1586,52 @@ impl Stream {
     }
 
     fn emit(&mut self, data: &[u8]) -> io::Result<()> {
-        (&self.out).write_all(data)?;
         self.hasher.update(data);
         self.next += data.len() as u64;
+        self.gathered.extend_from_slice(data);
+        if self.gathered.len() >= Self::GATHER {
+            self.push()?;
+        }
         Ok(())
+    }
+
+    fn push(&mut self) -> io::Result<()> {
+        if self.gathered.is_empty() {
+            return self.out.check();
+        }
+        let buf = std::mem::replace(&mut self.gathered, self.out.buffer(Self::GATHER));
+        self.out.write(0, buf)
+    }
+
+    /// Everything that can go out (the held bytes that continue the output) is written,
+    /// waiting for the writer as long as that takes.
+    fn drain(&mut self, spill: &File) -> io::Result<()> {
+        loop {
+            self.release(spill)?;
+            self.push()?;
+            self.out.drain()?;
+            if self
+                .held
+                .first_key_value()
+                .is_none_or(|(&s, _)| s > self.next)
+            {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Moves on what can go out without waiting; whether nothing is left to write.
+    fn pump(&mut self, spill: &File) -> io::Result<bool> {
+        self.release(spill)?;
+        if self.out.has_room(self.gathered.len()) {
+            self.push()?;
+        }
+        Ok(self.gathered.is_empty()
+            && self.out.idle()
+            && self
+                .held
+                .first_key_value()
+                .is_none_or(|(&s, _)| s > self.next))
     }
 
     /// Every one of `size` bytes went out.

@@ -314,9 +314,10 @@ impl Landing {
         self.expect = Some(want);
     }
 
-    /// Whether the verdict is due but the workers are not done.
+    /// Whether the verdict is due but not ready: the workers are not done, or (a device or
+    /// FIFO) the writer has not put every byte out yet.
     pub fn verifying(&self) -> bool {
-        self.expect.is_some() && self.tree.as_ref().is_some_and(|t| t.result().is_none())
+        self.expect.is_some() && self.tree.as_ref().is_none_or(|t| t.result().is_none())
     }
 
     /// Once due and ready: `Ok(hash)` if the file matches the sender's hash, else why not.
@@ -324,7 +325,12 @@ impl Landing {
         let want = self.expect?;
         let got = match &self.tree {
             Some(t) => t.result()?,
-            None => part.hash().map_err(|e| format!("cannot verify: {e}")),
+            // In order as it went out: due once the writer has put every byte out.
+            None => match part.pump() {
+                Ok(false) => return None,
+                Ok(true) => part.hash().map_err(|e| format!("cannot verify: {e}")),
+                Err(e) => Err(format!("cannot verify: {e}")),
+            },
         };
         Some(match got {
             Ok(h) if *h.as_bytes() == want => Ok(want),

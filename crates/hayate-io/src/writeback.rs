@@ -9,7 +9,7 @@
 //! writer of this file only). Errors are kept and returned by the next call.
 
 use std::fs::File;
-use std::io;
+use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
@@ -25,7 +25,8 @@ const SPARES: usize = 8;
 enum Job {
     Write {
         file: Arc<File>,
-        at: u64,
+        /// Where in the file; `None` appends (a FIFO, a device, standard output).
+        at: Option<u64>,
         buf: Vec<u8>,
         state: Arc<Shared>,
     },
@@ -86,7 +87,10 @@ fn run(job: Job) {
             mut buf,
             state,
         } => {
-            let r = file.write_all_at(&buf, at);
+            let r = match at {
+                Some(at) => file.write_all_at(&buf, at),
+                None => (&*file).write_all(&buf),
+            };
             let mut s = state.state.lock().expect("write state");
             s.queued -= buf.len();
             if let Err(e) = r {
@@ -106,19 +110,38 @@ fn run(job: Job) {
 #[derive(Debug)]
 pub struct Queue {
     file: Arc<File>,
+    /// Written in order at the file's current position instead of at offsets.
+    append: bool,
     thread: usize,
     shared: Arc<Shared>,
 }
 
 impl Queue {
+    /// Writes at the offsets given (a regular file).
     pub fn new(file: Arc<File>) -> Self {
+        Self::with(file, false)
+    }
+
+    /// Writes one after another, each where the last ended (a FIFO, a device, a pipe).
+    pub fn appending(file: Arc<File>) -> Self {
+        Self::with(file, true)
+    }
+
+    fn with(file: Arc<File>, append: bool) -> Self {
         let p = pool();
         let thread = p.next.fetch_add(1, Ordering::Relaxed) % p.threads.len();
         Queue {
             file,
+            append,
             thread,
             shared: Arc::default(),
         }
+    }
+
+    /// Whether `len` more bytes can be queued without waiting.
+    pub fn has_room(&self, len: usize) -> bool {
+        let s = self.shared.state.lock().expect("write state");
+        s.queued == 0 || s.queued + len <= MAX_QUEUED
     }
 
     fn send(&self, job: Job) -> io::Result<()> {
@@ -129,8 +152,9 @@ impl Queue {
             .map_err(|_| io::Error::other("the writer thread is gone"))
     }
 
-    /// Queues `buf` to be written at `at`, after waiting while this file has more than
-    /// [`MAX_QUEUED`] bytes waiting. Returns an earlier write's error, if one failed.
+    /// Queues `buf` to be written at `at` (ignored when appending), after waiting while
+    /// this file has more than [`MAX_QUEUED`] bytes waiting (see [`has_room`](Self::has_room)
+    /// to avoid that). Returns an earlier write's error, if one failed.
     pub fn write(&self, at: u64, buf: Vec<u8>) -> io::Result<()> {
         let mut s = self.shared.state.lock().expect("write state");
         while s.queued > 0 && s.queued + buf.len() > MAX_QUEUED && s.error.is_none() {
@@ -141,7 +165,7 @@ impl Queue {
         drop(s);
         self.send(Job::Write {
             file: self.file.clone(),
-            at,
+            at: (!self.append).then_some(at),
             buf,
             state: self.shared.clone(),
         })
@@ -159,6 +183,11 @@ impl Queue {
             s = self.shared.written.wait(s).expect("write state");
         }
         error(&s)
+    }
+
+    /// Whether every queued write is done.
+    pub fn idle(&self) -> bool {
+        self.shared.state.lock().expect("write state").queued == 0
     }
 
     /// The first error of a write done so far, without waiting.
@@ -212,6 +241,35 @@ mod tests {
         assert!(rx.recv().unwrap());
         q.drain().unwrap();
         assert_eq!(file.metadata().unwrap().len(), n as u64 * (64 << 10));
+    }
+
+    #[test]
+    fn an_appending_queue_writes_in_order_and_tells_when_it_is_full() {
+        let file = Arc::new(tempfile::tempfile().unwrap());
+        let q = Queue::appending(file.clone());
+        assert!(q.has_room(MAX_QUEUED));
+        for i in 0..100u8 {
+            q.write(0, vec![i; 1000]).unwrap();
+        }
+        q.drain().unwrap();
+        let mut got = vec![0u8; 100_000];
+        file.read_exact_at(&mut got, 0).unwrap();
+        assert!(got
+            .chunks(1000)
+            .enumerate()
+            .all(|(i, c)| c.iter().all(|&b| b == i as u8)));
+        // A writer stuck behind a job that waits: the queue fills and says so.
+        let (go, wait) = std::sync::mpsc::channel::<()>();
+        q.then(move || {
+            let _ = wait.recv();
+        })
+        .unwrap();
+        q.write(0, vec![0; MAX_QUEUED - 10]).unwrap();
+        assert!(q.has_room(10));
+        assert!(!q.has_room(11));
+        go.send(()).unwrap();
+        q.drain().unwrap();
+        assert!(q.has_room(MAX_QUEUED));
     }
 
     #[test]

@@ -1108,9 +1108,13 @@ fn a_device_destination_is_written_and_never_replaced() {
     ));
     assert_eq!(m.rdev(), libc::makedev(1, 3));
     assert_eq!(m.mode() & 0o777, 0o666);
-    // /dev/full: the write error comes back, and the device stays.
+    // /dev/full: the write error comes back (written behind: by the flush at the latest),
+    // and the device stays.
     let mut part = root.create_part("full", 10).unwrap();
-    let e = part.write_at(0, b"0123456789").unwrap_err();
+    let e = part
+        .write_at(0, b"0123456789")
+        .and_then(|()| part.flush())
+        .unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::ENOSPC));
     part.discard();
     assert!(std::os::unix::fs::FileTypeExt::is_char_device(

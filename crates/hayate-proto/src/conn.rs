@@ -53,6 +53,15 @@ impl<'a> FileOffer<'a> {
 /// Where incoming file data goes.
 pub trait BlockSink {
     fn write(&mut self, xfer: XferId, offset: u64, data: &[u8]) -> Result<(), String>;
+
+    /// Whether a new block of `xfer` can be taken now without waiting (storage
+    /// backpressure). A block the sink is not ready for is dropped as if the path had lost
+    /// it: the loss map reports it missing, the sender sends it again, and the delivery
+    /// rate the sender measures is what the sink took, so a slow disk or FIFO reader slows
+    /// the sender as a slow link would, and the driver's loop never waits on storage.
+    fn ready(&mut self, _xfer: XferId) -> bool {
+        true
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -167,6 +176,9 @@ pub struct Stats {
     pub pings_sent: u64,
     /// HelloRetries followed (the server asked this client to prove its address).
     pub hello_retries: u64,
+    /// New blocks dropped because the storage was not ready for them (see
+    /// [`BlockSink::ready`]); the sender sends them again.
+    pub blocks_refused_by_sink: u64,
 }
 
 enum State {
@@ -1206,6 +1218,10 @@ impl Connection {
         }
         if verdict == DataVerdict::Duplicate {
             self.stats.duplicate_blocks_received += 1;
+            return;
+        }
+        if !sink.ready(xfer) {
+            self.stats.blocks_refused_by_sink += 1;
             return;
         }
         if self.write_block(xfer, block, payload, sink) {

@@ -7,7 +7,7 @@ mod common;
 use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use tempfile::TempDir;
@@ -1776,4 +1776,67 @@ fn a_full_local_disk_on_a_download_names_the_local_destination() {
         assert!(!dst.exists(), "{name}");
     }
     assert_eq!(tree(&small.0), ["filler"]);
+}
+
+/// A FIFO destination whose reader is slow holds back only its own transfer: the server's
+/// loop does not wait on it (the writes go through a writer thread, and blocks the FIFO has
+/// no room for are refused and sent again), so another client is served at once.
+#[test]
+fn a_slow_fifo_reader_does_not_stall_other_sessions() {
+    let fx = Fx::new();
+    let src = fx.local.join("big.bin");
+    let size = 12u64 << 20;
+    let want = write_random(&src, size, 31);
+    let fifo = fx.root.join("slow");
+    mkfifo(&fifo);
+    // Reads at most 4 MiB/s (256 KiB every 60 ms or slower): 3 s or more.
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut f = fs::File::open(fifo).unwrap();
+            let (mut h, mut buf, mut n) = (blake3::Hasher::new(), vec![0u8; 256 << 10], 0u64);
+            loop {
+                let got = f.read(&mut buf).unwrap();
+                if got == 0 {
+                    return (h.finalize(), n);
+                }
+                h.update(&buf[..got]);
+                n += got as u64;
+                std::thread::sleep(Duration::from_millis(60));
+            }
+        })
+    };
+    let mut big = spawn([
+        "cp".to_string(),
+        "--key-file".into(),
+        s(&fx.key),
+        "--json".into(),
+        s(&src),
+        fx.url("slow"),
+    ]);
+    std::thread::sleep(Duration::from_millis(800));
+    let small = fx.local.join("small.bin");
+    write_random(&small, 200_000, 32);
+    let t0 = Instant::now();
+    fx.cp(&[s(&small), fx.url("small.bin")]).assert_ok();
+    let took = t0.elapsed();
+    assert!(
+        !big.try_finished(),
+        "the slow transfer ended before the other client came: this proves nothing"
+    );
+    assert!(
+        took < Duration::from_millis(1500),
+        "the other client took {took:?}"
+    );
+    let r = big.wait(Duration::from_secs(90));
+    assert_eq!(r.json()["verified"], true, "{r:#?}");
+    let (got, n) = reader.join().unwrap();
+    assert_eq!(n, size);
+    assert_eq!(got, want);
+    assert!(is_fifo(&fifo));
+    println!(
+        "slow FIFO: another client's upload took {took:?}; the slow one {:?}",
+        r.elapsed
+    );
 }

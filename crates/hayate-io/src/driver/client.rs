@@ -257,6 +257,13 @@ impl BlockSink for Files {
                 e.to_string()
             })
     }
+
+    fn ready(&mut self, xfer: XferId) -> bool {
+        self.act
+            .get(&xfer)
+            .and_then(|a| a.part.as_ref())
+            .is_none_or(PartFile::has_room)
+    }
 }
 
 /// Hands the connection the hash of every upload the workers have finished, and starts the

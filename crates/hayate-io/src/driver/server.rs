@@ -92,6 +92,10 @@ impl BlockSink for SessionFiles {
                 e.to_string()
             })
     }
+
+    fn ready(&mut self, xfer: XferId) -> bool {
+        self.inc.get(&xfer).is_none_or(|f| f.part.has_room())
+    }
 }
 
 /// Hands the connection the hash of every download the workers have finished, and starts
