@@ -906,8 +906,22 @@ impl PartFile {
         file.set_permissions(Permissions::from_mode(0o600))
             .map_err(io_err)?;
         let existing_len = meta.len();
-        file.set_len(size).map_err(io_err)?;
-        let space = Reserve::start(&file, size).map_err(io_err)?;
+        let sized = file
+            .set_len(size)
+            .and_then(|()| Reserve::start(&file, size));
+        let space = match sized {
+            Ok(space) => space,
+            Err(e) => {
+                // Refused (no space, say): a temp file this made holds nothing to resume;
+                // left, it would keep the space it got.
+                if existing_len == 0 {
+                    let _ = rfs::unlinkat(&dir, part_name.as_str(), AtFlags::empty());
+                } else {
+                    let _ = file.set_len(existing_len);
+                }
+                return Err(io_err(e));
+            }
+        };
         let file = Arc::new(file);
         Ok(Self {
             behind: Some(crate::writeback::Queue::new(file.clone())),

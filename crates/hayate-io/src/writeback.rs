@@ -2,7 +2,8 @@
 //! background thread, so the protocol loop never waits on `pwrite` (the page-cache copy, or
 //! a disk that throttles dirty pages).
 //!
-//! Each file is bound to one writer thread and its jobs run in the order they were queued,
+//! Each file is bound to one writer thread (a FIFO or device to a thread of its own) and
+//! its jobs run in the order they were queued,
 //! so work queued after some writes (the hashing of a subtree they completed, see
 //! [`Queue::then`]) sees those bytes in the file. A file may have at most
 //! [`MAX_QUEUED`] bytes waiting; past that, [`Queue::write`] waits (backpressure on the
@@ -106,13 +107,28 @@ fn run(job: Job) {
     }
 }
 
+/// The shared writer thread a new file is bound to (round robin).
+fn pooled() -> usize {
+    let p = pool();
+    p.next.fetch_add(1, Ordering::Relaxed) % p.threads.len()
+}
+
+/// Where a queue's jobs run.
+#[derive(Debug)]
+enum Thread {
+    /// One of the shared writer threads, by index.
+    Pooled(usize),
+    /// A thread of its own (a FIFO or device, whose writes may block for long).
+    Own(Mutex<Sender<Job>>),
+}
+
 /// One file's queue on its writer thread.
 #[derive(Debug)]
 pub struct Queue {
     file: Arc<File>,
     /// Written in order at the file's current position instead of at offsets.
     append: bool,
-    thread: usize,
+    thread: Thread,
     shared: Arc<Shared>,
 }
 
@@ -128,8 +144,25 @@ impl Queue {
     }
 
     fn with(file: Arc<File>, append: bool) -> Self {
-        let p = pool();
-        let thread = p.next.fetch_add(1, Ordering::Relaxed) % p.threads.len();
+        let thread = if append {
+            // A FIFO or device write may block for as long as its reader likes: on a shared
+            // thread it would hold up every other file's writes. Its own thread ends when
+            // the queue is dropped (the channel closes).
+            let (tx, rx) = channel::<Job>();
+            let spawned = std::thread::Builder::new()
+                .name("hayate-write-stream".into())
+                .spawn(move || {
+                    while let Ok(job) = rx.recv() {
+                        run(job);
+                    }
+                });
+            match spawned {
+                Ok(_) => Thread::Own(Mutex::new(tx)),
+                Err(_) => Thread::Pooled(pooled()),
+            }
+        } else {
+            Thread::Pooled(pooled())
+        };
         Queue {
             file,
             append,
@@ -145,8 +178,11 @@ impl Queue {
     }
 
     fn send(&self, job: Job) -> io::Result<()> {
-        pool().threads[self.thread]
-            .lock()
+        let tx = match &self.thread {
+            Thread::Pooled(i) => &pool().threads[*i],
+            Thread::Own(tx) => tx,
+        };
+        tx.lock()
             .expect("writer queue")
             .send(job)
             .map_err(|_| io::Error::other("the writer thread is gone"))
@@ -217,6 +253,7 @@ fn error(s: &State) -> io::Result<()> {
 mod tests {
     use super::*;
     use std::os::unix::fs::FileExt;
+    use std::time::Duration;
 
     #[test]
     fn writes_land_in_order_with_work_queued_after_them() {
@@ -270,6 +307,34 @@ mod tests {
         go.send(()).unwrap();
         q.drain().unwrap();
         assert!(q.has_room(MAX_QUEUED));
+    }
+
+    #[test]
+    fn a_stuck_pipe_holds_up_only_its_own_queue() {
+        use std::os::fd::FromRawFd;
+        let mut fds = [0i32; 2];
+        // SAFETY: pipe(2) into a two-element array.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: both descriptors are fresh and owned here.
+        let (rd, wr) = unsafe { (File::from_raw_fd(fds[0]), File::from_raw_fd(fds[1])) };
+        let stuck = Queue::appending(Arc::new(wr));
+        // More than a pipe holds, and nobody reads: its writer blocks.
+        stuck.write(0, vec![1; 1 << 20]).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!stuck.idle());
+        // Every shared writer thread still writes other files at once.
+        for _ in 0..8 {
+            let file = Arc::new(tempfile::tempfile().unwrap());
+            let q = Queue::new(file.clone());
+            q.write(0, vec![2; 4096]).unwrap();
+            let t0 = std::time::Instant::now();
+            q.drain().unwrap();
+            assert!(t0.elapsed() < Duration::from_secs(2));
+            assert_eq!(file.metadata().unwrap().len(), 4096);
+        }
+        drop(rd);
+        // The reader gone, the stuck write fails (EPIPE) instead of hanging.
+        assert!(stuck.drain().is_err());
     }
 
     #[test]

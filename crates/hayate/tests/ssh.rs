@@ -577,7 +577,8 @@ fn no_space_left_fails_without_presenting_anything_as_complete() {
     );
     assert!(
         !mnt.join(".big.hayate-part").exists(),
-        "a full disk is not left full"
+        "a full disk is not left full: {}",
+        r.stderr
     );
     // The space is free again for the next copy.
     write(&fx.p("tiny"), 100_000, 4);
