@@ -1458,6 +1458,35 @@ fn the_summary_line_rates_what_moved_and_shows_the_rest_apart() {
     assert!(line.ends_with(" s, nothing to copy"), "{line}");
 }
 
+/// A `-u` download compares the far side's hash with the local file's: identical is
+/// skipped (nothing moves), the same size with other bytes is copied.
+#[test]
+fn update_download_skips_an_identical_file_and_copies_a_changed_one() {
+    let fx = Fx::new();
+    let (served, local) = (fx.root.join("f.bin"), fx.local.join("f.bin"));
+    let want = write_random(&served, 3 << 20, 1);
+    write_random(&local, 3 << 20, 1);
+    let r = fx.cp(&["-u".into(), "--json".into(), fx.url("f.bin"), s(&local)]);
+    r.assert_ok();
+    let j = r.json();
+    assert_eq!(j["skipped"], 1, "{j}");
+    let f = &j["files"][0];
+    assert_eq!(
+        f["skipped"], "identical at the destination (--update)",
+        "{j}"
+    );
+    assert_eq!(f["moved_bytes"], 0, "{j}");
+    assert_eq!(f["blake3"].as_str(), Some(hex(&want).as_str()), "{j}");
+    assert_eq!(hash_file(&local), want);
+
+    let changed = write_random(&served, 3 << 20, 2);
+    let r = fx.cp(&["-u".into(), "--json".into(), fx.url("f.bin"), s(&local)]);
+    r.assert_ok();
+    assert_eq!(r.json()["skipped"], 0, "{}", r.stdout);
+    assert_eq!(hash_file(&local), changed);
+    assert_eq!(part_files(&fx.local), Vec::<String>::new());
+}
+
 /// `-u` has the server hash the whole file it serves before offering it: a minute for
 /// 100 GB. Its other sessions go on meanwhile: a second client's whole copy, handshake
 /// included, is done while the first still waits for its offer. (A loop that hashed kept it
