@@ -1845,72 +1845,31 @@ pub fn read_at(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<usize> {
     Ok(done)
 }
 
-/// BLAKE3 of a whole file, from offset 0 to its current length, hashed on all cores.
-/// Maps the file when possible (no copy); the file must not shrink meanwhile (SIGBUS).
+/// BLAKE3 of a whole file, from offset 0 to its length when called, hashed on all cores.
+/// Read 4 MiB at a time with `pread`, so memory stays bounded whatever the size; a file
+/// another process shrinks meanwhile is an error (a mapping would have died of SIGBUS).
 pub fn hash_file(file: &File) -> io::Result<blake3::Hash> {
+    const CHUNK: u64 = 4 << 20;
     let len = file.metadata()?.len();
     let mut hasher = blake3::Hasher::new();
-    if len == 0 {
-        return Ok(hasher.finalize());
-    }
-    if let Ok(len) = usize::try_from(len) {
-        if let Some(map) = Mmap::new(file, len) {
-            hasher.update_rayon(map.as_slice());
-            return Ok(hasher.finalize());
-        }
-    }
-    let mut buf = vec![0u8; 4 << 20];
+    let mut buf = vec![0u8; len.min(CHUNK) as usize];
     let mut off = 0u64;
-    loop {
-        let n = read_at(file, off, &mut buf)?;
-        if n == 0 {
-            break;
+    while off < len {
+        let want = (len - off).min(CHUNK) as usize;
+        let n = read_at(file, off, &mut buf[..want])?;
+        if n < want {
+            return Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "the file shrank while being hashed (from {len} bytes to {})",
+                    off + n as u64
+                ),
+            ));
         }
         hasher.update_rayon(&buf[..n]);
         off += n as u64;
     }
     Ok(hasher.finalize())
-}
-
-/// Read-only shared mapping of a file, unmapped on drop.
-struct Mmap {
-    ptr: *mut libc::c_void,
-    len: usize,
-}
-
-impl Mmap {
-    fn new(file: &File, len: usize) -> Option<Self> {
-        use std::os::fd::AsRawFd;
-        // SAFETY: maps `len` bytes of an open file read-only; checked for MAP_FAILED.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return None;
-        }
-        // SAFETY: advisory only, on the mapping just created.
-        unsafe { libc::madvise(ptr, len, libc::MADV_SEQUENTIAL) };
-        Some(Self { ptr, len })
-    }
-
-    fn as_slice(&self) -> &[u8] {
-        // SAFETY: the mapping is `len` readable bytes and lives as long as `self`.
-        unsafe { std::slice::from_raw_parts(self.ptr.cast::<u8>(), self.len) }
-    }
-}
-
-impl Drop for Mmap {
-    fn drop(&mut self) {
-        // SAFETY: unmaps exactly the region mmap returned.
-        unsafe { libc::munmap(self.ptr, self.len) };
-    }
 }
 
 /// Splits a client path into its normal components; rejects what can never be beneath the

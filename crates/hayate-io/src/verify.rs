@@ -81,7 +81,7 @@ fn worker(rx: &Mutex<Receiver<Job>>) {
         match read {
             Err(e) => {
                 s.error.get_or_insert(format!(
-                    "cannot read back bytes {}..{} for verification: {e}",
+                    "cannot read bytes {}..{} to hash them: {e}",
                     job.offset,
                     job.offset + job.len as u64
                 ));
@@ -230,6 +230,56 @@ impl Jobs {
                 s.error.get_or_insert("the hashing threads are gone".into());
             }
         }
+    }
+}
+
+/// Subtrees of one [`WholeHash`] with the workers at most: the pool is shared, and a 100 GB
+/// file queued whole would hold up every other file's verification behind its 100 000 jobs.
+pub const WHOLE_WINDOW: usize = 64;
+
+/// The BLAKE3 of a whole file already there (`--update` compares files by it), hashed by the
+/// workers [`WHOLE_WINDOW`] subtrees at a time, topped up as they finish whenever the
+/// protocol loop asks for the result. The loop never hashes and never waits.
+pub struct WholeHash {
+    hash: StreamHash,
+    /// Subtrees before this one went to the workers.
+    next: usize,
+}
+
+impl WholeHash {
+    /// Starts hashing the first `size` bytes of `file` (a handle of its own, e.g. a
+    /// `try_clone` of the one the file is sent through).
+    pub fn start(file: File, size: u64) -> Self {
+        let mut w = WholeHash {
+            hash: StreamHash::new(file, size),
+            next: 0,
+        };
+        w.top_up();
+        w
+    }
+
+    fn top_up(&mut self) {
+        let n = self.hash.filled.len();
+        let room = WHOLE_WINDOW.saturating_sub(self.hash.outstanding());
+        let end = (self.next + room).min(n);
+        if end == self.next {
+            return;
+        }
+        let from = self.next as u64 * SUBTREE_LEN;
+        let to = (end as u64 * SUBTREE_LEN).min(self.hash.size);
+        let whole = self.hash.landed(from, to - from);
+        self.hash.submit(&whole);
+        self.next = end;
+    }
+
+    /// The hash once every subtree is hashed, `None` until then (more go to the workers as
+    /// earlier ones finish); `Err` if the file could not be read (it shrank meanwhile).
+    pub fn poll(&mut self) -> Option<Result<blake3::Hash, String>> {
+        if let Some(r) = self.hash.result() {
+            return Some(r);
+        }
+        self.top_up();
+        None
     }
 }
 
@@ -478,7 +528,44 @@ mod tests {
         let whole = h.landed(0, 3 * SUBTREE_LEN);
         h.submit(&whole);
         let e = wait(&h).unwrap_err();
-        assert!(e.contains("cannot read back"), "{e}");
+        assert!(e.contains("cannot read bytes"), "{e}");
+    }
+
+    fn wait_whole(w: &mut WholeHash) -> Result<blake3::Hash, String> {
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(r) = w.poll() {
+                return r;
+            }
+            assert!(
+                w.hash.outstanding() <= WHOLE_WINDOW,
+                "more than a window queued"
+            );
+            assert!(Instant::now() < until, "hashing did not finish");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    #[test]
+    fn a_whole_file_hashes_a_window_at_a_time_to_the_plain_hash() {
+        let m = SUBTREE_LEN as usize;
+        for len in [0, 1, m, m + 1, (WHOLE_WINDOW + 3) * m + 5] {
+            let d = data(len);
+            let mut f = tempfile::tempfile().unwrap();
+            f.write_all(&d).unwrap();
+            let mut w = WholeHash::start(f.try_clone().unwrap(), len as u64);
+            assert!(w.next <= WHOLE_WINDOW, "len {len}: {} submitted", w.next);
+            assert_eq!(wait_whole(&mut w).unwrap(), blake3::hash(&d), "len {len}");
+        }
+    }
+
+    #[test]
+    fn a_whole_file_that_shrank_is_an_error() {
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&data(1000)).unwrap();
+        let mut w = WholeHash::start(f, 3 * SUBTREE_LEN);
+        let e = wait_whole(&mut w).unwrap_err();
+        assert!(e.contains("cannot read bytes"), "{e}");
     }
 
     #[test]

@@ -284,6 +284,37 @@ fn hashing_and_read_at() {
     assert_eq!(hash_file(&f).unwrap(), blake3::hash(b""));
 }
 
+/// A file that another handle truncates while it is hashed makes the hash an error, never a
+/// SIGBUS: a mapped file that shrinks kills the process reading it (a server hashing a file
+/// its users can write).
+#[test]
+fn a_file_truncated_while_hashed_is_an_error_not_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("f");
+    // Sparse: no disk used, and hashing it takes far longer than the cut takes to come.
+    let len = 2u64 << 30;
+    fs::File::create(&p).unwrap().set_len(len).unwrap();
+    let f = fs::File::open(&p).unwrap();
+    let go = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let cutter = {
+        let (p, go) = (p.clone(), go.clone());
+        std::thread::spawn(move || {
+            go.wait();
+            std::thread::sleep(Duration::from_millis(20));
+            let w = fs::OpenOptions::new().write(true).open(&p).unwrap();
+            w.set_len(1 << 20).unwrap();
+        })
+    };
+    go.wait();
+    let r = hash_file(&f);
+    cutter.join().unwrap();
+    match r {
+        Err(e) => assert!(e.to_string().contains("shrank"), "{e}"),
+        // Only if this thread was held up until after the cut: then the file is 1 MiB.
+        Ok(h) => assert_eq!(h, blake3::hash(&vec![0u8; 1 << 20])),
+    }
+}
+
 #[test]
 fn root_open_errors() {
     let dir = tempfile::tempdir().unwrap();

@@ -278,6 +278,9 @@ pub struct Connection {
     pto_base_us: u64,
     pto_count: u32,
     ping_pending: bool,
+    /// See [`Connection::keep_alive`]; and when its last PING was queued.
+    keep_alive: bool,
+    keep_alive_us: u64,
 
     ctrl_tx: CtrlSend,
     ctrl_rx: CtrlRecv,
@@ -391,6 +394,8 @@ impl Connection {
             pto_base_us: 0,
             pto_count: 0,
             ping_pending: false,
+            keep_alive: false,
+            keep_alive_us: 0,
             ctrl_tx: CtrlSend::default(),
             ctrl_rx: CtrlRecv::default(),
             outgoing: BTreeMap::new(),
@@ -1526,6 +1531,9 @@ impl Connection {
                 if let Some(d) = self.ack_deadline {
                     min(d);
                 }
+                if let Some(d) = self.keep_alive_due() {
+                    min(d);
+                }
                 if self.outstanding() {
                     min(self.pto_deadline());
                 }
@@ -1639,6 +1647,10 @@ impl Connection {
                 )),
             });
             return;
+        }
+        if self.keep_alive_due().is_some_and(|d| now_us >= d) {
+            self.ping_pending = true;
+            self.keep_alive_us = now_us;
         }
         if self.outstanding() && now_us >= self.pto_deadline() {
             self.ctrl_tx.rewind();
@@ -2020,6 +2032,21 @@ impl Connection {
     /// reads the blocks the receiver already has just to hash them.
     pub fn hash_sources_outside(&mut self) {
         self.external_hash = true;
+    }
+
+    /// While `on`, a PING goes out whenever the peer has been silent for an eighth of the
+    /// idle timeout, though nothing awaits an answer: the driver is busy with something the
+    /// peer will hear about (hashing a whole file for `--update`), and neither side's idle
+    /// timeout may end the session meanwhile. The peer's ACK keeps this side's alive.
+    pub fn keep_alive(&mut self, on: bool) {
+        self.keep_alive = on;
+    }
+
+    /// When the next keep-alive PING is due, if one is.
+    fn keep_alive_due(&self) -> Option<u64> {
+        let every = self.cfg.idle_timeout.as_micros() as u64 / 8;
+        self.keep_alive
+            .then(|| self.last_rx_us.max(self.keep_alive_us) + every)
     }
 
     /// Outgoing transfers whose every new block has gone out and whose hash is still

@@ -154,3 +154,113 @@ fn a_resumed_send_reads_only_what_is_missing_and_waits_for_the_drivers_hash() {
         "kept blocks were read by the sender"
     );
 }
+
+/// A client and a server session, established, moving datagrams between them at each step.
+struct Pair {
+    c: Connection,
+    ep: Endpoint,
+    cid: hayate_proto::wire::Cid,
+    now: Instant,
+}
+
+impl Pair {
+    fn new() -> Pair {
+        let t0 = Instant::now();
+        let psk = Psk::from_bytes([9; 32]);
+        let ep = Endpoint::with_rng(psk.clone(), Config::default(), t0, Rng::seeded(1));
+        let c = Connection::client_with_rng(
+            Config::default(),
+            &psk,
+            AddrFamily::V4,
+            t0,
+            &mut Rng::seeded(2),
+        );
+        let mut p = Pair {
+            c,
+            ep,
+            cid: Default::default(),
+            now: t0,
+        };
+        p.run(Duration::from_millis(100));
+        assert!(p.c.is_established() && p.server().is_established());
+        p
+    }
+
+    fn server(&mut self) -> &mut Connection {
+        self.ep.conn_mut(self.cid).expect("server session")
+    }
+
+    /// Runs `d` of virtual time in 10 ms steps; both sides' events are dropped.
+    fn run(&mut self, d: Duration) {
+        let addr = "192.0.2.1:4000".parse().unwrap();
+        let until = self.now + d;
+        let mut buf = vec![0u8; 1500];
+        while self.now < until {
+            self.now += Duration::from_millis(10);
+            let now = self.now;
+            if self.c.poll_timeout(now).is_some_and(|t| t <= now) {
+                self.c.handle_timeout(now);
+            }
+            while let Some(n) = self.c.poll_transmit(now, &mut buf, &mut Source::default()) {
+                let d = &mut buf[..n];
+                match self.ep.route(now, addr, d) {
+                    Route::NewConn(id, mut reply) => {
+                        self.cid = id;
+                        self.c
+                            .handle_datagram(now, &mut reply, &mut Sink::default());
+                    }
+                    Route::Conn(id) => {
+                        self.ep.handle(id, now, now, addr, d, &mut Sink::default());
+                    }
+                    _ => {}
+                }
+            }
+            while self.c.poll_event().is_some() {}
+            let Some(s) = self.ep.conn_mut(self.cid) else {
+                continue;
+            };
+            if s.poll_timeout(now).is_some_and(|t| t <= now) {
+                s.handle_timeout(now);
+            }
+            while s.poll_event().is_some() {}
+            while let Some(n) = s.poll_transmit(now, &mut buf, &mut Source::default()) {
+                self.c
+                    .handle_datagram(now, &mut buf[..n], &mut Sink::default());
+            }
+        }
+    }
+}
+
+/// Either side's driver may spend longer than the idle timeout on something the peer waits
+/// for (a whole-file hash for `--update`) while nothing is in flight: `keep_alive` keeps the
+/// session up, with a PING an eighth of the idle timeout into each silence, not a stream
+/// of them. Without it the silent session ends.
+#[test]
+fn keep_alive_outlasts_the_idle_timeout_on_either_side() {
+    for server_side in [false, true] {
+        let mut p = Pair::new();
+        let pings = |p: &mut Pair| p.c.stats().pings_sent + p.server().stats().pings_sent;
+        let before = pings(&mut p);
+        if server_side {
+            p.server().keep_alive(true);
+        } else {
+            p.c.keep_alive(true);
+        }
+        p.run(Duration::from_secs(40));
+        assert!(p.c.is_established(), "server side {server_side}");
+        assert!(p.server().is_established(), "server side {server_side}");
+        let sent = pings(&mut p) - before;
+        // Every 1.875 s of the default 15 s: about 21 in 40 s.
+        assert!((15..=30).contains(&sent), "{sent} pings in 40 s");
+        if server_side {
+            p.server().keep_alive(false);
+        } else {
+            p.c.keep_alive(false);
+        }
+        p.run(Duration::from_secs(20));
+        assert!(
+            !p.c.is_established(),
+            "a silent session outlived the timeout"
+        );
+    }
+}

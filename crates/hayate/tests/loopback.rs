@@ -1458,6 +1458,80 @@ fn the_summary_line_rates_what_moved_and_shows_the_rest_apart() {
     assert!(line.ends_with(" s, nothing to copy"), "{line}");
 }
 
+/// A `-u` download compares the far side's hash with the local file's: identical is
+/// skipped (nothing moves), the same size with other bytes is copied.
+#[test]
+fn update_download_skips_an_identical_file_and_copies_a_changed_one() {
+    let fx = Fx::new();
+    let (served, local) = (fx.root.join("f.bin"), fx.local.join("f.bin"));
+    let want = write_random(&served, 3 << 20, 1);
+    write_random(&local, 3 << 20, 1);
+    let r = fx.cp(&["-u".into(), "--json".into(), fx.url("f.bin"), s(&local)]);
+    r.assert_ok();
+    let j = r.json();
+    assert_eq!(j["skipped"], 1, "{j}");
+    let f = &j["files"][0];
+    assert_eq!(
+        f["skipped"], "identical at the destination (--update)",
+        "{j}"
+    );
+    assert_eq!(f["moved_bytes"], 0, "{j}");
+    assert_eq!(f["blake3"].as_str(), Some(hex(&want).as_str()), "{j}");
+    assert_eq!(hash_file(&local), want);
+
+    let changed = write_random(&served, 3 << 20, 2);
+    let r = fx.cp(&["-u".into(), "--json".into(), fx.url("f.bin"), s(&local)]);
+    r.assert_ok();
+    assert_eq!(r.json()["skipped"], 0, "{}", r.stdout);
+    assert_eq!(hash_file(&local), changed);
+    assert_eq!(part_files(&fx.local), Vec::<String>::new());
+}
+
+/// `-u` has the server hash the whole file it serves before offering it: a minute for
+/// 100 GB. Its other sessions go on meanwhile: a second client's whole copy, handshake
+/// included, is done while the first still waits for its offer. (A loop that hashed kept it
+/// from even connecting: "no answer from the server within 5 s".)
+#[test]
+fn a_big_update_hash_on_the_server_does_not_hold_up_another_client() {
+    let fx = Fx::new();
+    // Sparse: nothing written, no disk used; hashed as fast as the CPU goes, ~3 GB/s here,
+    // and abandoned when the test ends (only what was hashed by then is read).
+    let size = 64u64 << 30;
+    fs::File::create(fx.root.join("big.bin"))
+        .unwrap()
+        .set_len(size)
+        .unwrap();
+    let small = fx.local.join("small.bin");
+    let small_hash = write_random(&small, 64 << 10, 3);
+    let local = fx.local.join("big.bin");
+    let mut cmd = hayate();
+    cmd.args(["cp", "--key-file", &s(&fx.key), "-u"]);
+    cmd.args([fx.url("big.bin"), s(&local)]);
+    let mut big = spawn_cmd(&mut cmd);
+    assert!(
+        eventually(Duration::from_secs(10), || fx
+            .srv
+            .log
+            .contains("established")),
+        "the -u download never connected:\n{}",
+        fx.srv.log.text()
+    );
+    // Its request follows the handshake by a round trip: the server is hashing by now.
+    std::thread::sleep(Duration::from_millis(200));
+    let r = fx.cp(&[s(&small), fx.url("small.bin")]);
+    r.assert_ok();
+    assert_eq!(hash_file(&fx.root.join("small.bin")), small_hash);
+    // The offer, and with it the client's temp file, comes only once the hash is done.
+    let part = fx.local.join(".big.bin.hayate-part");
+    assert!(
+        !big.try_finished() && !part.exists(),
+        "the -u download got its offer before the small copy ({:?}) was done",
+        r.elapsed
+    );
+    signal(big.pid(), libc::SIGKILL);
+    let _ = big.wait(Duration::from_secs(10));
+}
+
 #[test]
 fn remote_glob_from_a_daemon_stays_beneath_the_root() {
     let fx = Fx::new();

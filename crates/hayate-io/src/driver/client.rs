@@ -20,7 +20,7 @@ use super::resume::{resumable, save_progress};
 use super::{dest_mode, systime, StopFlag};
 use crate::fs::{self, create_local_part, EntryKind, FsError, PartFile, Root, SourceFile};
 use crate::udp::UdpSocket;
-use crate::verify::{Landing, Sending};
+use crate::verify::{Landing, Sending, WholeHash};
 
 /// Transfers in flight at once; more are queued (bounds open files and state).
 const MAX_ACTIVE: usize = 64;
@@ -226,11 +226,35 @@ struct Active {
     no_space: bool,
     /// Why writing this download's destination failed here, if it did.
     write_error: Option<String>,
+    /// A download offered with `--update` over a local file of its size: skipped if that
+    /// file hashes to the far side's hash (the first), else accepted.
+    compare: Option<([u8; 32], WholeHash)>,
+}
+
+/// An upload's source, opened: offered at once, or with `--update` once it is hashed.
+struct Upload {
+    idx: usize,
+    /// What is hashed is what is then sent (the same open file), and a change while it is
+    /// hashed is caught as one while it is sent.
+    src: SourceFile,
+    mode: u32,
+    mtime: i64,
+    /// The offer's flags.
+    flags: u32,
 }
 
 #[derive(Default)]
 struct Files {
     act: HashMap<XferId, Active>,
+    /// Uploads with `--update` whose source the workers are hashing, in the order started.
+    hashing: Vec<(Upload, WholeHash)>,
+}
+
+impl Files {
+    /// Whether a whole-file hash for `--update` holds up one of the transfers.
+    fn hashing(&self) -> bool {
+        !self.hashing.is_empty() || self.act.values().any(|a| a.compare.is_some())
+    }
 }
 
 impl BlockSource for Files {
@@ -285,6 +309,101 @@ fn give_source_hashes(conn: &mut Connection, files: &mut Files) -> bool {
         }
     }
     !conn.sources_awaiting_hash().is_empty()
+}
+
+/// Goes on with the `--update` transfers whose whole-file hash the workers have finished: an
+/// upload is offered with its source's hash; a download skipped if the local file is the
+/// same, else accepted.
+fn settle_update_hashes(
+    conn: &mut Connection,
+    files: &mut Files,
+    s: &mut Session<'_>,
+    ui: &mut dyn Ui,
+) {
+    let mut i = 0;
+    while i < files.hashing.len() {
+        let Some(r) = files.hashing[i].1.poll() else {
+            i += 1;
+            continue;
+        };
+        let (up, _) = files.hashing.remove(i);
+        match r.and_then(|h| up.src.check().map(|()| h)) {
+            Ok(h) => {
+                if let Some((x, a)) = s.offer_upload(conn, up, Some(*h.as_bytes())) {
+                    files.act.insert(x, a);
+                }
+            }
+            Err(e) => {
+                if s.retry_changed_source(up.idx, &e) {
+                    let path = s.results[up.idx].local.display().to_string();
+                    ui.note(&format!("{path}: {e}: sending it again from the start"));
+                } else {
+                    s.results[up.idx].error = Some(e);
+                }
+            }
+        }
+    }
+    let decided: Vec<(XferId, bool)> = files
+        .act
+        .iter_mut()
+        .filter_map(|(x, a)| {
+            let (want, hash) = a.compare.as_mut()?;
+            let r = hash.poll()?;
+            Some((*x, r.is_ok_and(|h| h.as_bytes() == want)))
+        })
+        .collect();
+    for (xfer, same) in decided {
+        let a = files.act.get_mut(&xfer).expect("listed");
+        let (want, _) = a.compare.take().expect("compared");
+        if same {
+            let r = &mut s.results[a.idx];
+            r.skipped = Some("identical at the destination (--update)".into());
+            r.blake3 = Some(hex(&want));
+            conn.skip(xfer, "identical");
+            files.act.remove(&xfer);
+        } else if !accept_download(conn, s, xfer, a) {
+            files.act.remove(&xfer);
+        }
+    }
+}
+
+/// Accepts download `xfer` into a temp file (resuming what an earlier run left there), or
+/// standard output; false if that failed (said in its result: the transfer is over).
+fn accept_download(
+    conn: &mut Connection,
+    s: &mut Session<'_>,
+    xfer: XferId,
+    a: &mut Active,
+) -> bool {
+    let stdout = s.stdout;
+    let r = &mut s.results[a.idx];
+    let bs = conn.block_size() as u64;
+    let (size, mtime) = (a.size, a.mtime);
+    let part = if stdout {
+        PartFile::stdout(size)
+    } else {
+        create_local_part(&r.local, size)
+    };
+    let started = part.and_then(|mut p| {
+        let have = resumable(&p, size, mtime, bs);
+        let landing = Landing::start(&mut p, size, &have, bs)
+            .map_err(|e| FsError::Io(r.local.display().to_string(), e))?;
+        Ok((p, have, landing))
+    });
+    match started {
+        Ok((p, have, landing)) => {
+            r.resumed_bytes = have_bytes(&have, bs, size);
+            a.part = Some(p);
+            a.landing = Some(landing);
+            conn.accept(xfer, &have);
+            true
+        }
+        Err(e) => {
+            r.error = Some(e.to_string());
+            conn.reject(xfer, &format!("client cannot write: {e}"));
+            false
+        }
+    }
 }
 
 /// Gives the verdict on every download whose blocks have all landed and whose hash the
@@ -976,8 +1095,9 @@ impl<'a> Session<'a> {
         self.local = Some(local);
     }
 
-    /// Starts the transfer of `results[i]`; None if it finished at once (error, skip).
-    fn start_file(&mut self, conn: &mut Connection, i: usize) -> Option<(XferId, Active)> {
+    /// Starts the transfer of `results[i]` (into `files`), unless it finished at once (an
+    /// error, a skip).
+    fn start_file(&mut self, conn: &mut Connection, files: &mut Files, i: usize) {
         let r = &mut self.results[i];
         let fl = self.opts_flags;
         if r.upload {
@@ -993,35 +1113,13 @@ impl<'a> Session<'a> {
                 Ok(x) => x,
                 Err(e) => {
                     r.error = Some(e);
-                    return None;
+                    return;
                 }
             };
             self.bytes_total = self.bytes_total - r.bytes + m.len();
             r.bytes = m.len();
-            let hash = if fl & flags::UPDATE != 0 {
-                match fs::hash_file(&f) {
-                    Ok(h) => Some(*h.as_bytes()),
-                    Err(e) => {
-                        r.error = Some(e.to_string());
-                        return None;
-                    }
-                }
-            } else {
-                None
-            };
             let into_dir = if self.into_dir { flags::INTO_DIR } else { 0 };
             let no_resume = if stdin.is_some() { flags::NO_RESUME } else { 0 };
-            // Standard input's spool file is 0600 and new: the far side makes the file as a
-            // new file is made there (0666 less its umask).
-            let mode = if stdin.is_some() { 0o666 } else { m.mode() };
-            let x = conn.send_file_ext(&FileOffer {
-                path: &r.remote,
-                size: m.len(),
-                mode,
-                mtime: m.mtime(),
-                flags: fl | into_dir | no_resume,
-                hash,
-            });
             let source = SourceFile::new(f, m.len());
             // The spool file has no name to watch; nothing else writes to it.
             let watched = if stdin.is_some() {
@@ -1032,40 +1130,40 @@ impl<'a> Session<'a> {
                     Box::new(move || std::fs::metadata(&path).map(|m| (m.dev(), m.ino())))
                 })
             };
-            let sending = match Sending::new(watched) {
-                Ok(s) => s,
-                Err(e) => {
-                    r.error = Some(format!("cannot read {}: {e}", r.local.display()));
-                    conn.fail_source(x, &e.to_string());
-                    return None;
-                }
+            let up = Upload {
+                idx: i,
+                src: watched,
+                // Standard input's spool file is 0600 and new: the far side makes the file
+                // as a new file is made there (0666 less its umask).
+                mode: if stdin.is_some() { 0o666 } else { m.mode() },
+                mtime: m.mtime(),
+                flags: fl | into_dir | no_resume,
             };
-            Some((
-                x,
-                Active {
-                    idx: i,
-                    upload: true,
-                    size: m.len(),
-                    mode,
-                    mtime: m.mtime(),
-                    file: Some(sending),
-                    part: None,
-                    landing: None,
-                    saved: None,
-                    no_space: false,
-                    write_error: None,
-                },
-            ))
+            if fl & flags::UPDATE == 0 {
+                if let Some((x, a)) = self.offer_upload(conn, up, None) {
+                    files.act.insert(x, a);
+                }
+                return;
+            }
+            // The offer carries the hash: the workers compute it, the loop goes on meanwhile
+            // (`settle_update_hashes`).
+            match up.src.try_clone_file() {
+                Ok(f) => {
+                    let hash = WholeHash::start(f, up.src.size());
+                    files.hashing.push((up, hash));
+                }
+                Err(e) => r.error = Some(e.to_string()),
+            }
         } else {
             if fl & flags::NO_CLOBBER != 0
                 && !self.stdout
                 && std::fs::symlink_metadata(&r.local).is_ok()
             {
                 r.skipped = Some("destination exists (--no-clobber)".into());
-                return None;
+                return;
             }
             let x = conn.request_ext(&r.remote, fl & (flags::UPDATE | flags::PRESERVE));
-            Some((
+            files.act.insert(
                 x,
                 Active {
                     idx: i,
@@ -1079,9 +1177,54 @@ impl<'a> Session<'a> {
                     saved: None,
                     no_space: false,
                     write_error: None,
+                    compare: None,
                 },
-            ))
+            );
         }
+    }
+
+    /// Offers upload `up` (with its hash for `--update`); the transfer if it started.
+    fn offer_upload(
+        &mut self,
+        conn: &mut Connection,
+        up: Upload,
+        hash: Option<[u8; 32]>,
+    ) -> Option<(XferId, Active)> {
+        let r = &mut self.results[up.idx];
+        let size = up.src.size();
+        let x = conn.send_file_ext(&FileOffer {
+            path: &r.remote,
+            size,
+            mode: up.mode,
+            mtime: up.mtime,
+            flags: up.flags,
+            hash,
+        });
+        let sending = match Sending::new(up.src) {
+            Ok(s) => s,
+            Err(e) => {
+                r.error = Some(format!("cannot read {}: {e}", r.local.display()));
+                conn.fail_source(x, &e.to_string());
+                return None;
+            }
+        };
+        Some((
+            x,
+            Active {
+                idx: up.idx,
+                upload: true,
+                size,
+                mode: up.mode,
+                mtime: up.mtime,
+                file: Some(sending),
+                part: None,
+                landing: None,
+                saved: None,
+                no_space: false,
+                write_error: None,
+                compare: None,
+            },
+        ))
     }
 
     /// Directory modes and mtimes, deepest first, once every file is in place.
@@ -1314,43 +1457,18 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
                     a.mode = mode;
                     a.mtime = mtime;
                     if let Some(want) = hash.filter(|_| fl & flags::UPDATE != 0 && !s.stdout) {
-                        let same = File::open(&r.local)
+                        let local = File::open(&r.local)
                             .ok()
-                            .filter(|f| f.metadata().is_ok_and(|m| m.is_file() && m.len() == size))
-                            .and_then(|f| fs::hash_file(&f).ok())
-                            .is_some_and(|h| *h.as_bytes() == want);
-                        if same {
-                            r.skipped = Some("identical at the destination (--update)".into());
-                            r.blake3 = Some(hex(&want));
-                            conn.skip(xfer, "identical");
-                            files.act.remove(&xfer);
+                            .filter(|f| f.metadata().is_ok_and(|m| m.is_file() && m.len() == size));
+                        if let Some(f) = local {
+                            // Hashed by the workers, the loop going on meanwhile
+                            // (`settle_update_hashes`).
+                            a.compare = Some((want, WholeHash::start(f, size)));
                             continue;
                         }
                     }
-                    let bs = conn.block_size() as u64;
-                    let part = if s.stdout {
-                        PartFile::stdout(size)
-                    } else {
-                        create_local_part(&r.local, size)
-                    };
-                    let started = part.and_then(|mut p| {
-                        let have = resumable(&p, size, mtime, bs);
-                        let landing = Landing::start(&mut p, size, &have, bs)
-                            .map_err(|e| FsError::Io(r.local.display().to_string(), e))?;
-                        Ok((p, have, landing))
-                    });
-                    match started {
-                        Ok((p, have, landing)) => {
-                            r.resumed_bytes = have_bytes(&have, bs, size);
-                            a.part = Some(p);
-                            a.landing = Some(landing);
-                            conn.accept(xfer, &have);
-                        }
-                        Err(e) => {
-                            r.error = Some(e.to_string());
-                            conn.reject(xfer, &format!("client cannot write: {e}"));
-                            files.act.remove(&xfer);
-                        }
+                    if !accept_download(&mut conn, &mut s, xfer, a) {
+                        files.act.remove(&xfer);
                     }
                 }
                 Event::IncomingComplete { xfer, blake3 } => {
@@ -1452,19 +1570,27 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
             }
         }
 
+        settle_update_hashes(&mut conn, &mut files, &mut s, ui);
         // Start queued transfers while there is room: here, after the events that queue
         // them (the session up, a listing answered, a transfer done), so their offers and
         // first data go out in this pass, not after the next wake-up (up to 100 ms later).
-        while started && files.act.len() < MAX_ACTIVE && session_error.is_none() {
+        while started
+            && files.act.len() + files.hashing.len() < MAX_ACTIVE
+            && session_error.is_none()
+        {
             let Some(i) = s.queue.pop_front() else {
                 break;
             };
-            if let Some((x, a)) = s.start_file(&mut conn, i) {
-                files.act.insert(x, a);
-            }
+            s.start_file(&mut conn, &mut files, i);
         }
+        // The far side may hear nothing else while a big file is hashed here.
+        conn.keep_alive(files.hashing());
 
-        let idle = started && files.act.is_empty() && s.queue.is_empty() && s.pending.is_empty();
+        let idle = started
+            && files.act.is_empty()
+            && files.hashing.is_empty()
+            && s.queue.is_empty()
+            && s.pending.is_empty();
         if idle && !s.dirs_sent && session_error.is_none() {
             s.finish_dirs(&mut conn);
         }
@@ -1557,6 +1683,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
             .values()
             .any(|a| a.landing.as_ref().is_some_and(Landing::verifying))
             || hashing
+            || files.hashing()
         {
             // The hashing threads do not wake this loop: look again soon.
             next = next.min(now + Duration::from_millis(2));
@@ -1607,6 +1734,9 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
         if let Some(p) = a.part {
             p.abandon();
         }
+    }
+    for (up, _) in files.hashing.drain(..) {
+        s.results[up.idx].error.get_or_insert_with(|| why.clone());
     }
     for i in std::mem::take(&mut s.queue) {
         s.results[i].error.get_or_insert_with(|| why.clone());

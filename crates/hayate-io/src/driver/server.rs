@@ -20,9 +20,9 @@ use hayate_proto::{
 use super::link::{Links, StreamLink};
 use super::resume::{resumable, save_progress};
 use super::{dest_mode, systime, CcTrace, StopFlag};
-use crate::fs::{self, Entry, EntryKind, FsError, PartFile, Root, SourceFile};
+use crate::fs::{Entry, EntryKind, FsError, PartFile, Root, SourceFile};
 use crate::udp::UdpSocket;
-use crate::verify::{Landing, Sending};
+use crate::verify::{Landing, Sending, WholeHash};
 
 /// Most entries one listing may return (a runaway tree is an error, not an OOM).
 const MAX_LIST: usize = 4_000_000;
@@ -65,11 +65,53 @@ struct Incoming {
     landing: Landing,
 }
 
+/// An upload as offered.
+struct Upload {
+    path: String,
+    size: u64,
+    mode: u32,
+    mtime: i64,
+    flags: u32,
+}
+
+/// A file asked for, opened to be sent.
+struct Download {
+    path: String,
+    /// With `--update` its hash is taken through this same open file before it is offered:
+    /// what is hashed is what is sent, and a change meanwhile is caught as one while sent.
+    src: SourceFile,
+    mode: u32,
+    mtime: i64,
+    flags: u32,
+}
+
+/// An upload offered with `--update` over a file of the same size: skipped if that file
+/// hashes to the sender's hash, else received.
+struct Deciding {
+    up: Upload,
+    /// Opened (and its name held against other uploads) before the decision, as for any
+    /// upload.
+    part: PartFile,
+    want: [u8; 32],
+    hash: WholeHash,
+}
+
 /// The files one session is reading and writing.
 #[derive(Default)]
 struct SessionFiles {
     out: HashMap<XferId, Sending>,
     inc: HashMap<XferId, Incoming>,
+    /// Downloads asked for with `--update`, offered with their hash once the workers have it.
+    offering: HashMap<XferId, (Download, WholeHash)>,
+    /// Uploads offered with `--update`, received or skipped once the file there is hashed.
+    deciding: HashMap<XferId, Deciding>,
+}
+
+impl SessionFiles {
+    /// Whether a whole-file hash for `--update` holds up one of its transfers.
+    fn hashing(&self) -> bool {
+        !self.offering.is_empty() || !self.deciding.is_empty()
+    }
 }
 
 impl BlockSource for SessionFiles {
@@ -116,6 +158,40 @@ fn give_source_hashes(c: &mut Connection, f: &mut SessionFiles) -> bool {
         }
     }
     !c.sources_awaiting_hash().is_empty()
+}
+
+/// Goes on with the `--update` downloads and uploads whose whole-file hash the workers have
+/// finished: the download is offered with its hash (or refused if it cannot be read); the
+/// upload skipped if the file there is the same, else received.
+fn settle_update_hashes(c: &mut Connection, f: &mut SessionFiles) {
+    let offers: Vec<(XferId, Result<blake3::Hash, String>)> = f
+        .offering
+        .iter_mut()
+        .filter_map(|(x, (_, h))| Some((*x, h.poll()?)))
+        .collect();
+    for (xfer, r) in offers {
+        let (d, _) = f.offering.remove(&xfer).expect("listed");
+        match r.and_then(|h| d.src.check().map(|()| h)) {
+            Ok(h) => offer_download(c, f, xfer, d, Some(h)),
+            Err(e) => c.reject(xfer, &format!("{}: {e}", d.path)),
+        }
+    }
+    let decided: Vec<(XferId, bool)> = f
+        .deciding
+        .iter_mut()
+        .filter_map(|(x, d)| {
+            let r = d.hash.poll()?;
+            Some((*x, r.is_ok_and(|h| *h.as_bytes() == d.want)))
+        })
+        .collect();
+    for (xfer, same) in decided {
+        let d = f.deciding.remove(&xfer).expect("listed");
+        if same {
+            skip_upload(c, xfer, d.part, "identical at the destination (--update)");
+        } else {
+            accept_upload(c, f, xfer, d.part, d.up);
+        }
+    }
 }
 
 /// Gives the verdict on every upload whose blocks have all landed and whose hash the workers
@@ -357,7 +433,10 @@ impl Server {
                     }
                 }
                 settle_verified(c, f, addr, log);
-                let hashing = give_source_hashes(c, f);
+                settle_update_hashes(c, f);
+                // The peer may hear nothing else while a big file is hashed.
+                c.keep_alive(f.hashing());
+                let hashing = give_source_hashes(c, f) || f.hashing();
                 if hashing || f.inc.values().any(|i| i.landing.verifying()) {
                     // The hashing threads do not wake this loop: look again soon.
                     next = next.min(now + VERIFY_POLL);
@@ -445,6 +524,22 @@ impl Server {
                 .filter(|(_, i)| norm(&i.path) == want)
                 .map(|(x, _)| *x)
                 .collect();
+            let undecided: Vec<XferId> = f
+                .deciding
+                .iter()
+                .filter(|(_, d)| norm(&d.up.path) == want)
+                .map(|(x, _)| *x)
+                .collect();
+            for x in undecided {
+                if let Some(d) = f.deciding.remove(&x) {
+                    log(&format!(
+                        "{}: superseded by a newer upload of the same file",
+                        d.up.path
+                    ));
+                    drop_undecided(d.part);
+                    c.reject(x, "superseded by a newer upload of the same file");
+                }
+            }
             for x in old {
                 if let Some(mut inc) = f.inc.remove(&x) {
                     inc.saved = None;
@@ -491,6 +586,9 @@ impl Server {
 }
 
 fn abandon(f: SessionFiles, log: Log<'_>) {
+    for (_, d) in f.deciding {
+        drop_undecided(d.part);
+    }
     for (_, inc) in f.inc {
         if inc.part.in_place() {
             log(&format!(
@@ -567,7 +665,7 @@ fn on_event(
             flags,
             hash,
         } => {
-            let mut part = match open_part(root, path, size, retry) {
+            let part = match open_part(root, path, size, retry) {
                 Ok(p) => p,
                 Err(FsError::Busy(_)) if !retry => return Some(ev),
                 Err(e) => {
@@ -576,82 +674,62 @@ fn on_event(
                     return None;
                 }
             };
-            let path = path.clone();
-            if let Some(reason) = skip_reason(root, &path, &part, size, flags, hash) {
-                c.skip(xfer, &reason);
-                if part.existing_len() == 0 {
-                    part.discard();
-                } else {
-                    part.abandon();
+            let up = Upload {
+                path: path.clone(),
+                size,
+                mode,
+                mtime,
+                flags,
+            };
+            match skip_reason(root, &up.path, &part, size, flags, hash) {
+                Skip::No => accept_upload(c, f, xfer, part, up),
+                Skip::Yes(reason) => skip_upload(c, xfer, part, &reason),
+                // Hashed by the workers: the loop goes on meanwhile (`settle_update_hashes`).
+                Skip::IfSame(file, want) => {
+                    let hash = WholeHash::start(file, size);
+                    f.deciding.insert(
+                        xfer,
+                        Deciding {
+                            up,
+                            part,
+                            want,
+                            hash,
+                        },
+                    );
                 }
-                return None;
             }
-            let have = if flags & flags::NO_RESUME != 0 {
-                Vec::new()
-            } else {
-                resumable(&part, size, mtime, c.block_size() as u64)
-            };
-            let landing = match Landing::start(&mut part, size, &have, c.block_size() as u64) {
-                Ok(l) => l,
-                Err(e) => {
-                    c.reject(xfer, &format!("{path}: {e}"));
-                    part.abandon();
-                    return None;
-                }
-            };
-            let placed = (flags & flags::INTO_DIR != 0).then(|| path.clone());
-            f.inc.insert(
-                xfer,
-                Incoming {
-                    part,
-                    path,
-                    size,
-                    mode,
-                    mtime,
-                    flags,
-                    saved: None,
-                    no_space: false,
-                    landing,
-                },
-            );
-            c.accept_at(xfer, &have, placed.as_deref());
         }
         Event::GetRequested { xfer, path, flags } => match root.open_read(&path) {
             Ok((file, meta)) => {
-                let hash = if flags & flags::UPDATE != 0 {
-                    match fs::hash_file(&file) {
-                        Ok(h) => Some(*h.as_bytes()),
-                        Err(e) => {
-                            c.reject(xfer, &format!("{path}: {e}"));
-                            return None;
-                        }
-                    }
-                } else {
-                    None
-                };
-                c.offer_ext(
-                    xfer,
-                    &FileOffer {
-                        path: &path,
-                        size: meta.len(),
-                        mode: meta.mode(),
-                        mtime: meta.mtime(),
-                        flags,
-                        hash,
-                    },
-                );
                 let src = SourceFile::new(file, meta.len());
                 let src = match root.try_clone() {
-                    Ok(r) => src.watch(Box::new(move || {
-                        r.identity(&path).map_err(std::io::Error::other)
-                    })),
+                    Ok(r) => {
+                        let path = path.clone();
+                        src.watch(Box::new(move || {
+                            r.identity(&path).map_err(std::io::Error::other)
+                        }))
+                    }
                     Err(_) => src,
                 };
-                match Sending::new(src) {
-                    Ok(s) => {
-                        f.out.insert(xfer, s);
+                let d = Download {
+                    path,
+                    src,
+                    mode: meta.mode(),
+                    mtime: meta.mtime(),
+                    flags,
+                };
+                if flags & flags::UPDATE == 0 {
+                    offer_download(c, f, xfer, d, None);
+                    return None;
+                }
+                // The offer carries the hash: the workers compute it, the loop goes on
+                // meanwhile (`settle_update_hashes`).
+                match d.src.try_clone_file() {
+                    Ok(file) => {
+                        let hash = WholeHash::start(file, d.src.size());
+                        f.offering.insert(xfer, (d, hash));
                     }
-                    Err(e) => c.fail_source(xfer, &e.to_string()),
+                    Err(e) => c.reject(xfer, &format!("{}: {e}", d.path)),
                 }
             }
             Err(e) => {
@@ -692,6 +770,10 @@ fn on_event(
             settle_verified(c, f, addr, log);
         }
         Event::IncomingFailed { xfer, reason } => {
+            if let Some(d) = f.deciding.remove(&xfer) {
+                log(&format!("{addr}: upload {} failed: {reason}", d.up.path));
+                drop_undecided(d.part);
+            }
             if let Some(mut inc) = f.inc.remove(&xfer) {
                 log(&format!("{addr}: upload {} failed: {reason}", inc.path));
                 if inc.no_space {
@@ -712,6 +794,10 @@ fn on_event(
         }
         Event::Rejected { xfer, reason } => {
             f.out.remove(&xfer);
+            f.offering.remove(&xfer);
+            if let Some(d) = f.deciding.remove(&xfer) {
+                drop_undecided(d.part);
+            }
             if let Some(mut inc) = f.inc.remove(&xfer) {
                 save_state(c, xfer, &mut inc);
                 inc.part.abandon();
@@ -739,13 +825,26 @@ fn on_event(
                 save_state(c, x, &mut inc);
                 inc.part.abandon();
             }
+            for (_, d) in f.deciding.drain() {
+                drop_undecided(d.part);
+            }
             f.out.clear();
+            f.offering.clear();
         }
     }
     None
 }
 
-/// Why an offered file need not be received at all (`--no-clobber`, `--update`).
+/// Whether an offered file is received (see [`skip_reason`]).
+pub(crate) enum Skip {
+    No,
+    /// Not at all, for this reason.
+    Yes(String),
+    /// Not if this file, the one at the destination, hashes to this (`--update`).
+    IfSame(std::fs::File, [u8; 32]),
+}
+
+/// Whether an offered file need not be received at all (`--no-clobber`, `--update`).
 pub(crate) fn skip_reason(
     root: &Root,
     path: &str,
@@ -753,22 +852,106 @@ pub(crate) fn skip_reason(
     size: u64,
     flags: u32,
     hash: Option<[u8; 32]>,
-) -> Option<String> {
+) -> Skip {
     if flags & (flags::NO_CLOBBER | flags::UPDATE) == 0 {
-        return None;
+        return Skip::No;
     }
-    let existing = part.final_exists()?;
+    let Some(existing) = part.final_exists() else {
+        return Skip::No;
+    };
     if flags & flags::NO_CLOBBER != 0 {
-        return Some("destination exists (--no-clobber)".into());
+        return Skip::Yes("destination exists (--no-clobber)".into());
     }
-    let want = hash?;
+    let Some(want) = hash else {
+        return Skip::No;
+    };
     if existing.kind != EntryKind::File || existing.size != size {
-        return None;
+        return Skip::No;
     }
-    let same = root
-        .open_read(path)
-        .ok()
-        .and_then(|(f, _)| fs::hash_file(&f).ok())
-        .is_some_and(|h| *h.as_bytes() == want);
-    same.then(|| "identical at the destination (--update)".into())
+    match root.open_read(path) {
+        Ok((file, meta)) if meta.len() == size => Skip::IfSame(file, want),
+        _ => Skip::No,
+    }
+}
+
+/// Declines an upload on purpose; its temp file goes unless an earlier run left it.
+fn skip_upload(c: &mut Connection, xfer: XferId, part: PartFile, reason: &str) {
+    c.skip(xfer, reason);
+    drop_undecided(part);
+}
+
+/// A temp file opened for an upload that never started: removed if this run created it,
+/// kept (with its resume state) if an earlier one left it.
+fn drop_undecided(part: PartFile) {
+    if part.existing_len() == 0 {
+        part.discard();
+    } else {
+        part.abandon();
+    }
+}
+
+/// Receives an upload into its temp file, resuming what an earlier run left there.
+fn accept_upload(
+    c: &mut Connection,
+    f: &mut SessionFiles,
+    xfer: XferId,
+    mut part: PartFile,
+    up: Upload,
+) {
+    let have = if up.flags & flags::NO_RESUME != 0 {
+        Vec::new()
+    } else {
+        resumable(&part, up.size, up.mtime, c.block_size() as u64)
+    };
+    let landing = match Landing::start(&mut part, up.size, &have, c.block_size() as u64) {
+        Ok(l) => l,
+        Err(e) => {
+            c.reject(xfer, &format!("{}: {e}", up.path));
+            part.abandon();
+            return;
+        }
+    };
+    let placed = (up.flags & flags::INTO_DIR != 0).then(|| up.path.clone());
+    f.inc.insert(
+        xfer,
+        Incoming {
+            part,
+            path: up.path,
+            size: up.size,
+            mode: up.mode,
+            mtime: up.mtime,
+            flags: up.flags,
+            saved: None,
+            no_space: false,
+            landing,
+        },
+    );
+    c.accept_at(xfer, &have, placed.as_deref());
+}
+
+/// Sends a file asked for, offering it (with its hash for `--update`).
+fn offer_download(
+    c: &mut Connection,
+    f: &mut SessionFiles,
+    xfer: XferId,
+    d: Download,
+    hash: Option<blake3::Hash>,
+) {
+    c.offer_ext(
+        xfer,
+        &FileOffer {
+            path: &d.path,
+            size: d.src.size(),
+            mode: d.mode,
+            mtime: d.mtime,
+            flags: d.flags,
+            hash: hash.map(|h| *h.as_bytes()),
+        },
+    );
+    match Sending::new(d.src) {
+        Ok(s) => {
+            f.out.insert(xfer, s);
+        }
+        Err(e) => c.fail_source(xfer, &e.to_string()),
+    }
 }
