@@ -92,6 +92,9 @@ fn run(job: Job) {
                 Some(at) => file.write_all_at(&buf, at),
                 None => (&*file).write_all(&buf),
             };
+            // Before anyone learns the write is done: a drained file must be closable (its
+            // lock released) once its owner drops it.
+            drop(file);
             let mut s = state.state.lock().expect("write state");
             s.queued -= buf.len();
             if let Err(e) = r {
