@@ -1572,7 +1572,6 @@ impl Connection {
                 .outgoing
                 .values()
                 .any(|o| o.ready && o.hash.is_none() && o.peek_new().is_none())
-            || !self.pending_gets.is_empty()
     }
 
     fn has_data_to_send(&self) -> bool {
@@ -2043,9 +2042,13 @@ impl Connection {
     }
 
     /// When the next keep-alive PING is due, if one is.
+    /// Also while a download has been asked for and not answered: the request itself is
+    /// retransmitted until acknowledged (the control stream), but the server may take long
+    /// to answer (hashing for `--update`), and probing at the RTT's pace meanwhile would
+    /// be a storm of pings.
     fn keep_alive_due(&self) -> Option<u64> {
         let every = self.cfg.idle_timeout.as_micros() as u64 / 8;
-        self.keep_alive
+        (self.keep_alive || !self.pending_gets.is_empty())
             .then(|| self.last_rx_us.max(self.keep_alive_us) + every)
     }
 

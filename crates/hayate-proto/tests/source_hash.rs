@@ -264,3 +264,19 @@ fn keep_alive_outlasts_the_idle_timeout_on_either_side() {
         );
     }
 }
+
+/// A download asked for and not yet answered (the server hashes for `--update`, keeping the
+/// session alive): the client waits at the keep-alive's pace, not probing every round trip.
+#[test]
+fn an_unanswered_get_waits_without_a_storm_of_pings() {
+    let mut p = Pair::new();
+    p.server().keep_alive(true);
+    let before = p.c.stats().pings_sent;
+    // The server's driver drops the request's event: it never answers.
+    p.c.request("big.bin");
+    p.run(Duration::from_secs(10));
+    assert!(p.c.is_established() && p.server().is_established());
+    let sent = p.c.stats().pings_sent - before;
+    // At most one per 1.875 s of silence, and the server's pings answer some silences.
+    assert!(sent <= 8, "{sent} pings in 10 s");
+}
