@@ -1282,6 +1282,16 @@ impl PartFile {
     /// Closes the temp file and leaves it (and its resume state) in place for a later resume.
     pub fn abandon(self) {}
 
+    /// Drops a temp file no data of this run went into: removed if this run made it (it
+    /// holds nothing, and may hold reserved space), kept if it holds an earlier run's bytes.
+    pub fn drop_unstarted(self) {
+        if self.existing_len == 0 {
+            self.discard();
+        } else {
+            self.abandon();
+        }
+    }
+
     /// Removes the temp file and its resume state (after a failed verification).
     pub fn discard(mut self) {
         // Writes still queued land in the unlinked file (its handle is the writer's), never

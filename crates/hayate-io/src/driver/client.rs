@@ -15,6 +15,7 @@ use hayate_proto::crypto::Psk;
 use hayate_proto::wire::AddrFamily;
 use hayate_proto::{BlockSink, BlockSource, Config, Connection, Event, FileOffer, Stats, XferId};
 
+use super::engine::{self, Flow, Net, Policy};
 use super::link::{Links, StreamLink, STREAM_PEER};
 use super::resume::{resumable, save_progress};
 use super::{dest_mode, systime, StopFlag};
@@ -386,9 +387,14 @@ fn accept_download(
     };
     let started = part.and_then(|mut p| {
         let have = resumable(&p, size, mtime, bs);
-        let landing = Landing::start(&mut p, size, &have, bs)
-            .map_err(|e| FsError::Io(r.local.display().to_string(), e))?;
-        Ok((p, have, landing))
+        match Landing::start(&mut p, size, &have, bs) {
+            Ok(landing) => Ok((p, have, landing)),
+            Err(e) => {
+                // Short of space, say (the reserve failed): what this run made goes.
+                p.drop_unstarted();
+                Err(FsError::Io(r.local.display().to_string(), e))
+            }
+        }
     });
     match started {
         Ok((p, have, landing)) => {
@@ -1332,7 +1338,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
         }
     }
 
-    let (mut peer, mut spare_stream, fallback_after, udp_target) = match opts.path {
+    let (peer, mut spare_stream, fallback_after, udp_target) = match opts.path {
         Transport::Udp(a) => (a, None, None, Some(a)),
         Transport::Stream(st) => (STREAM_PEER, Some(st), None, None),
         Transport::UdpThenStream {
@@ -1341,7 +1347,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
             after,
         } => (addr, Some(stream), Some(after), Some(addr)),
     };
-    let mut links = match udp_target {
+    let links = match udp_target {
         Some(a) => {
             let bind: SocketAddr = if a.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }
                 .parse()
@@ -1364,340 +1370,44 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
         mtu: STREAM_MTU,
         ..opts.proto.clone()
     };
-    let mut via_stream = udp_target.is_none();
-    let _ = crate::clock::set_timer_slack_ns(1);
-    let mut conn = if via_stream {
+    let via_stream = udp_target.is_none();
+    let conn = if via_stream {
         new_conn(&stream_cfg, &opts.psk, peer, Instant::now())
     } else {
         new_conn(&opts.proto, &opts.psk, peer, Instant::now())
     };
-    let mut cc_trace = super::CcTrace::from_env(&mut conn);
-    let mut files = Files::default();
-    let mut session_error: Option<String> = None;
-    let mut bye_at: Option<Instant> = None;
-    let mut last_progress = Instant::now() - Duration::from_secs(1);
-    let mut last_state = Instant::now();
-    let mut connected = false;
-    let mut started = false;
-
-    loop {
-        let now = Instant::now();
-        // No UDP answer: the far side listens on the ssh channel too.
-        let udp_silent = !connected
-            && spare_stream.is_some()
-            && (fallback_after.is_some_and(|t| now.duration_since(start) >= t)
-                || conn.is_draining());
-        if udp_silent {
-            if let Some(st) = spare_stream.take() {
-                ui.note(&format!(
-                    "no UDP reply from {peer} (blocked by a firewall?): carrying the data over the ssh channel instead (slower)"
-                ));
-                links = Links::new(None, Some(st));
-                peer = STREAM_PEER;
-                via_stream = true;
-                conn = new_conn(&stream_cfg, &opts.psk, peer, now);
-                cc_trace = super::CcTrace::from_env(&mut conn);
-                while conn.poll_event().is_some() {}
-            }
-        }
-        if stop.is_stopped() && session_error.is_none() {
-            session_error = Some("interrupted".into());
-            conn.close(now, 1, "client interrupted");
-        }
-        if let Err(e) = links.recv(&mut |from, at, d| {
-            if from == peer {
-                conn.handle_datagram_at(now, at, d, &mut files);
-            }
-        }) {
-            session_error.get_or_insert(format!("receive failed: {e}"));
-            break;
-        }
-        if via_stream && links.stream_eof() && session_error.is_none() && bye_at.is_none() {
-            session_error = Some("the ssh channel closed".into());
-            conn.close(now, 1, "channel closed");
-        }
-        conn.set_receiver_state(links.receiver_state());
-        if conn.poll_timeout(now).is_some_and(|t| t <= now) {
-            conn.handle_timeout(now);
-        }
-        // Resume credit of uploads: what the receiver said it had.
-        for (x, a) in files.act.iter() {
-            if a.upload {
-                if let Some(b) = conn.outgoing_skipped_bytes(*x) {
-                    s.results[a.idx].resumed_bytes = b;
-                }
-            }
-        }
-        while let Some(ev) = conn.poll_event() {
-            match ev {
-                Event::Connected => {
-                    connected = true;
-                    if !started {
-                        started = true;
-                        s.start(&mut conn);
-                    }
-                }
-                Event::MetaReplied { id, result, more } => s.on_meta(&mut conn, id, result, more),
-                Event::Offered {
-                    xfer,
-                    size,
-                    mode,
-                    mtime,
-                    flags: fl,
-                    hash,
-                    ..
-                } => {
-                    let Some(a) = files.act.get_mut(&xfer) else {
-                        continue;
-                    };
-                    let r = &mut s.results[a.idx];
-                    s.bytes_total = s.bytes_total - r.bytes + size;
-                    r.bytes = size;
-                    a.size = size;
-                    a.mode = mode;
-                    a.mtime = mtime;
-                    if let Some(want) = hash.filter(|_| fl & flags::UPDATE != 0 && !s.stdout) {
-                        let local = File::open(&r.local)
-                            .ok()
-                            .filter(|f| f.metadata().is_ok_and(|m| m.is_file() && m.len() == size));
-                        if let Some(f) = local {
-                            // Hashed by the workers, the loop going on meanwhile
-                            // (`settle_update_hashes`).
-                            a.compare = Some((want, WholeHash::start(f, size)));
-                            continue;
-                        }
-                    }
-                    if !accept_download(&mut conn, &mut s, xfer, a) {
-                        files.act.remove(&xfer);
-                    }
-                }
-                Event::IncomingComplete { xfer, blake3 } => {
-                    // The verdict follows when the last subtrees are hashed (below).
-                    if let Some(l) = files.act.get_mut(&xfer).and_then(|a| a.landing.as_mut()) {
-                        l.complete(blake3);
-                    }
-                }
-                Event::IncomingFailed { xfer, reason } => {
-                    if let Some(mut a) = files.act.remove(&xfer) {
-                        // The core names the transfer by the far side's path; a write that
-                        // failed here (a full disk) is about the local destination.
-                        let r = &mut s.results[a.idx];
-                        r.error = Some(match a.write_error.take() {
-                            Some(e) => format!("cannot write {}: {e}", r.local.display()),
-                            None => reason,
-                        });
-                        if a.no_space {
-                            // Keeping it would leave the disk full for everything else.
-                            if let Some(p) = a.part {
-                                p.discard();
-                            }
-                        } else {
-                            save_download_state(&conn, xfer, &mut a);
-                            if let Some(p) = a.part {
-                                p.abandon();
-                            }
-                        }
-                    }
-                }
-                Event::OutgoingDone { xfer, result } => {
-                    if let Some(a) = files.act.remove(&xfer) {
-                        // Checked after the far side's verdict too: a file changed after its
-                        // last read is not the one that was verified.
-                        let src = a.file.as_ref().map(|s| &s.file);
-                        let local = src.and_then(|f| f.failure().map(str::to_string));
-                        let changed = src.and_then(|f| f.check().err());
-                        let failed = local.or(changed);
-                        if let Some(e) = failed.as_deref() {
-                            if s.retry_changed_source(a.idx, e) {
-                                let path = s.results[a.idx].local.display().to_string();
-                                ui.note(&format!("{path}: {e}: sending it again from the start"));
-                                continue;
-                            }
-                        }
-                        let r = &mut s.results[a.idx];
-                        match (result, failed) {
-                            (_, Some(e)) => r.error = Some(e),
-                            (Ok(h), None) => {
-                                r.verified = true;
-                                r.blake3 = Some(hex(&h));
-                                r.moved_bytes = a.size.saturating_sub(r.resumed_bytes);
-                                s.finished_bytes += a.size;
-                            }
-                            (Err(e), None) => r.error = Some(format!("far side: {e}")),
-                        }
-                    }
-                }
-                Event::Skipped { xfer, reason } => {
-                    if let Some(a) = files.act.remove(&xfer) {
-                        s.results[a.idx].skipped = Some(reason);
-                        s.finished_bytes += a.size;
-                    }
-                }
-                Event::Rejected { xfer, reason } => {
-                    if let Some(a) = files.act.remove(&xfer) {
-                        // A download whose source changed on the far side: what landed is
-                        // of the old file, so it goes, and the file is asked for afresh.
-                        if !a.upload && s.retry_changed_source(a.idx, &reason) {
-                            if let Some(p) = a.part {
-                                p.discard();
-                            }
-                            let r = &s.results[a.idx];
-                            ui.note(&format!(
-                                "{}: far side: {reason}: asking for it again from the start",
-                                r.remote
-                            ));
-                            continue;
-                        }
-                        if let Some(p) = a.part {
-                            p.abandon();
-                        }
-                        s.on_refused(&mut conn, a.idx, reason);
-                    }
-                }
-                Event::Placed { xfer, path } => {
-                    if let Some(a) = files.act.get(&xfer) {
-                        s.results[a.idx].remote = path;
-                    }
-                }
-                Event::GetRequested { .. } | Event::Bye | Event::MetaRequested { .. } => {}
-                Event::Closed { error } => {
-                    if let Some(e) = error {
-                        if connected || spare_stream.is_none() {
-                            session_error.get_or_insert(e);
-                        }
-                    }
-                }
-            }
-        }
-
-        settle_update_hashes(&mut conn, &mut files, &mut s, ui);
-        // Start queued transfers while there is room: here, after the events that queue
-        // them (the session up, a listing answered, a transfer done), so their offers and
-        // first data go out in this pass, not after the next wake-up (up to 100 ms later).
-        while started
-            && files.act.len() + files.hashing.len() < MAX_ACTIVE
-            && session_error.is_none()
-        {
-            let Some(i) = s.queue.pop_front() else {
-                break;
-            };
-            s.start_file(&mut conn, &mut files, i);
-        }
-        // The far side may hear nothing else while a big file is hashed here.
-        conn.keep_alive(files.hashing());
-
-        let idle = started
-            && files.act.is_empty()
-            && files.hashing.is_empty()
-            && s.queue.is_empty()
-            && s.pending.is_empty();
-        if idle && !s.dirs_sent && session_error.is_none() {
-            s.finish_dirs(&mut conn);
-        }
-        let idle = idle && s.pending.is_empty();
-        if idle && bye_at.is_none() && session_error.is_none() {
-            conn.bye();
-            bye_at = Some(now);
-        }
-        // The clock now, not the loop's (see the server's loop): ACKs say how long data
-        // waited here, and send times stamp when a datagram really left.
-        let mut pushed_back = false;
-        loop {
-            if !links.has_room(peer) {
-                pushed_back = true;
-                break;
-            }
-            let Some(n) = conn.poll_transmit(Instant::now(), links.slot(), &mut files) else {
-                break;
-            };
-            links.commit(peer, n);
-        }
-        links.flush();
-
-        if now.duration_since(last_state) >= Duration::from_millis(500) {
-            last_state = now;
-            for (x, a) in files.act.iter_mut() {
-                if !a.upload {
-                    save_download_state(&conn, *x, a);
-                }
-            }
-        }
-        if now.duration_since(last_progress) >= Duration::from_millis(100) {
-            last_progress = now;
-            if let Some(t) = &mut cc_trace {
-                t.flush(&mut conn);
-            }
-            let stats = conn.stats();
-            let active: u64 = files
-                .act
-                .iter()
-                .map(|(x, a)| in_flight_done(&conn, *x, a))
-                .sum();
-            let active_moved: u64 = files
-                .act
-                .iter()
-                .map(|(x, a)| {
-                    in_flight_done(&conn, *x, a).saturating_sub(s.results[a.idx].resumed_bytes)
-                })
-                .sum();
-            let finished_moved: u64 = s.results.iter().map(|r| r.moved_bytes).sum();
-            let files_total = s.results.iter().filter(|r| r.kind == Kind::File).count();
-            let files_done = s
-                .results
-                .iter()
-                .filter(|r| r.kind == Kind::File && (r.ok() || r.error.is_some()))
-                .count();
-            ui.progress(&Progress {
-                elapsed: start.elapsed(),
-                bytes_done: s.finished_bytes + active,
-                bytes_moved: finished_moved + active_moved,
-                bytes_total: s.bytes_total,
-                files_done,
-                files_total,
-                stats: &stats,
-                connected,
-            });
-        }
-
-        // A UDP attempt that failed (refused, timed out) still has the channel to try.
-        if conn.is_draining() && (connected || spare_stream.is_none()) {
-            break;
-        }
-        // All done and said goodbye: don't wait long for the server's CLOSE.
-        if bye_at.is_some_and(|t| now.duration_since(t) > Duration::from_secs(2)) {
-            break;
-        }
-        settle_downloads(&mut conn, &mut files, &mut s);
-        let hashing = give_source_hashes(&mut conn, &mut files);
-        let mut next = conn
-            .poll_timeout(now)
-            .unwrap_or(now + Duration::from_millis(100))
-            .min(now + Duration::from_millis(100));
-        if pushed_back {
-            // The channel is full: wait for it to take bytes (the wait wakes when it can),
-            // not for the pacer, which would wake at once and find it still full.
-            next = next.max(now + Duration::from_millis(5));
-        }
-        if files
-            .act
-            .values()
-            .any(|a| a.landing.as_ref().is_some_and(Landing::verifying))
-            || hashing
-            || files.hashing()
-        {
-            // The hashing threads do not wake this loop: look again soon.
-            next = next.min(now + Duration::from_millis(2));
-        }
-        if next > Instant::now() {
-            if let Err(e) = links.wait_until(next) {
-                session_error.get_or_insert(format!("socket wait failed: {e}"));
-                break;
-            }
-        }
+    let mut net = Net::one(links, conn, peer);
+    let mut c = Client {
+        s,
+        ui,
+        stop,
+        start,
+        psk: opts.psk,
+        stream_cfg,
+        spare_stream,
+        fallback_after,
+        via_stream,
+        connected: false,
+        started: false,
+        session_error: None,
+        bye_at: None,
+        last_progress: Instant::now() - Duration::from_secs(1),
+        last_state: Instant::now(),
+    };
+    if let Err(e) = engine::run(&mut c, &mut net) {
+        c.session_error.get_or_insert(e.to_string());
     }
+    let Client {
+        mut s,
+        mut session_error,
+        started,
+        via_stream,
+        ..
+    } = c;
     if !started && session_error.is_none() {
         session_error = Some("the session ended before it started".into());
     }
+    let (conn, files) = net.the_one().expect("a client's one session");
 
     // Whatever is still open did not finish: say what is missing, keep partial files.
     let why = session_error
@@ -1705,10 +1415,10 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
         .unwrap_or_else(|| "session ended".into());
     for (xfer, mut a) in files.act.drain() {
         if !a.upload {
-            save_download_state(&conn, xfer, &mut a);
+            save_download_state(conn, xfer, &mut a);
         }
         let r = &mut s.results[a.idx];
-        r.moved_bytes = in_flight_done(&conn, xfer, &a).saturating_sub(r.resumed_bytes);
+        r.moved_bytes = in_flight_done(conn, xfer, &a).saturating_sub(r.resumed_bytes);
         let detail = if a.upload {
             let acked = conn.outgoing_acked_bytes(xfer).unwrap_or(0);
             format!(
@@ -1741,11 +1451,349 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
     for i in std::mem::take(&mut s.queue) {
         s.results[i].error.get_or_insert_with(|| why.clone());
     }
-    if let Some(t) = &mut cc_trace {
-        t.flush(&mut conn);
-    }
     let stats = conn.stats();
     report(s, stats, session_error, via_stream)
+}
+
+/// The client's policy on the driver's loop (`engine`): the job's planner and its files,
+/// the fallback to the ssh channel, progress, and when the session is done.
+struct Client<'a, 'u> {
+    s: Session<'a>,
+    ui: &'u mut dyn Ui,
+    stop: StopFlag,
+    start: Instant,
+    psk: Psk,
+    stream_cfg: Config,
+    /// The ssh channel, kept for a fallback while UDP has not answered.
+    spare_stream: Option<StreamLink>,
+    /// UDP without an answer this long after the start falls back to the channel.
+    fallback_after: Option<Duration>,
+    via_stream: bool,
+    connected: bool,
+    started: bool,
+    session_error: Option<String>,
+    bye_at: Option<Instant>,
+    last_progress: Instant,
+    last_state: Instant,
+}
+
+impl Client<'_, '_> {
+    /// Credits uploads with what the receiver said it already had.
+    fn credit_resumed(&mut self, conn: &Connection, files: &Files, only: Option<XferId>) {
+        for (x, a) in files.act.iter() {
+            if a.upload && only.is_none_or(|o| o == *x) {
+                if let Some(b) = conn.outgoing_skipped_bytes(*x) {
+                    self.s.results[a.idx].resumed_bytes = b;
+                }
+            }
+        }
+    }
+
+    fn show_progress(&mut self, conn: &Connection, files: &Files) {
+        let s = &self.s;
+        let stats = conn.stats();
+        let active: u64 = files
+            .act
+            .iter()
+            .map(|(x, a)| in_flight_done(conn, *x, a))
+            .sum();
+        let active_moved: u64 = files
+            .act
+            .iter()
+            .map(|(x, a)| {
+                in_flight_done(conn, *x, a).saturating_sub(s.results[a.idx].resumed_bytes)
+            })
+            .sum();
+        let finished_moved: u64 = s.results.iter().map(|r| r.moved_bytes).sum();
+        let files_total = s.results.iter().filter(|r| r.kind == Kind::File).count();
+        let files_done = s
+            .results
+            .iter()
+            .filter(|r| r.kind == Kind::File && (r.ok() || r.error.is_some()))
+            .count();
+        self.ui.progress(&Progress {
+            elapsed: self.start.elapsed(),
+            bytes_done: s.finished_bytes + active,
+            bytes_moved: finished_moved + active_moved,
+            bytes_total: s.bytes_total,
+            files_done,
+            files_total,
+            stats: &stats,
+            connected: self.connected,
+        });
+    }
+}
+
+impl Policy for Client<'_, '_> {
+    type Files = Files;
+
+    fn wake_by(&self, now: Instant) -> Instant {
+        now + Duration::from_millis(100)
+    }
+
+    fn begin(&mut self, now: Instant, net: &mut Net<Files>) -> Flow {
+        let (conn, _) = net.the_one().expect("one session");
+        // No UDP answer: the far side listens on the ssh channel too.
+        let udp_silent = !self.connected
+            && self.spare_stream.is_some()
+            && (self
+                .fallback_after
+                .is_some_and(|t| now.duration_since(self.start) >= t)
+                || conn.is_draining());
+        if udp_silent {
+            if let Some(st) = self.spare_stream.take() {
+                let peer = match &net.conns {
+                    engine::Conns::One { peer, .. } => *peer,
+                    engine::Conns::Many(_) => STREAM_PEER,
+                };
+                self.ui.note(&format!(
+                    "no UDP reply from {peer} (blocked by a firewall?): carrying the data over the ssh channel instead (slower)"
+                ));
+                self.via_stream = true;
+                let mut conn = new_conn(&self.stream_cfg, &self.psk, STREAM_PEER, now);
+                while conn.poll_event().is_some() {}
+                net.replace_one(Some(Links::new(None, Some(st))), conn, STREAM_PEER);
+            }
+        }
+        let stream_eof = net.links.stream_eof();
+        let (conn, _) = net.the_one().expect("one session");
+        if self.stop.is_stopped() && self.session_error.is_none() {
+            self.session_error = Some("interrupted".into());
+            conn.close(now, 1, "client interrupted");
+        }
+        if self.via_stream && stream_eof && self.session_error.is_none() && self.bye_at.is_none() {
+            self.session_error = Some("the ssh channel closed".into());
+            conn.close(now, 1, "channel closed");
+        }
+        Flow::Go
+    }
+
+    fn on_event(&mut self, x: &mut engine::Session<'_, Files>, ev: Event, _now: Instant) {
+        let (conn, files) = (&mut *x.conn, &mut *x.files);
+        if let Event::OutgoingDone { xfer, .. } = &ev {
+            // A small upload may be done in the turn its receiver's Ready came.
+            self.credit_resumed(conn, files, Some(*xfer));
+        }
+        let s = &mut self.s;
+        match ev {
+            Event::Connected => {
+                self.connected = true;
+                if !self.started {
+                    self.started = true;
+                    s.start(conn);
+                }
+            }
+            Event::MetaReplied { id, result, more } => s.on_meta(conn, id, result, more),
+            Event::Offered {
+                xfer,
+                size,
+                mode,
+                mtime,
+                flags: fl,
+                hash,
+                ..
+            } => {
+                let Some(a) = files.act.get_mut(&xfer) else {
+                    return;
+                };
+                let r = &mut s.results[a.idx];
+                s.bytes_total = s.bytes_total - r.bytes + size;
+                r.bytes = size;
+                a.size = size;
+                a.mode = mode;
+                a.mtime = mtime;
+                if let Some(want) = hash.filter(|_| fl & flags::UPDATE != 0 && !s.stdout) {
+                    let local = File::open(&r.local)
+                        .ok()
+                        .filter(|f| f.metadata().is_ok_and(|m| m.is_file() && m.len() == size));
+                    if let Some(f) = local {
+                        // Hashed by the workers, the loop going on meanwhile
+                        // (`settle_update_hashes`).
+                        a.compare = Some((want, WholeHash::start(f, size)));
+                        return;
+                    }
+                }
+                if !accept_download(conn, s, xfer, a) {
+                    files.act.remove(&xfer);
+                }
+            }
+            Event::IncomingComplete { xfer, blake3 } => {
+                // The verdict follows when the last subtrees are hashed (below).
+                if let Some(l) = files.act.get_mut(&xfer).and_then(|a| a.landing.as_mut()) {
+                    l.complete(blake3);
+                }
+            }
+            Event::IncomingFailed { xfer, reason } => {
+                if let Some(mut a) = files.act.remove(&xfer) {
+                    // The core names the transfer by the far side's path; a write that
+                    // failed here (a full disk) is about the local destination.
+                    let r = &mut s.results[a.idx];
+                    r.error = Some(match a.write_error.take() {
+                        Some(e) => format!("cannot write {}: {e}", r.local.display()),
+                        None => reason,
+                    });
+                    if a.no_space {
+                        // Keeping it would leave the disk full for everything else.
+                        if let Some(p) = a.part {
+                            p.discard();
+                        }
+                    } else {
+                        save_download_state(conn, xfer, &mut a);
+                        if let Some(p) = a.part {
+                            p.abandon();
+                        }
+                    }
+                }
+            }
+            Event::OutgoingDone { xfer, result } => {
+                if let Some(a) = files.act.remove(&xfer) {
+                    // Checked after the far side's verdict too: a file changed after its
+                    // last read is not the one that was verified.
+                    let src = a.file.as_ref().map(|s| &s.file);
+                    let local = src.and_then(|f| f.failure().map(str::to_string));
+                    let changed = src.and_then(|f| f.check().err());
+                    let failed = local.or(changed);
+                    if let Some(e) = failed.as_deref() {
+                        if s.retry_changed_source(a.idx, e) {
+                            let path = s.results[a.idx].local.display().to_string();
+                            self.ui
+                                .note(&format!("{path}: {e}: sending it again from the start"));
+                            return;
+                        }
+                    }
+                    let r = &mut s.results[a.idx];
+                    match (result, failed) {
+                        (_, Some(e)) => r.error = Some(e),
+                        (Ok(h), None) => {
+                            r.verified = true;
+                            r.blake3 = Some(hex(&h));
+                            r.moved_bytes = a.size.saturating_sub(r.resumed_bytes);
+                            s.finished_bytes += a.size;
+                        }
+                        (Err(e), None) => r.error = Some(format!("far side: {e}")),
+                    }
+                }
+            }
+            Event::Skipped { xfer, reason } => {
+                if let Some(a) = files.act.remove(&xfer) {
+                    s.results[a.idx].skipped = Some(reason);
+                    s.finished_bytes += a.size;
+                }
+            }
+            Event::Rejected { xfer, reason } => {
+                if let Some(a) = files.act.remove(&xfer) {
+                    // A download whose source changed on the far side: what landed is
+                    // of the old file, so it goes, and the file is asked for afresh.
+                    if !a.upload && s.retry_changed_source(a.idx, &reason) {
+                        if let Some(p) = a.part {
+                            p.discard();
+                        }
+                        let r = &s.results[a.idx];
+                        self.ui.note(&format!(
+                            "{}: far side: {reason}: asking for it again from the start",
+                            r.remote
+                        ));
+                        return;
+                    }
+                    if let Some(p) = a.part {
+                        p.abandon();
+                    }
+                    s.on_refused(conn, a.idx, reason);
+                }
+            }
+            Event::Placed { xfer, path } => {
+                if let Some(a) = files.act.get(&xfer) {
+                    s.results[a.idx].remote = path;
+                }
+            }
+            Event::GetRequested { .. } | Event::Bye | Event::MetaRequested { .. } => {}
+            Event::Closed { error } => {
+                if let Some(e) = error {
+                    if self.connected || self.spare_stream.is_none() {
+                        self.session_error.get_or_insert(e);
+                    }
+                }
+            }
+        }
+    }
+
+    fn turn(&mut self, x: &mut engine::Session<'_, Files>, now: Instant) -> bool {
+        let (conn, files) = (&mut *x.conn, &mut *x.files);
+        self.credit_resumed(conn, files, None);
+        let s = &mut self.s;
+        settle_update_hashes(conn, files, s, self.ui);
+        // Start queued transfers while there is room: here, after the events that queue
+        // them (the session up, a listing answered, a transfer done), so their offers and
+        // first data go out in this pass, not after the next wake-up.
+        while self.started
+            && files.act.len() + files.hashing.len() < MAX_ACTIVE
+            && self.session_error.is_none()
+        {
+            let Some(i) = s.queue.pop_front() else {
+                break;
+            };
+            s.start_file(conn, files, i);
+        }
+        // The far side may hear nothing else while a big file is hashed here.
+        conn.keep_alive(files.hashing());
+
+        let idle = self.started
+            && files.act.is_empty()
+            && files.hashing.is_empty()
+            && s.queue.is_empty()
+            && s.pending.is_empty();
+        if idle && !s.dirs_sent && self.session_error.is_none() {
+            s.finish_dirs(conn);
+        }
+        let idle = idle && s.pending.is_empty();
+        if idle && self.bye_at.is_none() && self.session_error.is_none() {
+            conn.bye();
+            self.bye_at = Some(now);
+        }
+        false
+    }
+
+    fn settle(&mut self, x: &mut engine::Session<'_, Files>, now: Instant) -> bool {
+        let (conn, files) = (&mut *x.conn, &mut *x.files);
+        if now.duration_since(self.last_state) >= Duration::from_millis(500) {
+            self.last_state = now;
+            for (x, a) in files.act.iter_mut() {
+                if !a.upload {
+                    save_download_state(conn, *x, a);
+                }
+            }
+        }
+        if now.duration_since(self.last_progress) >= Duration::from_millis(100) {
+            self.last_progress = now;
+            self.show_progress(conn, files);
+        }
+        // After the transmit pass: the loss map that acknowledges a file's last blocks went
+        // out before its verdict ends the transfer in the core.
+        settle_downloads(conn, files, &mut self.s);
+        let hashing = give_source_hashes(conn, files);
+        hashing
+            || files.hashing()
+            || files
+                .act
+                .values()
+                .any(|a| a.landing.as_ref().is_some_and(Landing::verifying))
+    }
+
+    fn end(&mut self, now: Instant, net: &mut Net<Files>) -> Flow {
+        let (conn, _) = net.the_one().expect("one session");
+        // A UDP attempt that failed (refused, timed out) still has the channel to try.
+        if conn.is_draining() && (self.connected || self.spare_stream.is_none()) {
+            return Flow::Stop;
+        }
+        // All done and said goodbye: don't wait long for the server's CLOSE.
+        if self
+            .bye_at
+            .is_some_and(|t| now.duration_since(t) > Duration::from_secs(2))
+        {
+            return Flow::Stop;
+        }
+        Flow::Go
+    }
 }
 
 /// Errors do not repeat the path: the report already names the file.

@@ -4,6 +4,7 @@
 
 mod batch;
 pub mod client;
+mod engine;
 pub mod link;
 pub mod mem;
 mod resume;

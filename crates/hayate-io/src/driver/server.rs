@@ -14,12 +14,13 @@ use hayate_proto::control::{flags, EntryKind as WireKind, MetaEntry, MetaOp};
 use hayate_proto::crypto::Psk;
 use hayate_proto::wire::Cid;
 use hayate_proto::{
-    BlockSink, BlockSource, Config, Connection, Endpoint, Event, FileOffer, Route, XferId,
+    BlockSink, BlockSource, Config, Connection, Endpoint, Event, FileOffer, XferId,
 };
 
+use super::engine::{self, Flow, Net, Policy, Session};
 use super::link::{Links, StreamLink};
 use super::resume::{resumable, save_progress};
-use super::{dest_mode, systime, CcTrace, StopFlag};
+use super::{dest_mode, systime, StopFlag};
 use crate::fs::{Entry, EntryKind, FsError, PartFile, Root, SourceFile};
 use crate::udp::UdpSocket;
 use crate::verify::{Landing, Sending, WholeHash};
@@ -28,10 +29,6 @@ use crate::verify::{Landing, Sending, WholeHash};
 const MAX_LIST: usize = 4_000_000;
 /// How often the resume state of running receives is written down.
 const STATE_EVERY: Duration = Duration::from_millis(500);
-/// How often a loop waiting for a file's last subtrees to be hashed looks for the result.
-const VERIFY_POLL: Duration = Duration::from_millis(2);
-/// How often `HAYATE_CC_TRACE` lines are written out.
-const TRACE_EVERY: Duration = Duration::from_millis(100);
 
 pub enum Scope {
     /// `--root DIR`: nothing outside it.
@@ -252,17 +249,15 @@ pub(crate) fn to_wire(e: Entry) -> MetaEntry {
 pub fn serve(opts: ServerOptions, stop: StopFlag, log: Log<'_>) -> anyhow::Result<()> {
     let sock = UdpSocket::bind(opts.listen)
         .with_context(|| format!("cannot listen on {}", opts.listen))?;
-    let mut srv = Server::new(&opts)?;
-    log(&format!(
+    let mut srv = Server::new(&opts, stop, log)?;
+    (srv.log)(&format!(
         "listening on {} (root {}, receive buffer {} KiB)",
         sock.local_addr()?,
         srv.shown_root,
         sock.recv_buffer_size() / 1024
     ));
-    let mut links = Links::new(Some(sock), None);
-    srv.run(&mut links, &stop, log, |_| false)?;
-    srv.shutdown(&mut links, log);
-    Ok(())
+    let links = Links::new(Some(sock), None);
+    srv.run(links, &opts)
 }
 
 /// The far side of an ssh copy: binds a UDP port from `ports`, prints the banner with a fresh
@@ -307,34 +302,31 @@ pub fn serve_stdio(
         psk: psk.clone(),
         proto,
     };
-    let mut srv = Server::new(&opts)?;
+    let mut srv = Server::new(&opts, stop, log)?;
     announce(port, &psk).context("cannot write to the ssh channel")?;
     let stream = StreamLink::new(chan.0, chan.1, Vec::new())?;
-    let mut links = Links::new(Some(sock), Some(stream));
-    let started = Instant::now();
-    srv.run(&mut links, &stop, log, |srv| {
-        // Channel closed: the client is gone (done, or killed). A client that never
-        // connects is given up on after a while too.
-        srv.ever_connected = srv.ever_connected || srv.sessions() > 0;
-        !srv.ever_connected && started.elapsed() > Duration::from_secs(120)
-    })?;
-    srv.shutdown(&mut links, log);
-    Ok(())
+    // A client that never connects is given up on after a while.
+    srv.unconnected_until = Some(Instant::now() + Duration::from_secs(120));
+    srv.run(Links::new(Some(sock), Some(stream)), &opts)
 }
 
-struct Server {
+/// The server's policy on the driver's loop (`engine`): each session's files, events,
+/// verdicts and `--update` decisions.
+struct Server<'l> {
     root: Root,
     shown_root: String,
-    ep: Endpoint,
-    files: HashMap<Cid, SessionFiles>,
-    ever_connected: bool,
-    /// `HAYATE_CC_TRACE`: each session's trace, and how many sessions there were.
-    traces: HashMap<Cid, CcTrace>,
-    sessions_begun: u64,
+    stop: StopFlag,
+    log: Log<'l>,
+    /// Gives up at this time if no session has begun by then (`--stdio`).
+    unconnected_until: Option<Instant>,
+    last_state: Instant,
+    save_states: bool,
+    /// Offers whose temp file another session holds, for [`Server::supersede`].
+    busy_offers: Vec<(Cid, Event)>,
 }
 
-impl Server {
-    fn new(opts: &ServerOptions) -> anyhow::Result<Self> {
+impl<'l> Server<'l> {
+    fn new(opts: &ServerOptions, stop: StopFlag, log: Log<'l>) -> anyhow::Result<Self> {
         let (root, shown_root) = match &opts.scope {
             Scope::Confined(dir) => (
                 Root::open(dir).map_err(|e| anyhow::anyhow!("--root: {e}"))?,
@@ -350,157 +342,30 @@ impl Server {
         Ok(Self {
             root,
             shown_root,
-            ep: Endpoint::new(opts.psk.clone(), opts.proto.clone(), Instant::now()),
-            files: HashMap::new(),
-            ever_connected: false,
-            traces: HashMap::new(),
-            sessions_begun: 0,
+            stop,
+            log,
+            unconnected_until: None,
+            last_state: Instant::now(),
+            save_states: false,
+            busy_offers: Vec::new(),
         })
     }
 
-    fn sessions(&self) -> usize {
-        self.ep.cids().len()
-    }
-
-    fn run(
-        &mut self,
-        links: &mut Links,
-        stop: &StopFlag,
-        log: Log<'_>,
-        mut give_up: impl FnMut(&mut Self) -> bool,
-    ) -> anyhow::Result<()> {
-        let mut last_state = Instant::now();
-        let mut last_trace = Instant::now();
-        while !stop.is_stopped() && !links.stream_eof() && !give_up(self) {
-            let now = Instant::now();
-            let mut replies: Vec<(SocketAddr, Vec<u8>)> = Vec::new();
-            {
-                let (ep, files) = (&mut self.ep, &mut self.files);
-                let (traces, begun) = (&mut self.traces, &mut self.sessions_begun);
-                links.recv(&mut |from, at, d| match ep.route(now, from, d) {
-                    Route::Conn(cid) => {
-                        let f = files.entry(cid).or_default();
-                        if let Some(challenge) = ep.handle(cid, now, at, from, d, f) {
-                            replies.push((from, challenge));
-                        }
-                    }
-                    Route::NewConn(cid, reply) => {
-                        files.insert(cid, SessionFiles::default());
-                        if let Some(c) = ep.conn_mut(cid) {
-                            // Files it sends are hashed by the workers (`Sending`).
-                            c.hash_sources_outside();
-                        }
-                        replies.push((from, reply));
-                        *begun += 1;
-                        if let Some(t) = ep
-                            .conn_mut(cid)
-                            .and_then(|c| CcTrace::from_env_session(c, *begun))
-                        {
-                            traces.insert(cid, t);
-                        }
-                    }
-                    Route::Reply(reply) => replies.push((from, reply)),
-                    Route::Drop => {}
-                })?;
-            }
-            for (to, r) in replies {
-                links.send_one(to, &r);
-            }
-
-            let save_states = now.duration_since(last_state) >= STATE_EVERY;
-            if save_states {
-                last_state = now;
-            }
-            let flush_traces = now.duration_since(last_trace) >= TRACE_EVERY;
-            if flush_traces {
-                last_trace = now;
-            }
-            let mut next = now + Duration::from_millis(200);
-            let mut busy_offers = Vec::new();
-            let rx = links.receiver_state();
-            for cid in self.ep.cids() {
-                let addr = self.ep.conn_addr(cid).expect("listed");
-                let f = self.files.entry(cid).or_default();
-                let c = self.ep.conn_mut(cid).expect("listed");
-                c.set_receiver_state(rx);
-                if c.poll_timeout(now).is_some_and(|t| t <= now) {
-                    c.handle_timeout(now);
-                }
-                while let Some(ev) = c.poll_event() {
-                    let ev = place_into_dir(&self.root, ev);
-                    if let Some(busy) = on_event(&self.root, c, f, ev, addr, log, false) {
-                        busy_offers.push((cid, busy));
-                    }
-                }
-                settle_verified(c, f, addr, log);
-                settle_update_hashes(c, f);
-                // The peer may hear nothing else while a big file is hashed.
-                c.keep_alive(f.hashing());
-                let hashing = give_source_hashes(c, f) || f.hashing();
-                if hashing || f.inc.values().any(|i| i.landing.verifying()) {
-                    // The hashing threads do not wake this loop: look again soon.
-                    next = next.min(now + VERIFY_POLL);
-                }
-                if save_states {
-                    for (x, inc) in f.inc.iter_mut() {
-                        save_state(c, *x, inc);
-                    }
-                }
-                // A closed session is reaped below: its last lines go out now.
-                if let Some(t) = self
-                    .traces
-                    .get_mut(&cid)
-                    .filter(|_| flush_traces || c.is_draining())
-                {
-                    t.flush(c);
-                }
-                // The clock now, not the loop's: a loop that took in a backlog ran for ms since
-                // `now`, and an ACK built with it tells the sender its data waited here less
-                // than it did (the rest reads as a queue on the path: 10 ms at 1 Gbit/s).
-                let mut pushed_back = false;
-                loop {
-                    if !links.has_room(addr) {
-                        pushed_back = true;
-                        break;
-                    }
-                    let Some(n) = c.poll_transmit(Instant::now(), links.slot(), f) else {
-                        break;
-                    };
-                    links.commit(addr, n);
-                }
-                links.flush();
-                // Events raised while transmitting (a read error) are handled next round.
-                if let Some(t) = c.poll_timeout(now) {
-                    // A full channel wakes the wait when it takes bytes again (see the
-                    // client's loop); the pacer's deadline would find it still full.
-                    next = next.min(if pushed_back {
-                        t.max(now + Duration::from_millis(5))
-                    } else {
-                        t
-                    });
-                }
-            }
-            for (cid, ev) in busy_offers {
-                self.supersede(cid, ev, log);
-            }
-            for cid in self.ep.reap(now) {
-                self.traces.remove(&cid);
-                if let Some(f) = self.files.remove(&cid) {
-                    abandon(f, log);
-                }
-            }
-            if next > Instant::now() {
-                links.wait_until(next)?;
-            }
-        }
-        Ok(())
+    /// Serves until stopped (or, under ssh, until the channel closes), then closes every
+    /// session, keeping what unfinished uploads hold for a rerun.
+    fn run(&mut self, links: Links, opts: &ServerOptions) -> anyhow::Result<()> {
+        let ep = Endpoint::new(opts.psk.clone(), opts.proto.clone(), Instant::now());
+        let mut net = Net::many(links, ep);
+        let r = engine::run(self, &mut net);
+        self.shutdown(&mut net);
+        Ok(r?)
     }
 
     /// An upload whose temp file another session of ours still writes (a client killed and
     /// rerun before its old session timed out): the old receive gives way, keeping its
     /// resume state, and the new one takes over. Then the offer is handled again, waiting a
     /// little if another process holds the file.
-    fn supersede(&mut self, cid: Cid, ev: Event, log: Log<'_>) {
+    fn supersede(&mut self, net: &mut Net<SessionFiles>, cid: Cid, ev: Event) {
         let Event::Offered { path, .. } = &ev else {
             return;
         };
@@ -511,13 +376,14 @@ impl Server {
                 .join("/")
         };
         let want = norm(path);
-        for other in self.ep.cids() {
+        for other in net.cids() {
             if other == cid {
                 continue;
             }
-            let (Some(f), Some(c)) = (self.files.get_mut(&other), self.ep.conn_mut(other)) else {
+            let Some(s) = net.session(other) else {
                 continue;
             };
+            let (f, c) = (s.files, s.conn);
             let old: Vec<XferId> = f
                 .inc
                 .iter()
@@ -532,11 +398,11 @@ impl Server {
                 .collect();
             for x in undecided {
                 if let Some(d) = f.deciding.remove(&x) {
-                    log(&format!(
+                    (self.log)(&format!(
                         "{}: superseded by a newer upload of the same file",
                         d.up.path
                     ));
-                    drop_undecided(d.part);
+                    d.part.drop_unstarted();
                     c.reject(x, "superseded by a newer upload of the same file");
                 }
             }
@@ -544,7 +410,7 @@ impl Server {
                 if let Some(mut inc) = f.inc.remove(&x) {
                     inc.saved = None;
                     save_state(c, x, &mut inc);
-                    log(&format!(
+                    (self.log)(&format!(
                         "{}: superseded by a newer upload of the same file",
                         inc.path
                     ));
@@ -553,41 +419,92 @@ impl Server {
                 }
             }
         }
-        let addr = self.ep.conn_addr(cid);
-        let (Some(addr), Some(f), Some(c)) =
-            (addr, self.files.get_mut(&cid), self.ep.conn_mut(cid))
-        else {
-            return;
-        };
-        on_event(&self.root, c, f, ev, addr, log, true);
+        if let Some(s) = net.session(cid) {
+            on_event(&self.root, s.conn, s.files, ev, s.addr, self.log, true);
+        }
     }
 
-    fn shutdown(&mut self, links: &mut Links, log: Log<'_>) {
+    fn shutdown(&mut self, net: &mut Net<SessionFiles>) {
         let now = Instant::now();
-        for cid in self.ep.cids() {
-            let addr = self.ep.conn_addr(cid).expect("listed");
-            let f = self.files.entry(cid).or_default();
-            if let Some(c) = self.ep.conn_mut(cid) {
-                for (x, inc) in f.inc.iter_mut() {
+        for cid in net.cids() {
+            if let Some(s) = net.session(cid) {
+                for (x, inc) in s.files.inc.iter_mut() {
                     inc.saved = None;
-                    save_state(c, *x, inc);
+                    save_state(s.conn, *x, inc);
                 }
-                c.close(now, 1, "server shutting down");
-                while let Some(n) = c.poll_transmit(now, links.slot(), f) {
-                    links.commit(addr, n);
-                }
-                links.flush();
+                s.conn.close(now, 1, "server shutting down");
+            }
+            net.transmit(cid);
+        }
+        for (_, f) in net.files.drain() {
+            abandon(f, self.log);
+        }
+    }
+}
+
+impl Policy for Server<'_> {
+    type Files = SessionFiles;
+
+    fn begin(&mut self, now: Instant, net: &mut Net<SessionFiles>) -> Flow {
+        if self.unconnected_until.is_some_and(|t| now >= t) {
+            (self.log)("no client connected within 120 s");
+            return Flow::Stop;
+        }
+        // Under ssh, a closed channel means the client is gone (done, or killed).
+        if self.stop.is_stopped() || net.links.stream_eof() {
+            return Flow::Stop;
+        }
+        self.save_states = now.duration_since(self.last_state) >= STATE_EVERY;
+        if self.save_states {
+            self.last_state = now;
+        }
+        Flow::Go
+    }
+
+    fn accept(&mut self, _cid: Cid, c: &mut Connection, _from: SocketAddr) -> bool {
+        self.unconnected_until = None;
+        // Files it sends are hashed by the workers (`Sending`).
+        c.hash_sources_outside();
+        true
+    }
+
+    fn on_event(&mut self, s: &mut Session<'_, SessionFiles>, ev: Event, _now: Instant) {
+        let ev = place_into_dir(&self.root, ev);
+        if let Some(busy) = on_event(&self.root, s.conn, s.files, ev, s.addr, self.log, false) {
+            self.busy_offers.push((s.cid, busy));
+        }
+    }
+
+    fn turn(&mut self, s: &mut Session<'_, SessionFiles>, _now: Instant) -> bool {
+        let (c, f) = (&mut *s.conn, &mut *s.files);
+        settle_verified(c, f, s.addr, self.log);
+        settle_update_hashes(c, f);
+        // The peer may hear nothing else while a big file is hashed.
+        c.keep_alive(f.hashing());
+        let hashing = give_source_hashes(c, f) || f.hashing();
+        if self.save_states {
+            for (x, inc) in f.inc.iter_mut() {
+                save_state(c, *x, inc);
             }
         }
-        for (_, f) in self.files.drain() {
-            abandon(f, log);
+        hashing || f.inc.values().any(|i| i.landing.verifying())
+    }
+
+    fn end(&mut self, _now: Instant, net: &mut Net<SessionFiles>) -> Flow {
+        for (cid, ev) in std::mem::take(&mut self.busy_offers) {
+            self.supersede(net, cid, ev);
         }
+        Flow::Go
+    }
+
+    fn reaped(&mut self, _cid: Cid, f: SessionFiles) {
+        abandon(f, self.log);
     }
 }
 
 fn abandon(f: SessionFiles, log: Log<'_>) {
     for (_, d) in f.deciding {
-        drop_undecided(d.part);
+        d.part.drop_unstarted();
     }
     for (_, inc) in f.inc {
         if inc.part.in_place() {
@@ -772,7 +689,7 @@ fn on_event(
         Event::IncomingFailed { xfer, reason } => {
             if let Some(d) = f.deciding.remove(&xfer) {
                 log(&format!("{addr}: upload {} failed: {reason}", d.up.path));
-                drop_undecided(d.part);
+                d.part.drop_unstarted();
             }
             if let Some(mut inc) = f.inc.remove(&xfer) {
                 log(&format!("{addr}: upload {} failed: {reason}", inc.path));
@@ -796,7 +713,7 @@ fn on_event(
             f.out.remove(&xfer);
             f.offering.remove(&xfer);
             if let Some(d) = f.deciding.remove(&xfer) {
-                drop_undecided(d.part);
+                d.part.drop_unstarted();
             }
             if let Some(mut inc) = f.inc.remove(&xfer) {
                 save_state(c, xfer, &mut inc);
@@ -826,7 +743,7 @@ fn on_event(
                 inc.part.abandon();
             }
             for (_, d) in f.deciding.drain() {
-                drop_undecided(d.part);
+                d.part.drop_unstarted();
             }
             f.out.clear();
             f.offering.clear();
@@ -877,17 +794,7 @@ pub(crate) fn skip_reason(
 /// Declines an upload on purpose; its temp file goes unless an earlier run left it.
 fn skip_upload(c: &mut Connection, xfer: XferId, part: PartFile, reason: &str) {
     c.skip(xfer, reason);
-    drop_undecided(part);
-}
-
-/// A temp file opened for an upload that never started: removed if this run created it,
-/// kept (with its resume state) if an earlier one left it.
-fn drop_undecided(part: PartFile) {
-    if part.existing_len() == 0 {
-        part.discard();
-    } else {
-        part.abandon();
-    }
+    part.drop_unstarted();
 }
 
 /// Receives an upload into its temp file, resuming what an earlier run left there.
@@ -907,7 +814,8 @@ fn accept_upload(
         Ok(l) => l,
         Err(e) => {
             c.reject(xfer, &format!("{}: {e}", up.path));
-            part.abandon();
+            // Short of space, say (the reserve failed): what this run made goes.
+            part.drop_unstarted();
             return;
         }
     };
