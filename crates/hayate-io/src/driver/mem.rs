@@ -3,12 +3,9 @@
 //! generated pattern instead of files on the sending side and a checking, counting sink on
 //! the receiving side. What a `hayate cp` would get on a path, minus the disk.
 //!
-//! The two loops here, [`run_client`] and [`run_server`], mirror the loops of
-//! [`super::client::run`] and [`super::server::serve`] step for step (receive a batch, feed
-//! the core, set the receiver state, handle timeouts and events, transmit in GSO batches,
-//! sleep until the core's next deadline or the next datagram). They are duplicated because
-//! those drivers are tied to files; merge this module into them when the driver becomes
-//! generic over storage (a `BlockSource`/`BlockSink` plus open/verify hooks).
+//! Both sides, [`run_client`] and [`run_server`], run on the driver's one loop
+//! (`engine::run`) as `hayate cp` and `hayate serve` do; only the policy ([`Probe`]) and the
+//! storage ([`Mem`]) differ.
 //!
 //! A test: the sender sends virtual files one after another, [`OPEN_FILES`] open at once so
 //! the path never idles between two files, each sized to about [`FILE_SECS`] at the current
@@ -27,12 +24,12 @@ use std::time::{Duration, Instant};
 
 use hayate_proto::crypto::Psk;
 use hayate_proto::wire::{AddrFamily, Cid};
-use hayate_proto::{
-    BlockSink, BlockSource, Config, Connection, Endpoint, Event, Route, Stats, XferId,
-};
+use hayate_proto::{BlockSink, BlockSource, Config, Connection, Endpoint, Event, Stats, XferId};
 
-use super::{SendBatch, StopFlag};
-use crate::udp::{RecvBufs, UdpSocket};
+use super::engine::{self, Flow, Net, Policy, Session};
+use super::link::Links;
+use super::StopFlag;
+use crate::udp::UdpSocket;
 
 /// Reason the sender gives when it aborts its open files at the end of the test.
 pub const END_REASON: &str = "hayate perf: time is up";
@@ -302,7 +299,6 @@ struct Test {
     /// This side sends the data.
     sending: bool,
     is_server: bool,
-    mem: Mem,
     /// Transfers in progress: sender, offered files (with sizes); receiver, requests and
     /// accepted files.
     open: HashMap<XferId, u64>,
@@ -323,7 +319,6 @@ impl Test {
             time: opts.time,
             sending: opts.reverse == is_server,
             is_server,
-            mem: Mem::default(),
             open: HashMap::new(),
             next_name: 0,
             connected_at: None,
@@ -349,7 +344,7 @@ impl Test {
     }
 
     /// Sender: start files until [`OPEN_FILES`] are open (client: uploads of our own).
-    fn top_up_uploads(&mut self, conn: &mut Connection) {
+    fn top_up_uploads(&mut self, conn: &mut Connection, mem: &mut Mem) {
         if !self.sending || self.is_server || self.connected_at.is_none() {
             return;
         }
@@ -357,7 +352,7 @@ impl Test {
             let name = self.next_name();
             let size = file_size(conn.stats().pacing_rate);
             let xfer = conn.send_file(&name, size, 0o644, 0);
-            self.mem.send.insert(
+            mem.send.insert(
                 xfer,
                 SendFile {
                     seed: pattern::seed(&name),
@@ -383,7 +378,7 @@ impl Test {
 
     /// Sender: at the end of the test, abort what is still open. Files the receiver already
     /// has whole stay open for their verdict (it is on its way).
-    fn check_deadline(&mut self, conn: &mut Connection, now: Instant) {
+    fn check_deadline(&mut self, conn: &mut Connection, mem: &mut Mem, now: Instant) {
         let Some(t0) = self.connected_at else { return };
         if !self.sending || self.ended_at.is_some() || now < t0 + self.time {
             return;
@@ -399,12 +394,18 @@ impl Test {
         for xfer in cut {
             self.open.remove(&xfer);
             conn.reject(xfer, END_REASON);
-            self.mem.send.remove(&xfer);
+            mem.send.remove(&xfer);
             self.p.files_aborted += 1;
         }
     }
 
-    fn on_event(&mut self, conn: &mut Connection, ev: Event, now: Instant) -> Option<String> {
+    fn on_event(
+        &mut self,
+        conn: &mut Connection,
+        mem: &mut Mem,
+        ev: Event,
+        now: Instant,
+    ) -> Option<String> {
         match ev {
             Event::Connected => {
                 self.connected_at.get_or_insert(now);
@@ -422,7 +423,7 @@ impl Test {
                     conn.reject(xfer, "not a hayate perf file");
                     self.open.remove(&xfer);
                 } else {
-                    self.mem.recv.insert(xfer, RecvFile::new(&path, size));
+                    mem.recv.insert(xfer, RecvFile::new(&path, size));
                     self.open.insert(xfer, size);
                     self.p.files_started += 1;
                     conn.accept(xfer, &[]);
@@ -437,7 +438,7 @@ impl Test {
                     conn.reject(xfer, "not a hayate perf file");
                 } else {
                     let size = file_size(conn.stats().pacing_rate);
-                    self.mem.send.insert(
+                    mem.send.insert(
                         xfer,
                         SendFile {
                             seed: pattern::seed(&path),
@@ -451,7 +452,7 @@ impl Test {
             }
             Event::IncomingComplete { xfer, blake3 } => {
                 let size = self.open.remove(&xfer).unwrap_or(0);
-                let verdict = match self.mem.recv.remove(&xfer) {
+                let verdict = match mem.recv.remove(&xfer) {
                     Some(f) => f.finish(&blake3),
                     None => Err("transfer not open".into()),
                 };
@@ -466,12 +467,12 @@ impl Test {
             }
             Event::IncomingFailed { xfer, reason } => {
                 self.open.remove(&xfer);
-                self.mem.recv.remove(&xfer);
+                mem.recv.remove(&xfer);
                 self.fail(format!("file {xfer}: {reason}"));
             }
             Event::OutgoingDone { xfer, result } => {
                 let size = self.open.remove(&xfer).unwrap_or(0);
-                self.mem.send.remove(&xfer);
+                mem.send.remove(&xfer);
                 match result {
                     Ok(_) => {
                         self.p.files_verified += 1;
@@ -482,8 +483,8 @@ impl Test {
             }
             Event::Rejected { xfer, reason } => {
                 self.open.remove(&xfer);
-                self.mem.send.remove(&xfer);
-                let had_data = self.mem.recv.remove(&xfer).is_some();
+                mem.send.remove(&xfer);
+                let had_data = mem.recv.remove(&xfer).is_some();
                 if reason == END_REASON && !self.sending {
                     self.ended_at.get_or_insert(now);
                     if had_data {
@@ -495,7 +496,7 @@ impl Test {
             }
             Event::Skipped { xfer, reason } => {
                 self.open.remove(&xfer);
-                self.mem.send.remove(&xfer);
+                mem.send.remove(&xfer);
                 self.fail(format!("file {xfer}: peer skipped it: {reason}"));
             }
             Event::MetaRequested { id, .. } => {
@@ -525,13 +526,13 @@ impl Test {
         !self.sending && self.ended_at.is_some() && self.open.is_empty() && self.verdicts.is_empty()
     }
 
-    fn note_delivery(&mut self, before: u64, now: Instant) {
-        if self.mem.delivered > before {
+    fn note_delivery(&mut self, mem: &Mem, before: u64, now: Instant) {
+        if mem.delivered > before {
             self.last_delivery = Some(now);
         }
     }
 
-    fn progress(&mut self, conn: &Connection, sock: &UdpSocket, now: Instant) -> &MemProgress {
+    fn progress(&mut self, conn: &Connection, mem: &Mem, drops: u64, now: Instant) -> &MemProgress {
         let since = |t: Option<Instant>| {
             t.zip(self.connected_at)
                 .map(|(t, c)| t.saturating_duration_since(c))
@@ -540,11 +541,11 @@ impl Test {
         self.p.ended = since(self.ended_at);
         self.p.last_delivery = since(self.last_delivery);
         self.p.stats = conn.stats();
-        self.p.delivered_bytes = self.mem.delivered;
-        self.p.mismatches = self.mem.mismatches;
+        self.p.delivered_bytes = mem.delivered;
+        self.p.mismatches = mem.mismatches;
         self.p.block_size = conn.block_size();
         self.p.mtu = conn.mtu();
-        self.p.kernel_drops = sock.kernel_drops();
+        self.p.kernel_drops = drops;
         &self.p
     }
 
@@ -565,7 +566,7 @@ pub fn run_client(
     observe: Observer<'_>,
 ) -> MemReport {
     let start = Instant::now();
-    let mut test = Test::new(&opts, false);
+    let test = Test::new(&opts, false);
     let bind: SocketAddr = if server.is_ipv4() {
         "0.0.0.0:0".parse().expect("addr")
     } else {
@@ -575,103 +576,31 @@ pub fn run_client(
         Ok(s) => s,
         Err(e) => return test.report(Some(format!("cannot open a UDP socket: {e}"))),
     };
-    let _ = crate::clock::set_timer_slack_ns(1);
     let fam = if server.is_ipv4() {
         AddrFamily::V4
     } else {
         AddrFamily::V6
     };
-    let mut conn = Connection::client(opts.proto.clone(), &opts.psk, fam, Instant::now());
-    let mut rbufs = RecvBufs::new(32);
-    let mut batch = SendBatch::new(65536, 64);
-    let give_up = start + opts.proto.connect_timeout + opts.time + opts.grace;
-    let mut error: Option<String> = None;
-    let mut bye_at: Option<Instant> = None;
-    let mut next_observe = start;
-
-    loop {
-        let now = Instant::now();
-        if error.is_none() {
-            if stop.is_stopped() {
-                error = Some("interrupted".into());
-            } else if now >= give_up {
-                error = Some(format!(
-                    "the test did not end within {:.0} s of its time",
-                    opts.grace.as_secs_f64()
-                ));
-            }
-            if let Some(e) = &error {
-                conn.close(now, 1, e);
-            }
-        }
-        if error.is_none() {
-            test.check_deadline(&mut conn, now);
-            test.top_up_uploads(&mut conn);
-        }
-
-        if let Err(e) = sock.recv_batch(&mut rbufs) {
-            error.get_or_insert(format!("receive failed: {e}"));
-            break;
-        }
-        let before = test.mem.delivered;
-        for (from, at, d) in rbufs.datagrams_at() {
-            if from == server {
-                conn.handle_datagram_at(now, at, d, &mut test.mem);
-            }
-        }
-        test.note_delivery(before, now);
-        conn.set_receiver_state(sock.receiver_state());
-        if conn.poll_timeout(now).is_some_and(|t| t <= now) {
-            conn.handle_timeout(now);
-        }
-        while let Some(ev) = conn.poll_event() {
-            if let Some(e) = test.on_event(&mut conn, ev, now) {
-                error.get_or_insert(e);
-            }
-        }
-        if error.is_none() {
-            test.top_up_requests(&mut conn);
-            let sender_done = test.sending && test.ended_at.is_some() && test.open.is_empty();
-            if (sender_done || test.receiver_done()) && bye_at.is_none() {
-                conn.bye();
-                bye_at = Some(now);
-            }
-        }
-        while let Some(n) = conn.poll_transmit(now, batch.slot(), &mut test.mem) {
-            batch.commit(&sock, server, n);
-        }
-        batch.flush(&sock);
-        test.settle(&mut conn);
-
-        if now >= next_observe {
-            next_observe = now + OBSERVE_EVERY;
-            if !observe(test.progress(&conn, &sock, now)) && error.is_none() {
-                error = Some("stopped".into());
-                conn.close(now, 1, "test stopped");
-                continue; // send the CLOSE, then leave as draining
-            }
-        }
-        if conn.is_draining() {
-            break;
-        }
-        // Said goodbye: don't wait long for the server's CLOSE.
-        if bye_at.is_some_and(|t| now.duration_since(t) > Duration::from_secs(2)) {
-            break;
-        }
-        let next = conn
-            .poll_timeout(now)
-            .unwrap_or(next_observe)
-            .min(next_observe);
-        if next > Instant::now() {
-            if let Err(e) = crate::clock::wait_readable_until(&sock, next) {
-                error.get_or_insert(format!("socket wait failed: {e}"));
-                break;
-            }
-        }
+    let conn = Connection::client(opts.proto.clone(), &opts.psk, fam, Instant::now());
+    let mut net = Net::one(Links::new(Some(sock), None), conn, server);
+    let mut p = Probe {
+        test,
+        stop,
+        observe,
+        give_up: start + opts.proto.connect_timeout + opts.time + opts.grace,
+        grace: opts.grace,
+        accept_by: None,
+        error: None,
+        bye_at: None,
+        next_observe: start,
+        delivered: 0,
+        cid: None,
+        last: MemProgress::default(),
+    };
+    if let Err(e) = engine::run(&mut p, &mut net) {
+        p.error.get_or_insert(e.to_string());
     }
-    let now = Instant::now();
-    observe(test.progress(&conn, &sock, now));
-    test.report(error)
+    p.finish(&mut net)
 }
 
 /// Server side of one test: serves the first session that `peer` opens on `sock` (datagrams
@@ -684,138 +613,203 @@ pub fn run_server(
     observe: Observer<'_>,
 ) -> MemReport {
     let start = Instant::now();
-    let peer = peer.to_canonical();
-    let mut test = Test::new(&opts, true);
-    let _ = crate::clock::set_timer_slack_ns(1);
-    let mut ep = Endpoint::new(opts.psk.clone(), opts.proto.clone(), Instant::now());
-    let mut cid: Option<Cid> = None;
-    let mut rbufs = RecvBufs::new(32);
-    let mut batch = SendBatch::new(65536, 64);
-    let accept_by = start + Duration::from_secs(10);
-    let give_up = start + Duration::from_secs(10) + opts.time + opts.grace;
-    let mut error: Option<String> = None;
-    let mut next_observe = start;
-    let mut last = MemProgress::default();
+    let ep = Endpoint::new(opts.psk.clone(), opts.proto.clone(), Instant::now());
+    let mut net = Net::many(Links::new(Some(sock), None), ep);
+    let mut p = Probe {
+        test: Test::new(&opts, true),
+        stop,
+        observe,
+        give_up: start + Duration::from_secs(10) + opts.time + opts.grace,
+        grace: opts.grace,
+        accept_by: Some((start + Duration::from_secs(10), peer.to_canonical())),
+        error: None,
+        bye_at: None,
+        next_observe: start,
+        delivered: 0,
+        cid: None,
+        last: MemProgress::default(),
+    };
+    if let Err(e) = engine::run(&mut p, &mut net) {
+        p.error.get_or_insert(e.to_string());
+    }
+    p.finish(&mut net)
+}
 
-    loop {
+/// The probe's policy on the driver's loop (`engine`), for either side.
+struct Probe<'a> {
+    test: Test,
+    stop: &'a StopFlag,
+    observe: Observer<'a>,
+    give_up: Instant,
+    grace: Duration,
+    /// Server: the handshake must come by then, from this address.
+    accept_by: Option<(Instant, IpAddr)>,
+    error: Option<String>,
+    bye_at: Option<Instant>,
+    next_observe: Instant,
+    /// What the sink had at the start of the turn.
+    delivered: u64,
+    /// Server: the one session of the test.
+    cid: Option<Cid>,
+    last: MemProgress,
+}
+
+impl Probe<'_> {
+    fn drops(net: &Net<Mem>) -> u64 {
+        net.links.udp.as_ref().map_or(0, UdpSocket::kernel_drops)
+    }
+
+    /// The test's session and its sink, once there is one.
+    fn session<'n>(&self, net: &'n mut Net<Mem>) -> Option<Session<'n, Mem>> {
+        let cid = match self.accept_by {
+            Some(_) => self.cid?,
+            None => *net.cids().first()?,
+        };
+        net.session(cid)
+    }
+
+    /// A last observation, then the report.
+    fn finish(mut self, net: &mut Net<Mem>) -> MemReport {
         let now = Instant::now();
-        if stop.is_stopped() {
-            error.get_or_insert("interrupted".into());
-        } else if cid.is_none() && now >= accept_by {
-            error
-                .get_or_insert("the client's hayate handshake never arrived (UDP blocked?)".into());
-        } else if now >= give_up {
-            error.get_or_insert(format!(
-                "the test did not end within {:.0} s of its time",
-                opts.grace.as_secs_f64()
-            ));
+        let drops = Self::drops(net);
+        if let Some(s) = self.session(net) {
+            self.last = self.test.progress(s.conn, s.files, drops, now).clone();
         }
-        if let Some(e) = error.clone() {
-            // Tell the client why, once.
-            if let Some(c) = cid {
-                let addr = ep.conn_addr(c);
-                if let (Some(addr), Some(conn)) = (addr, ep.conn_mut(c)) {
-                    if !conn.is_draining() {
-                        conn.close(now, 1, &e);
-                        while let Some(n) = conn.poll_transmit(now, batch.slot(), &mut test.mem) {
-                            batch.commit(&sock, addr, n);
-                        }
-                        batch.flush(&sock);
-                    }
-                }
-            }
-            break;
-        }
+        (self.observe)(&self.last);
+        self.test.report(self.error)
+    }
+}
 
-        if let Err(e) = sock.recv_batch(&mut rbufs) {
-            error = Some(format!("receive failed: {e}"));
-            continue;
-        }
-        let before = test.mem.delivered;
-        for (from, at, d) in rbufs.datagrams_at() {
-            if from.ip().to_canonical() != peer {
-                continue;
-            }
-            match ep.route(now, from, d) {
-                Route::Conn(c) => {
-                    if Some(c) == cid {
-                        if let Some(challenge) = ep.handle(c, now, at, from, d, &mut test.mem) {
-                            let _ = sock.send_to(from, &challenge);
-                        }
-                    }
-                }
-                Route::NewConn(c, reply) => {
-                    if cid.is_none() {
-                        cid = Some(c);
-                        let _ = sock.send_to(from, &reply);
-                    } else {
-                        // One session per test.
-                        ep.remove(c);
-                    }
-                }
-                Route::Reply(reply) => {
-                    let _ = sock.send_to(from, &reply);
-                }
-                Route::Drop => {}
-            }
-        }
-        test.note_delivery(before, now);
+impl Policy for Probe<'_> {
+    type Files = Mem;
 
-        let mut next = next_observe;
-        let mut finished = false;
-        if let Some(c) = cid {
-            let addr = ep.conn_addr(c).expect("listed");
-            let conn = ep.conn_mut(c).expect("listed");
-            conn.set_receiver_state(sock.receiver_state());
-            if conn.poll_timeout(now).is_some_and(|t| t <= now) {
-                conn.handle_timeout(now);
-            }
-            test.check_deadline(conn, now);
-            while let Some(ev) = conn.poll_event() {
-                if let Some(e) = test.on_event(conn, ev, now) {
-                    error.get_or_insert(e);
-                }
-            }
-            while let Some(n) = conn.poll_transmit(now, batch.slot(), &mut test.mem) {
-                batch.commit(&sock, addr, n);
-            }
-            batch.flush(&sock);
-            test.settle(conn);
-            if let Some(t) = conn.poll_timeout(now) {
-                next = next.min(t);
-            }
-            if now >= next_observe {
-                next_observe = now + OBSERVE_EVERY;
-                last = test.progress(conn, &sock, now).clone();
-                if !observe(&last) {
-                    error.get_or_insert("stopped".into());
-                    continue;
-                }
-            }
-            // The client's bye (or its CLOSE, or an error) ended the session.
-            finished = conn.is_draining();
-        } else if now >= next_observe {
-            next_observe = now + OBSERVE_EVERY;
-            if !observe(&last) {
-                error.get_or_insert("stopped".into());
-                continue;
+    fn wake_by(&self, _now: Instant) -> Instant {
+        self.next_observe
+    }
+
+    fn begin(&mut self, now: Instant, net: &mut Net<Mem>) -> Flow {
+        if self.error.is_none() {
+            if self.stop.is_stopped() {
+                self.error = Some("interrupted".into());
+            } else if self
+                .accept_by
+                .is_some_and(|(t, _)| self.cid.is_none() && now >= t)
+            {
+                self.error =
+                    Some("the client's hayate handshake never arrived (UDP blocked?)".into());
+            } else if now >= self.give_up {
+                self.error = Some(format!(
+                    "the test did not end within {:.0} s of its time",
+                    self.grace.as_secs_f64()
+                ));
             }
         }
-        if finished {
-            break;
-        }
-        if next > Instant::now() {
-            if let Err(e) = crate::clock::wait_readable_until(&sock, next) {
-                error = Some(format!("socket wait failed: {e}"));
+        let server = self.accept_by.is_some();
+        let Some(s) = self.session(net) else {
+            return if self.error.is_some() {
+                Flow::Stop
+            } else {
+                Flow::Go
+            };
+        };
+        self.delivered = s.files.delivered;
+        if let Some(e) = &self.error {
+            // Tell the peer why, once.
+            if !s.conn.is_draining() {
+                s.conn.close(now, 1, e);
             }
+            if server {
+                let cid = s.cid;
+                net.transmit(cid);
+                return Flow::Stop;
+            }
+            return Flow::Go;
+        }
+        if !server {
+            self.test.check_deadline(s.conn, s.files, now);
+            self.test.top_up_uploads(s.conn, s.files);
+        }
+        Flow::Go
+    }
+
+    fn admits(&self, from: SocketAddr) -> bool {
+        self.accept_by
+            .is_none_or(|(_, peer)| from.ip().to_canonical() == peer)
+    }
+
+    fn accept(&mut self, cid: Cid, _conn: &mut Connection, _from: SocketAddr) -> bool {
+        // One session per test.
+        if self.cid.is_some() {
+            return false;
+        }
+        self.cid = Some(cid);
+        true
+    }
+
+    fn on_event(&mut self, s: &mut Session<'_, Mem>, ev: Event, now: Instant) {
+        if self.accept_by.is_some() && Some(s.cid) != self.cid {
+            return;
+        }
+        if let Some(e) = self.test.on_event(s.conn, s.files, ev, now) {
+            self.error.get_or_insert(e);
         }
     }
-    let now = Instant::now();
-    if let Some(conn) = cid.and_then(|c| ep.conn_mut(c)) {
-        last = test.progress(conn, &sock, now).clone();
+
+    fn turn(&mut self, s: &mut Session<'_, Mem>, now: Instant) -> bool {
+        if self.accept_by.is_some() {
+            self.test.check_deadline(s.conn, s.files, now);
+        } else if self.error.is_none() {
+            let t = &mut self.test;
+            t.top_up_requests(s.conn);
+            let sender_done = t.sending && t.ended_at.is_some() && t.open.is_empty();
+            if (sender_done || t.receiver_done()) && self.bye_at.is_none() {
+                s.conn.bye();
+                self.bye_at = Some(now);
+            }
+        }
+        false
     }
-    observe(&last);
-    test.report(error)
+
+    fn settle(&mut self, s: &mut Session<'_, Mem>, now: Instant) -> bool {
+        self.test.note_delivery(s.files, self.delivered, now);
+        self.test.settle(s.conn);
+        false
+    }
+
+    fn end(&mut self, now: Instant, net: &mut Net<Mem>) -> Flow {
+        let drops = Self::drops(net);
+        let observe_now = now >= self.next_observe;
+        if observe_now {
+            self.next_observe = now + OBSERVE_EVERY;
+        }
+        let Some(s) = self.session(net) else {
+            if observe_now && !(self.observe)(&self.last) {
+                self.error.get_or_insert("stopped".into());
+            }
+            return Flow::Go;
+        };
+        if observe_now {
+            self.last = self.test.progress(s.conn, s.files, drops, now).clone();
+            if !(self.observe)(&self.last) && self.error.is_none() {
+                self.error = Some("stopped".into());
+                // The client sends its CLOSE in the next turn, then leaves as draining.
+                s.conn.close(now, 1, "test stopped");
+                return Flow::Go;
+            }
+        }
+        // The client's bye (or its CLOSE, or an error) ended the session.
+        if s.conn.is_draining() {
+            return Flow::Stop;
+        }
+        // Said goodbye: don't wait long for the server's CLOSE.
+        if self
+            .bye_at
+            .is_some_and(|t| now.duration_since(t) > Duration::from_secs(2))
+        {
+            return Flow::Stop;
+        }
+        Flow::Go
+    }
 }
 
 #[cfg(test)]
