@@ -57,6 +57,10 @@ pub enum FsError {
     PermissionDenied(String),
     #[error("{0}: another transfer is writing this file right now")]
     Busy(String),
+    /// A FIFO destination that nobody has open for reading (yet): [`Root::create_part`]
+    /// does not wait for one; its caller may try again.
+    #[error("{0}: nothing reads from this FIFO")]
+    NoReader(String),
     /// The cause is in the message only (see `KeyFileWriteError::Io`).
     #[error("{0}: {1}")]
     Io(String, io::Error),
@@ -196,6 +200,7 @@ impl Root {
         })?;
         let lookup = Lookup {
             base: self.dir.as_fd(),
+            wait_for_reader: false,
             resolve: self.resolve_flags(),
             dir_path: Some(dir_path.clone()),
         };
@@ -1344,6 +1349,8 @@ pub fn create_local_part(dest: &Path, size: u64) -> Result<PartFile, FsError> {
     // program opening the name would.
     let lookup = Lookup {
         base: rfs::CWD,
+        // The client's own download: its one session has nothing else to serve meanwhile.
+        wait_for_reader: true,
         resolve: ResolveFlags::empty(),
         dir_path: parent.to_str().map(str::to_string),
     };
@@ -1354,6 +1361,9 @@ pub fn create_local_part(dest: &Path, size: u64) -> Result<PartFile, FsError> {
 /// root's `RESOLVE_BENEATH` keeps a followed link beneath it).
 struct Lookup<'a> {
     base: BorrowedFd<'a>,
+    /// A FIFO without a reader is waited for (up to [`FIFO_READER_WAIT`]); else
+    /// [`FsError::NoReader`] at once.
+    wait_for_reader: bool,
     resolve: ResolveFlags,
     /// The destination's directory as a path from `base` (None: not valid UTF-8, and then
     /// no relative link target can be followed).
@@ -1433,7 +1443,7 @@ fn find_dest(
                 name = tname.to_string();
             }
             _ => {
-                let out = open_special(&dir, &name, shown)?;
+                let out = open_special(&dir, &name, shown, l.wait_for_reader)?;
                 return Ok((Found::Special(out, dir, name), link));
             }
         }
@@ -1443,13 +1453,14 @@ fn find_dest(
     )))
 }
 
-/// How long a FIFO destination may have no reader before the copy gives up on it (the far
-/// side waits this long without serving its session).
-const FIFO_READER_WAIT: Duration = Duration::from_secs(5);
+/// How long a FIFO destination may have no reader before the copy gives up on it (a client
+/// waits this long for its own download; a server tries again on later turns).
+pub const FIFO_READER_WAIT: Duration = Duration::from_secs(5);
 
 /// Opens the device or FIFO `name` for writing, as it is (no O_TRUNC, never created). A FIFO
-/// without a reader is waited for, briefly. Writes then block as they would for any writer.
-fn open_special(dir: &OwnedFd, name: &str, shown: &str) -> Result<File, FsError> {
+/// without a reader is waited for briefly if `wait`, else refused as [`FsError::NoReader`].
+/// Writes then block as they would for any writer.
+fn open_special(dir: &OwnedFd, name: &str, shown: &str, wait: bool) -> Result<File, FsError> {
     let until = Instant::now() + FIFO_READER_WAIT;
     let fd = loop {
         match rfs::openat(
@@ -1459,6 +1470,7 @@ fn open_special(dir: &OwnedFd, name: &str, shown: &str) -> Result<File, FsError>
             Mode::empty(),
         ) {
             Ok(fd) => break fd,
+            Err(Errno::NXIO) if !wait => return Err(FsError::NoReader(shown.to_string())),
             Err(Errno::NXIO) if Instant::now() < until => {
                 std::thread::sleep(Duration::from_millis(20))
             }

@@ -1992,3 +1992,45 @@ fn an_upload_whose_temp_file_is_held_waits_without_stalling_other_sessions() {
     assert!(t0.elapsed() >= Duration::from_secs(4), "{:?}", t0.elapsed());
     assert!(!fx.root.join("stuck").exists());
 }
+
+#[test]
+fn a_served_fifo_is_waited_for_its_reader_then_refused_without_stalling_others() {
+    let fx = Fx::new();
+    let src = fx.local.join("f.bin");
+    let want = write_random(&src, 300_000, 23);
+    let other = fx.root.join("other");
+    write_random(&other, 1 << 20, 24);
+
+    // The reader comes a second late: the upload waits for it.
+    mkfifo(&fx.root.join("late"));
+    let mut cmd = hayate();
+    cmd.args([
+        "cp",
+        "-q",
+        "--key-file",
+        &s(&fx.key),
+        &s(&src),
+        &fx.url("late"),
+    ]);
+    let upload = spawn_cmd(&mut cmd);
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    fx.cp(&[fx.url("other"), s(&fx.local.join("other"))])
+        .assert_ok();
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_millis(1200),
+        "another session waited {took:?} behind the FIFO"
+    );
+    std::thread::sleep(Duration::from_millis(700));
+    let reader = drain_fifo(&fx.root.join("late"));
+    upload.wait(Duration::from_secs(20)).assert_ok();
+    assert_eq!(blake3::hash(&reader.join().unwrap()), want);
+
+    // Nobody ever reads: refused after a while, saying why; still a FIFO.
+    mkfifo(&fx.root.join("unread"));
+    let r = fx.cp(&[s(&src), fx.url("unread")]);
+    r.assert_failed();
+    assert!(r.stderr.contains("nothing reads from this FIFO"), "{r:#?}");
+    assert!(is_fifo(&fx.root.join("unread")));
+}

@@ -27,8 +27,8 @@ use crate::verify::{Landing, Sending, WholeHash};
 
 /// Most entries one listing may return (a runaway tree is an error, not an OOM).
 const MAX_LIST: usize = 4_000_000;
-/// How long an upload whose temp file another process holds is tried again before it is
-/// refused as busy.
+/// How long an upload whose temp file another process holds, or whose FIFO destination
+/// has no reader, is tried again before it is refused.
 const BUSY_WAIT: Duration = Duration::from_secs(5);
 /// How often it is tried meanwhile.
 const BUSY_POLL: Duration = Duration::from_millis(100);
@@ -329,8 +329,8 @@ struct Server<'l> {
     /// Offers whose temp file another session holds, for [`Server::supersede`].
     busy_offers: Vec<(Cid, Event)>,
     /// Offers whose temp file another process still holds (the far side of a killed copy,
-    /// not yet gone): tried again each turn until the time given, then refused. The loop
-    /// never sleeps on them: other sessions go on meanwhile.
+    /// not yet gone), or whose FIFO has no reader yet: tried again each 100 ms until the
+    /// time given, then refused. The loop never sleeps on them: other sessions go on.
     waiting: Vec<(Cid, Event, Instant)>,
 }
 
@@ -605,7 +605,16 @@ fn on_event(
         } => {
             let part = match root.create_part(path, size) {
                 Ok(p) => p,
-                Err(FsError::Busy(_)) if !last_try => return Some(ev),
+                Err(FsError::Busy(_) | FsError::NoReader(_)) if !last_try => return Some(ev),
+                Err(FsError::NoReader(p)) => {
+                    let e = format!(
+                        "{p}: nothing reads from this FIFO (waited {} s)",
+                        BUSY_WAIT.as_secs()
+                    );
+                    log(&format!("{addr}: refused upload: {e}"));
+                    c.reject(xfer, &e);
+                    return None;
+                }
                 Err(e) => {
                     log(&format!("{addr}: refused upload: {e}"));
                     c.reject(xfer, &e.to_string());
