@@ -1700,10 +1700,13 @@ pub const CHANGED_WHILE_SENT: &str = "changed while being sent";
 pub struct SourceFile {
     file: File,
     size: u64,
-    ahead: Vec<u8>,
+    ahead: Arc<Vec<u8>>,
     /// File offset of `ahead[0]`, and how many bytes of `ahead` hold the file's.
     start: u64,
     len: usize,
+    keep_chunks: bool,
+    /// Chunks read whole, for [`take_chunks`](Self::take_chunks).
+    chunks: Vec<(u64, Arc<Vec<u8>>)>,
     /// The file as it was opened.
     was: Ident,
     locate: Option<Locate>,
@@ -1737,8 +1740,9 @@ impl Ident {
 }
 
 impl SourceFile {
-    /// Bytes read ahead at a time (less for a smaller file).
-    pub const CHUNK: usize = 256 * 1024;
+    /// Bytes read ahead at a time, aligned (less at the end of the file): one hashing
+    /// subtree, so a chunk read for sending is hashed as it is (`verify::Sending`).
+    pub const CHUNK: usize = crate::verify::SUBTREE_LEN as usize;
 
     /// `size`: the file's length as offered (the file as it is now is what later reads
     /// are checked against).
@@ -1752,9 +1756,11 @@ impl SourceFile {
         SourceFile {
             file,
             size,
-            ahead: Vec::new(),
+            ahead: Arc::new(Vec::new()),
             start: 0,
             len: 0,
+            keep_chunks: false,
+            chunks: Vec::new(),
             was,
             locate: None,
             failure: None,
@@ -1815,41 +1821,81 @@ impl SourceFile {
 
     fn read_checked(&mut self, offset: u64, out: &mut [u8]) -> Result<(), String> {
         let end = offset + out.len() as u64;
-        let held = self.start + self.len as u64;
-        if offset >= self.start && end <= held {
-            let from = (offset - self.start) as usize;
-            out.copy_from_slice(&self.ahead[from..from + out.len()]);
-            if end >= self.size {
-                // The last block: after it the hash is announced.
-                self.check()?;
+        if end > self.size {
+            return Err(format!(
+                "read of bytes {offset}..{end} past the end of the file as offered ({} bytes)",
+                self.size
+            ));
+        }
+        let mut pos = offset;
+        let mut done = 0;
+        while done < out.len() {
+            let held = self.start + self.len as u64;
+            if pos >= self.start && pos < held {
+                let from = (pos - self.start) as usize;
+                let k = (self.len - from).min(out.len() - done);
+                out[done..done + k].copy_from_slice(&self.ahead[from..from + k]);
+                done += k;
+                pos += k as u64;
+                continue;
+            }
+            // Going forward (in order, or past what the receiver already has): the aligned
+            // chunk that holds `pos` is read whole. Going back (a retransmission): only the
+            // bytes asked for.
+            if self.len == 0 || pos >= held {
+                self.read_ahead(pos)?;
+                continue;
+            }
+            let n = read_at(&self.file, pos, &mut out[done..]).map_err(|e| e.to_string())?;
+            self.check()?;
+            if n < out.len() - done {
+                return Err(format!("{CHANGED_WHILE_SENT} (it shrank)"));
             }
             return Ok(());
         }
-        let in_order = self.len == 0 || (offset >= self.start && offset <= held);
-        let n = if in_order && out.len() < Self::CHUNK {
-            if self.ahead.is_empty() {
-                let want = self.size.min(Self::CHUNK as u64) as usize;
-                self.ahead = vec![0; want.max(out.len())];
-            }
-            let want =
-                (self.size.saturating_sub(offset) as usize).clamp(out.len(), self.ahead.len());
-            self.len = 0;
-            let n =
-                read_at(&self.file, offset, &mut self.ahead[..want]).map_err(|e| e.to_string())?;
-            self.start = offset;
-            self.len = n;
-            let k = n.min(out.len());
-            out[..k].copy_from_slice(&self.ahead[..k]);
-            k
-        } else {
-            read_at(&self.file, offset, out).map_err(|e| e.to_string())?
-        };
-        self.check()?;
-        if n == out.len() {
-            Ok(())
-        } else {
-            Err(format!("{CHANGED_WHILE_SENT} (it shrank)"))
+        if end >= self.size {
+            // The last block: after it the hash is announced.
+            self.check()?;
         }
+        Ok(())
+    }
+
+    /// Reads the aligned [`CHUNK`](Self::CHUNK) that holds `pos` into a fresh buffer, and
+    /// keeps it for [`take_chunks`](Self::take_chunks) too.
+    fn read_ahead(&mut self, pos: u64) -> Result<(), String> {
+        let start = pos - pos % Self::CHUNK as u64;
+        let want = (self.size - start).min(Self::CHUNK as u64) as usize;
+        // The previous buffer is reused unless a hash job still holds it.
+        let mut buf = match Arc::get_mut(&mut self.ahead) {
+            Some(b) if b.len() == want => std::mem::take(b),
+            _ => vec![0; want],
+        };
+        self.len = 0;
+        let n = read_at(&self.file, start, &mut buf).map_err(|e| e.to_string())?;
+        self.check()?;
+        if n < want {
+            return Err(format!("{CHANGED_WHILE_SENT} (it shrank)"));
+        }
+        self.ahead = Arc::new(buf);
+        self.start = start;
+        self.len = n;
+        if self.keep_chunks {
+            self.chunks.push((start, self.ahead.clone()));
+        }
+        Ok(())
+    }
+
+    /// The whole chunks read since the last call, with their offsets (only with
+    /// [`keep_chunks`](Self::keep_chunks)): the sender's hash is taken from them, not by
+    /// reading the file a second time.
+    pub fn take_chunks(&mut self) -> Vec<(u64, Arc<Vec<u8>>)> {
+        std::mem::take(&mut self.chunks)
+    }
+
+    /// Whether [`take_chunks`](Self::take_chunks) gets the chunks read.
+    pub fn keep_chunks(&mut self, on: bool) {
+        self.keep_chunks = on;
+        self.chunks.clear();
     }
 }
 
