@@ -1177,6 +1177,15 @@ impl PartFile {
         }
     }
 
+    /// Has `f` see every write of this file from now on, once it is in the file (see
+    /// [`Queue::observe`](crate::writeback::Queue::observe)); nothing for a destination
+    /// written in order.
+    pub fn observe_writes(&mut self, f: crate::writeback::Observer) {
+        if let Some(q) = &mut self.behind {
+            q.observe(f);
+        }
+    }
+
     /// Runs `f` (on the writer thread) once everything written so far is in the file, or
     /// at once when nothing is written behind. The protocol loop does not wait.
     pub fn after_writes(&mut self, f: impl FnOnce() + Send + 'static) -> io::Result<()> {
