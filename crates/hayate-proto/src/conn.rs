@@ -234,35 +234,66 @@ pub struct Connection {
     cfg: Config,
     psk: Psk,
     state: State,
+    /// CLOSE to send (again) while draining: code and reason.
+    close_frame: Option<(u64, String)>,
+    /// Time zero of every `_us` value in this session.
     epoch: Instant,
-    keys: Option<SessionKeys>,
     my_cid: Cid,
     peer_cid: Cid,
+    path: PathData,
+    space: PacketSpace,
+    timers: Timers,
+    ctrl: ControlStream,
+    xfers: Transfers,
+    events: VecDeque<Event>,
+    stats: Stats,
+    /// A reusable buffer (frames being built, blocks read only to hash them).
+    scratch: Vec<u8>,
+}
+
+/// The path to the peer: packet sizes, RTT, rate control and pacing, what each side
+/// reports of its receive path, and path validation.
+struct PathData {
     fam: AddrFamily,
     mtu: u16,
     block_size: usize,
     payload_limit: usize,
-
-    // Receiving packets from the peer.
-    replay: ReplayWindow,
-    largest_rx: Option<(u64, u64)>,
-    ack_pending: u32,
-    ack_deadline: Option<u64>,
-    ack_now: bool,
-    rx_bytes: u64,
-    /// Some incoming file holds blocks that came before it was accepted.
-    stash_pending: bool,
-    /// Arrival time of the last data counted in `rx_bytes`, µs.
-    rx_bytes_at_us: u64,
+    rtt: RttEstimator,
+    cc: Box<dyn RateControl>,
+    pacer: Pacer,
+    /// A PATH_CHALLENGE's token to echo in our next packet.
+    response_due: Option<[u8; wire::PATH_TOKEN_LEN]>,
+    /// The last PATH_RESPONSE's token, for the endpoint (see [`Connection::take_path_response`]).
+    response_rx: Option<[u8; wire::PATH_TOKEN_LEN]>,
+    // This host's receive path, as the driver reports it (see `set_receiver_state`).
     rx_buffered: u64,
     rx_buffer: u64,
     rx_drops: u64,
     rx_drops_base: Option<u64>,
-    last_rx_us: u64,
-    /// A PATH_CHALLENGE's token to echo in our next packet.
-    path_response_due: Option<[u8; wire::PATH_TOKEN_LEN]>,
-    /// The last PATH_RESPONSE's token, for the endpoint (see [`Connection::take_path_response`]).
-    path_response_rx: Option<[u8; wire::PATH_TOKEN_LEN]>,
+    // The peer's receive path, from its ACKs: the last (bytes, time) report and drop count.
+    prev_ack_rx: Option<(u64, u64)>,
+    peer_drops: u64,
+    /// Every feedback and the rate it led to, when asked for (tuning the controller on real
+    /// paths needs what it saw, not only what it did).
+    cc_trace: Option<Vec<CcTraceRow>>,
+}
+
+/// The packet number space: keys, what was received and is to be acknowledged, and what
+/// was sent.
+struct PacketSpace {
+    keys: Option<SessionKeys>,
+
+    // Receiving packets from the peer.
+    replay: ReplayWindow,
+    /// Largest packet number received, and when it arrived (µs).
+    largest_rx: Option<(u64, u64)>,
+    ack_pending: u32,
+    ack_deadline: Option<u64>,
+    ack_now: bool,
+    /// Data bytes received (the ACK reports them for the sender's delivery rate).
+    rx_bytes: u64,
+    /// Arrival time of the last data counted in `rx_bytes`, µs.
+    rx_bytes_at_us: u64,
 
     // Sending packets to the peer.
     next_pn: u64,
@@ -270,44 +301,49 @@ pub struct Connection {
     /// Per packet number from `sent_base`: what the sender knows of its sending.
     sent_times: VecDeque<SentRecord>,
     largest_acked: Option<u64>,
-    rtt: RttEstimator,
-    cc: Box<dyn RateControl>,
-    pacer: Pacer,
-    prev_ack_rx: Option<(u64, u64)>,
-    peer_drops: u64,
+}
+
+/// Liveness: the idle timeout, probe timeouts and keep-alive PINGs.
+struct Timers {
+    /// When the last authentic packet arrived, µs (the idle timeout counts from it).
+    last_rx_us: u64,
     pto_base_us: u64,
     pto_count: u32,
     ping_pending: bool,
     /// See [`Connection::keep_alive`]; and when its last PING was queued.
     keep_alive: bool,
     keep_alive_us: u64,
+}
 
-    ctrl_tx: CtrlSend,
-    ctrl_rx: CtrlRecv,
+/// The control stream's two directions and what rides on them.
+struct ControlStream {
+    tx: CtrlSend,
+    rx: CtrlRecv,
+    /// Control stream bytes from this offset on go out a second time once sent.
+    twice: Option<u64>,
+    bye_sent: bool,
+    next_meta: u32,
+}
+
+/// The file transfers of this session, both ways.
+struct Transfers {
     outgoing: BTreeMap<XferId, Outgoing>,
     incoming: BTreeMap<XferId, Incoming>,
+    /// Downloads asked for and not yet offered.
     pending_gets: BTreeMap<XferId, String>,
+    /// The incoming transfer whose loss map goes first in the next ACK.
     map_rotation: XferId,
     next_xfer: XferId,
-    next_meta: u32,
     /// In-flight bytes of finished outgoing transfers, settled by [`Connection::retire`].
     retired_in_flight: u64,
-    bye_sent: bool,
-    /// Control stream bytes from this offset on go out a second time once sent.
-    ctrl_twice: Option<u64>,
+    /// Some incoming file holds blocks that came before it was accepted.
+    stash_pending: bool,
     /// Some transfer may need its hash finished or `Sent` announced without sending data.
     hash_work: bool,
     /// The driver hashes what this side sends (off the protocol loop) and hands each file's
     /// hash in with [`Connection::set_source_hash`]; the connection reads no block only to
     /// hash it. Off: the connection hashes blocks as it sends them (the simulator).
     external_hash: bool,
-    close_frame: Option<(u64, String)>,
-    events: VecDeque<Event>,
-    stats: Stats,
-    scratch: Vec<u8>,
-    /// Every feedback and the rate it led to, when asked for (tuning the controller on real
-    /// paths needs what it saw, not only what it did).
-    cc_trace: Option<Vec<CcTraceRow>>,
 }
 
 /// What the I/O shell knows of this host's receive path (see
@@ -359,61 +395,71 @@ impl Connection {
             side,
             psk,
             state: State::Closed,
+            close_frame: None,
             epoch: now,
-            keys: None,
             my_cid: 0,
             peer_cid: 0,
-            fam,
-            mtu,
-            block_size: wire::block_size(mtu, fam),
-            payload_limit: wire::udp_payload_limit(mtu, fam),
-            replay: ReplayWindow::new(),
-            largest_rx: None,
-            ack_pending: 0,
-            ack_deadline: None,
-            ack_now: false,
-            rx_bytes: 0,
-            stash_pending: false,
-            rx_bytes_at_us: 0,
-            rx_buffered: 0,
-            rx_buffer: 0,
-            rx_drops: 0,
-            rx_drops_base: None,
-            last_rx_us: 0,
-            path_response_due: None,
-            path_response_rx: None,
-            next_pn: 0,
-            sent_base: 0,
-            sent_times: VecDeque::new(),
-            largest_acked: None,
-            rtt: RttEstimator::default(),
-            pacer,
-            cc,
-            prev_ack_rx: None,
-            peer_drops: 0,
-            pto_base_us: 0,
-            pto_count: 0,
-            ping_pending: false,
-            keep_alive: false,
-            keep_alive_us: 0,
-            ctrl_tx: CtrlSend::default(),
-            ctrl_rx: CtrlRecv::default(),
-            outgoing: BTreeMap::new(),
-            incoming: BTreeMap::new(),
-            pending_gets: BTreeMap::new(),
-            map_rotation: 0,
-            next_xfer: 1,
-            next_meta: 1,
-            retired_in_flight: 0,
-            bye_sent: false,
-            ctrl_twice: None,
-            hash_work: false,
-            external_hash: false,
-            close_frame: None,
+            path: PathData {
+                fam,
+                mtu,
+                block_size: wire::block_size(mtu, fam),
+                payload_limit: wire::udp_payload_limit(mtu, fam),
+                rtt: RttEstimator::default(),
+                pacer,
+                cc,
+                response_due: None,
+                response_rx: None,
+                rx_buffered: 0,
+                rx_buffer: 0,
+                rx_drops: 0,
+                rx_drops_base: None,
+                prev_ack_rx: None,
+                peer_drops: 0,
+                cc_trace: None,
+            },
+            space: PacketSpace {
+                keys: None,
+                replay: ReplayWindow::new(),
+                largest_rx: None,
+                ack_pending: 0,
+                ack_deadline: None,
+                ack_now: false,
+                rx_bytes: 0,
+                rx_bytes_at_us: 0,
+                next_pn: 0,
+                sent_base: 0,
+                sent_times: VecDeque::new(),
+                largest_acked: None,
+            },
+            timers: Timers {
+                last_rx_us: 0,
+                pto_base_us: 0,
+                pto_count: 0,
+                ping_pending: false,
+                keep_alive: false,
+                keep_alive_us: 0,
+            },
+            ctrl: ControlStream {
+                tx: CtrlSend::default(),
+                rx: CtrlRecv::default(),
+                twice: None,
+                bye_sent: false,
+                next_meta: 1,
+            },
+            xfers: Transfers {
+                outgoing: BTreeMap::new(),
+                incoming: BTreeMap::new(),
+                pending_gets: BTreeMap::new(),
+                map_rotation: 0,
+                next_xfer: 1,
+                retired_in_flight: 0,
+                stash_pending: false,
+                hash_work: false,
+                external_hash: false,
+            },
             events: VecDeque::new(),
             stats: Stats::default(),
             scratch: Vec::new(),
-            cc_trace: None,
             cfg,
         }
     }
@@ -436,7 +482,7 @@ impl Connection {
         let deadline_us = cfg.connect_timeout.as_micros() as u64;
         let (rate_max, rate_min, adaptive) = cfg.rate.to_params();
         let mut c = Connection::base(Side::Client, cfg, psk.clone(), fam, now);
-        c.ctrl_tx.push(&Ctrl::Params {
+        c.ctrl.tx.push(&Ctrl::Params {
             rate_max,
             rate_min,
             adaptive,
@@ -464,7 +510,7 @@ impl Connection {
         let mut c = Connection::base(Side::Server, cfg, psk.clone(), fam, now);
         c.my_cid = accept.server_cid;
         c.peer_cid = accept.client_cid;
-        c.keys = Some(accept.keys);
+        c.space.keys = Some(accept.keys);
         c.state = State::AwaitConfirm;
         c
     }
@@ -482,16 +528,16 @@ impl Connection {
     }
 
     pub fn block_size(&self) -> usize {
-        self.block_size
+        self.path.block_size
     }
 
     pub fn mtu(&self) -> u16 {
-        self.mtu
+        self.path.mtu
     }
 
     /// Largest datagram this session sends; size transmit buffers to it.
     pub fn max_datagram(&self) -> usize {
-        self.payload_limit.max(wire::CLIENT_HELLO_LEN)
+        self.path.payload_limit.max(wire::CLIENT_HELLO_LEN)
     }
 
     pub fn is_established(&self) -> bool {
@@ -509,12 +555,13 @@ impl Connection {
 
     /// Starts recording every feedback the rate controller gets (see [`CcTraceRow`]).
     pub fn enable_cc_trace(&mut self) {
-        self.cc_trace.get_or_insert_with(Vec::new);
+        self.path.cc_trace.get_or_insert_with(Vec::new);
     }
 
     /// The rows recorded since the last call.
     pub fn take_cc_trace(&mut self) -> Vec<CcTraceRow> {
-        self.cc_trace
+        self.path
+            .cc_trace
             .as_mut()
             .map(std::mem::take)
             .unwrap_or_default()
@@ -522,16 +569,16 @@ impl Connection {
 
     pub fn stats(&self) -> Stats {
         let mut s = self.stats.clone();
-        s.srtt_us = self.rtt.srtt();
-        s.min_rtt_us = self.rtt.min();
-        s.rtt_sampled = self.rtt.has_sample();
-        s.pacing_rate = self.pacer.rate().unwrap_or(0);
-        s.send_time_lost_bytes = self.pacer.lost_bytes();
+        s.srtt_us = self.path.rtt.srtt();
+        s.min_rtt_us = self.path.rtt.min();
+        s.rtt_sampled = self.path.rtt.has_sample();
+        s.pacing_rate = self.path.pacer.rate().unwrap_or(0);
+        s.send_time_lost_bytes = self.path.pacer.lost_bytes();
         s
     }
 
     pub fn rate_controller(&self) -> &dyn RateControl {
-        &*self.cc
+        &*self.path.cc
     }
 
     pub fn poll_event(&mut self) -> Option<Event> {
@@ -541,12 +588,12 @@ impl Connection {
     /// The I/O shell reports the receiver-side facts the peer's rate controller wants; the
     /// next ACK carries them.
     pub fn set_receiver_state(&mut self, st: ReceiverState) {
-        self.rx_buffer = st.buffer;
-        self.rx_buffered = if st.buffer > 0 { st.buffered } else { 0 };
+        self.path.rx_buffer = st.buffer;
+        self.path.rx_buffered = if st.buffer > 0 { st.buffered } else { 0 };
         // The socket's counter runs for its whole life (a server's spans many sessions):
         // report only the drops since this session first looked.
-        let base = *self.rx_drops_base.get_or_insert(st.os_drops);
-        self.rx_drops = st.os_drops.saturating_sub(base);
+        let base = *self.path.rx_drops_base.get_or_insert(st.os_drops);
+        self.path.rx_drops = st.os_drops.saturating_sub(base);
     }
 
     // ----- application requests -----
@@ -571,7 +618,7 @@ impl Connection {
     /// [`request`](Self::request) with [`flags`] (`UPDATE` asks for the hash up front).
     pub fn request_ext(&mut self, path: &str, flags: u32) -> XferId {
         let xfer = self.alloc_xfer();
-        self.pending_gets.insert(xfer, path.to_string());
+        self.xfers.pending_gets.insert(xfer, path.to_string());
         // A download starts when this arrives (see `offer`).
         self.say_twice(&Ctrl::Get {
             xfer,
@@ -593,8 +640,8 @@ impl Connection {
 
     /// Decline an `Offered` file without error (already there, or identical).
     pub fn skip(&mut self, xfer: XferId, reason: &str) {
-        if self.incoming.remove(&xfer).is_some() {
-            self.ctrl_tx.push(&Ctrl::Skip {
+        if self.xfers.incoming.remove(&xfer).is_some() {
+            self.ctrl.tx.push(&Ctrl::Skip {
                 xfer,
                 reason: reason.to_string(),
             });
@@ -603,9 +650,9 @@ impl Connection {
 
     /// Client: a file-system request on the server; the answer comes as `MetaReplied`.
     pub fn meta(&mut self, op: MetaOp) -> u32 {
-        let id = self.next_meta;
-        self.next_meta += 1;
-        self.ctrl_tx.push(&Ctrl::Meta { id, op });
+        let id = self.ctrl.next_meta;
+        self.ctrl.next_meta += 1;
+        self.ctrl.tx.push(&Ctrl::Meta { id, op });
         id
     }
 
@@ -617,14 +664,14 @@ impl Connection {
                 let parts: Vec<_> = entries.chunks(PER_MESSAGE).collect();
                 let last = parts.len() - 1;
                 for (i, p) in parts.into_iter().enumerate() {
-                    self.ctrl_tx.push(&Ctrl::MetaReply {
+                    self.ctrl.tx.push(&Ctrl::MetaReply {
                         id,
                         result: Ok(p.to_vec()),
                         more: i < last,
                     });
                 }
             }
-            result => self.ctrl_tx.push(&Ctrl::MetaReply {
+            result => self.ctrl.tx.push(&Ctrl::MetaReply {
                 id,
                 result,
                 more: false,
@@ -634,7 +681,7 @@ impl Connection {
 
     /// Blocks of an outgoing file the receiver already had (resume), in bytes.
     pub fn outgoing_skipped_bytes(&self, xfer: XferId) -> Option<u64> {
-        self.outgoing.get(&xfer).map(|o| o.bytes_had)
+        self.xfers.outgoing.get(&xfer).map(|o| o.bytes_had)
     }
 
     /// Accept an `Offered` file; `have` lists block ranges already present (resume).
@@ -645,7 +692,7 @@ impl Connection {
     /// [`accept`](Self::accept), telling the sender where the file goes (the answer to an
     /// [`flags::INTO_DIR`](crate::control::flags::INTO_DIR) offer).
     pub fn accept_at(&mut self, xfer: XferId, have: &[(u64, u64)], path: Option<&str>) {
-        if let Some(inc) = self.incoming.get_mut(&xfer) {
+        if let Some(inc) = self.xfers.incoming.get_mut(&xfer) {
             inc.accepted = true;
             inc.allocate();
             inc.mark_have(have);
@@ -665,9 +712,9 @@ impl Connection {
 
     /// Refuse an offer or a get (or abort an incoming transfer).
     pub fn reject(&mut self, xfer: XferId, reason: &str) {
-        self.incoming.remove(&xfer);
+        self.xfers.incoming.remove(&xfer);
         self.retire(xfer);
-        self.ctrl_tx.push(&Ctrl::Reject {
+        self.ctrl.tx.push(&Ctrl::Reject {
             xfer,
             reason: reason.to_string(),
         });
@@ -676,7 +723,7 @@ impl Connection {
     /// Report the verdict on a completed incoming file: Ok(hash) once it is verified and in
     /// place under its final name, Err(reason) otherwise.
     pub fn finish_incoming(&mut self, xfer: XferId, result: Result<[u8; 32], String>) {
-        if self.incoming.remove(&xfer).is_none() {
+        if self.xfers.incoming.remove(&xfer).is_none() {
             return;
         }
         // The sender waits on this verdict alone: lost, it would wait for a probe timeout
@@ -692,9 +739,9 @@ impl Connection {
     /// stream from there (only from the earliest such message still unsent twice: the
     /// stream is not sent twice whole).
     fn say_twice(&mut self, msg: &Ctrl) {
-        let at = self.ctrl_tx.end();
-        self.ctrl_tx.push(msg);
-        self.ctrl_twice = Some(self.ctrl_twice.map_or(at, |t| t.min(at)));
+        let at = self.ctrl.tx.end();
+        self.ctrl.tx.push(msg);
+        self.ctrl.twice = Some(self.ctrl.twice.map_or(at, |t| t.min(at)));
     }
 
     /// Client: no more requests. The packet that says so goes out with whatever control
@@ -702,9 +749,9 @@ impl Connection {
     /// session is over: nothing the server could still say matters, and waiting for its own
     /// CLOSE cost the job a round trip. Lost both, the server's idle timeout ends it.
     pub fn bye(&mut self) {
-        if !self.bye_sent {
-            self.bye_sent = true;
-            self.ctrl_tx.push(&Ctrl::Bye);
+        if !self.ctrl.bye_sent {
+            self.ctrl.bye_sent = true;
+            self.ctrl.tx.push(&Ctrl::Bye);
         }
     }
 
@@ -718,7 +765,7 @@ impl Connection {
         if self.is_draining() {
             return;
         }
-        if self.keys.is_some() && !matches!(self.state, State::Handshake { .. }) {
+        if self.space.keys.is_some() && !matches!(self.state, State::Handshake { .. }) {
             self.close_frame = Some((code, reason.to_string()));
             self.state = State::Draining {
                 until_us: now_us + DRAIN_US,
@@ -733,11 +780,12 @@ impl Connection {
     /// Transfers still open, for a message when a session dies.
     pub fn open_transfers(&self) -> Vec<(XferId, String)> {
         let mut v: Vec<_> = self
+            .xfers
             .outgoing
             .values()
             .map(|o| (o.id, o.path.clone()))
-            .chain(self.incoming.values().map(|i| (i.id, i.path.clone())))
-            .chain(self.pending_gets.iter().map(|(x, p)| (*x, p.clone())))
+            .chain(self.xfers.incoming.values().map(|i| (i.id, i.path.clone())))
+            .chain(self.xfers.pending_gets.iter().map(|(x, p)| (*x, p.clone())))
             .collect();
         v.sort();
         v
@@ -745,29 +793,30 @@ impl Connection {
 
     /// Progress of an incoming transfer: (received blocks, total blocks, missing ranges).
     pub fn incoming_progress(&self, xfer: XferId) -> Option<(u64, u64)> {
-        self.incoming
+        self.xfers
+            .incoming
             .get(&xfer)
             .map(|i| (i.received_blocks(), i.layout.blocks()))
     }
 
     /// Missing block ranges of an incoming transfer (for "what is missing" reports).
     pub fn incoming_missing(&self, xfer: XferId) -> Option<Vec<(u64, u64)>> {
-        self.incoming.get(&xfer).map(|i| i.missing_ranges())
+        self.xfers.incoming.get(&xfer).map(|i| i.missing_ranges())
     }
 
     /// Bytes of our outgoing files the peer has acknowledged.
     pub fn outgoing_acked_bytes(&self, xfer: XferId) -> Option<u64> {
-        self.outgoing.get(&xfer).map(|o| o.bytes_acked)
+        self.xfers.outgoing.get(&xfer).map(|o| o.bytes_acked)
     }
 
     fn alloc_xfer(&mut self) -> XferId {
-        let x = self.next_xfer;
-        self.next_xfer += 1;
+        let x = self.xfers.next_xfer;
+        self.xfers.next_xfer += 1;
         x
     }
 
     fn start_outgoing(&mut self, xfer: XferId, f: &FileOffer<'_>) {
-        let layout = Layout::new(f.size, self.block_size);
+        let layout = Layout::new(f.size, self.path.block_size);
         if layout.blocks() > wire::BLOCK_LIMIT {
             self.fail_outgoing(xfer, too_large(f.path, f.size));
             return;
@@ -776,7 +825,7 @@ impl Connection {
         // Not when the receiver may well answer with a skip: what went out would be wasted.
         o.eager = f.flags & (flags::NO_CLOBBER | flags::UPDATE) == 0;
         o.finish_empty_hash();
-        self.outgoing.insert(xfer, o);
+        self.xfers.outgoing.insert(xfer, o);
         // A file's start waits on this and on the `Ready` that answers it: either lost, the
         // sender stops at its eager limit until a probe timeout (the simulator, 1 Gbit/s,
         // 250 ms, 3 % loss: 2 of 12 runs; startup then read the stop as the path's rate, left
@@ -845,22 +894,22 @@ impl Connection {
             match hs.handle(&self.psk, data) {
                 Ok(est) => {
                     self.peer_cid = est.server_cid;
-                    self.mtu = est.mtu;
-                    self.block_size = wire::block_size(est.mtu, self.fam);
-                    self.payload_limit = wire::udp_payload_limit(est.mtu, self.fam);
-                    self.pacer = Pacer::new(self.payload_limit);
-                    self.pacer.set_rate(self.cc.pacing_rate());
-                    self.keys = Some(est.keys);
+                    self.path.mtu = est.mtu;
+                    self.path.block_size = wire::block_size(est.mtu, self.path.fam);
+                    self.path.payload_limit = wire::udp_payload_limit(est.mtu, self.path.fam);
+                    self.path.pacer = Pacer::new(self.path.payload_limit);
+                    self.path.pacer.set_rate(self.path.cc.pacing_rate());
+                    self.space.keys = Some(est.keys);
                     self.state = State::Established;
-                    self.last_rx_us = now_us;
-                    self.pto_base_us = now_us;
+                    self.timers.last_rx_us = now_us;
+                    self.timers.pto_base_us = now_us;
                     // The server trusts us only once a sealed packet opens: say something.
-                    if !self.ctrl_tx.has_unsent() {
-                        self.ping_pending = true;
+                    if !self.ctrl.tx.has_unsent() {
+                        self.timers.ping_pending = true;
                     }
                     // Transfers queued before the handshake learned the block size now.
-                    for o in self.outgoing.values_mut() {
-                        o.layout = Layout::new(o.layout.size, self.block_size);
+                    for o in self.xfers.outgoing.values_mut() {
+                        o.layout = Layout::new(o.layout.size, self.path.block_size);
                         let eager = o.eager;
                         *o = Outgoing::new(o.id, o.path.clone(), o.layout);
                         o.eager = eager;
@@ -914,12 +963,16 @@ impl Connection {
             self.stats.dropped_malformed += 1;
             return false;
         };
-        let pn = wire::decode_pn(pn_bits, self.largest_rx.map_or(0, |(l, _)| l + 1));
-        if !self.replay.is_fresh(pn) {
+        let pn = wire::decode_pn(pn_bits, self.space.largest_rx.map_or(0, |(l, _)| l + 1));
+        if !self.space.replay.is_fresh(pn) {
             self.stats.dropped_replay += 1;
             return false;
         }
-        let keys = self.keys.as_ref().expect("sealed packets only after keys");
+        let keys = self
+            .space
+            .keys
+            .as_ref()
+            .expect("sealed packets only after keys");
         let plain = match keys.recv.open(data, pn) {
             Ok(p) => p,
             Err(_) => {
@@ -933,12 +986,12 @@ impl Connection {
             self.stats.dropped_malformed += 1;
             return false;
         }
-        self.replay.mark(pn);
+        self.space.replay.mark(pn);
         self.stats.packets_received += 1;
-        self.last_rx_us = now_us;
+        self.timers.last_rx_us = now_us;
         if matches!(self.state, State::AwaitConfirm) {
             self.state = State::Established;
-            self.pto_base_us = now_us;
+            self.timers.pto_base_us = now_us;
             self.events.push_back(Event::Connected);
         }
         if let State::Draining { .. } = self.state {
@@ -948,11 +1001,11 @@ impl Connection {
             }
             return true;
         }
-        if self.largest_rx.is_none_or(|(l, _)| pn > l) {
-            self.largest_rx = Some((pn, rx_at_us));
+        if self.space.largest_rx.is_none_or(|(l, _)| pn > l) {
+            self.space.largest_rx = Some((pn, rx_at_us));
         }
 
-        if self.stash_pending {
+        if self.xfers.stash_pending {
             self.flush_stashes(sink);
         }
         let mut eliciting = false;
@@ -963,13 +1016,13 @@ impl Connection {
                 Frame::Padding => {}
                 Frame::Ping => {
                     eliciting = true;
-                    self.ack_now = true;
+                    self.space.ack_now = true;
                 }
                 Frame::Ack(a) => fb = Some(self.on_ack(now_us, rx_at_us, &a)),
                 Frame::Ctrl { offset, data } => {
                     eliciting = true;
-                    self.ack_now = true;
-                    match self.ctrl_rx.on_chunk(offset, data) {
+                    self.space.ack_now = true;
+                    match self.ctrl.rx.on_chunk(offset, data) {
                         Ok(_) => self.drain_ctrl(now),
                         Err(e) => {
                             self.close(now, 2, &format!("protocol error: {e}"));
@@ -994,10 +1047,10 @@ impl Connection {
                     self.on_loss_map(&lm, fb);
                 }
                 Frame::PathChallenge(token) => {
-                    self.path_response_due = Some(token);
+                    self.path.response_due = Some(token);
                 }
                 Frame::PathResponse(token) => {
-                    self.path_response_rx = Some(token);
+                    self.path.response_rx = Some(token);
                 }
                 Frame::Close { code, reason } => {
                     let error = (code != 0).then(|| format!("peer closed the session: {reason}"));
@@ -1010,11 +1063,11 @@ impl Connection {
             }
         }
         if let Some(mut fb) = fb {
-            fb.srtt_us = self.rtt.srtt();
-            fb.min_rtt_us = self.rtt.min();
+            fb.srtt_us = self.path.rtt.srtt();
+            fb.min_rtt_us = self.path.rtt.min();
             fb.in_flight = self.in_flight_bytes();
-            self.cc.on_feedback(&fb);
-            self.pacer.on_fates(
+            self.path.cc.on_feedback(&fb);
+            self.path.pacer.on_fates(
                 (
                     fb.catch_up_lost_bytes,
                     fb.catch_up_lost_bytes + fb.catch_up_delivered,
@@ -1024,28 +1077,28 @@ impl Connection {
                     fb.lost_bytes + fb.delivered - fb.catch_up_lost_bytes - fb.catch_up_delivered,
                 ),
             );
-            let rate = self.cc.pacing_rate_with(fb.in_flight);
-            self.pacer.set_rate(rate);
-            if let Some(t) = &mut self.cc_trace {
+            let rate = self.path.cc.pacing_rate_with(fb.in_flight);
+            self.path.pacer.set_rate(rate);
+            if let Some(t) = &mut self.path.cc_trace {
                 t.push(CcTraceRow {
                     feedback: fb,
                     rate: rate.unwrap_or(0),
-                    state: self.cc.name(),
+                    state: self.path.cc.name(),
                     sent_bytes: self.stats.data_bytes_sent,
-                    cap: self.cc.in_flight_cap().unwrap_or(0),
-                    pacer_lost: self.pacer.lost_bytes(),
-                    catch_up_room: self.pacer.catch_up_room(),
+                    cap: self.path.cc.in_flight_cap().unwrap_or(0),
+                    pacer_lost: self.path.pacer.lost_bytes(),
+                    catch_up_room: self.path.pacer.catch_up_room(),
                 });
             }
         }
         if eliciting {
             if has_data {
-                self.ack_pending += 1;
-                if self.ack_deadline.is_none() {
-                    self.ack_deadline = Some(now_us + ACK_DELAY_US);
+                self.space.ack_pending += 1;
+                if self.space.ack_deadline.is_none() {
+                    self.space.ack_deadline = Some(now_us + ACK_DELAY_US);
                 }
             } else {
-                self.ack_now = true;
+                self.space.ack_now = true;
             }
         }
         true
@@ -1054,7 +1107,7 @@ impl Connection {
     fn in_flight_bytes(&self) -> u64 {
         // Sent minus delivered minus declared lost: an estimate good enough for pacing caps.
         self.stats.data_bytes_sent.saturating_sub(
-            self.stats.data_bytes_acked + self.stats.data_bytes_lost + self.retired_in_flight,
+            self.stats.data_bytes_acked + self.stats.data_bytes_lost + self.xfers.retired_in_flight,
         )
     }
 
@@ -1062,8 +1115,8 @@ impl Connection {
     /// rather than by a loss map: without settling them here they would count as in flight
     /// forever, and after a few hundred small files the in-flight cap would stall the session.
     fn retire(&mut self, xfer: XferId) -> Option<Outgoing> {
-        let o = self.outgoing.remove(&xfer)?;
-        self.retired_in_flight += o.sent_bytes.saturating_sub(o.settled_bytes);
+        let o = self.xfers.outgoing.remove(&xfer)?;
+        self.xfers.retired_in_flight += o.sent_bytes.saturating_sub(o.settled_bytes);
         Some(o)
     }
 
@@ -1072,9 +1125,11 @@ impl Connection {
             now_us,
             ..Default::default()
         };
-        if a.largest_pn < self.next_pn && self.largest_acked.is_none_or(|l| a.largest_pn > l) {
-            let prev = self.largest_acked.and_then(|l| self.sent_record(l));
-            self.largest_acked = Some(a.largest_pn);
+        if a.largest_pn < self.space.next_pn
+            && self.space.largest_acked.is_none_or(|l| a.largest_pn > l)
+        {
+            let prev = self.space.largest_acked.and_then(|l| self.sent_record(l));
+            self.space.largest_acked = Some(a.largest_pn);
             if let Some(sent) = self.sent_record(a.largest_pn) {
                 if let Some(before) = prev {
                     fb.send_stall_bytes = sent.stalled.saturating_sub(before.stalled);
@@ -1086,41 +1141,41 @@ impl Connection {
                 } else {
                     raw
                 };
-                self.rtt.on_sample(now_us, rtt);
+                self.path.rtt.on_sample(now_us, rtt);
                 fb.rtt_us = Some(rtt);
                 fb.rx_lag_us = a.ack_delay_us;
             }
             // Forget send times nobody will ask for again.
             let keep_from = a.largest_pn.saturating_sub(4 * REORDER_PACKETS.max(1024));
-            while self.sent_base < keep_from && !self.sent_times.is_empty() {
-                self.sent_times.pop_front();
-                self.sent_base += 1;
+            while self.space.sent_base < keep_from && !self.space.sent_times.is_empty() {
+                self.space.sent_times.pop_front();
+                self.space.sent_base += 1;
             }
         }
-        if self.ctrl_tx.on_ack(a.ctrl_offset) {
-            self.pto_count = 0;
+        if self.ctrl.tx.on_ack(a.ctrl_offset) {
+            self.timers.pto_count = 0;
         }
-        self.pto_base_us = now_us;
-        self.pto_count = 0;
-        if let Some((b0, t0)) = self.prev_ack_rx {
+        self.timers.pto_base_us = now_us;
+        self.timers.pto_count = 0;
+        if let Some((b0, t0)) = self.path.prev_ack_rx {
             if a.rx_time_us > t0 + 1_000 && a.rx_bytes >= b0 {
                 // The receiver counts payload; the pacer counts whole datagrams.
                 let payload = (a.rx_bytes - b0) as u128 * 1_000_000 / (a.rx_time_us - t0) as u128;
-                let per_dgram = (self.block_size
+                let per_dgram = (self.path.block_size
                     + wire::SEALED_HEADER_LEN
                     + wire::DATA_HEADER_LEN
                     + wire::TAG_LEN) as u128;
-                fb.rx_rate = Some((payload * per_dgram / self.block_size as u128) as u64);
+                fb.rx_rate = Some((payload * per_dgram / self.path.block_size as u128) as u64);
                 fb.rx_interval_us = a.rx_time_us - t0;
-                self.prev_ack_rx = Some((a.rx_bytes, a.rx_time_us));
+                self.path.prev_ack_rx = Some((a.rx_bytes, a.rx_time_us));
             }
         } else {
-            self.prev_ack_rx = Some((a.rx_bytes, a.rx_time_us));
+            self.path.prev_ack_rx = Some((a.rx_bytes, a.rx_time_us));
         }
         fb.rx_buffered = a.rx_buffered;
         fb.rx_buffer = a.rx_buffer;
-        fb.rx_drops = a.rx_drops.saturating_sub(self.peer_drops);
-        self.peer_drops = self.peer_drops.max(a.rx_drops);
+        fb.rx_drops = a.rx_drops.saturating_sub(self.path.peer_drops);
+        self.path.peer_drops = self.path.peer_drops.max(a.rx_drops);
         fb
     }
 
@@ -1129,20 +1184,23 @@ impl Connection {
     }
 
     fn sent_record(&self, pn: u64) -> Option<SentRecord> {
-        if pn < self.sent_base {
+        if pn < self.space.sent_base {
             return None;
         }
-        self.sent_times.get((pn - self.sent_base) as usize).copied()
+        self.space
+            .sent_times
+            .get((pn - self.space.sent_base) as usize)
+            .copied()
     }
 
     fn on_loss_map(&mut self, lm: &wire::LossMapFrame, fb: &mut Feedback) {
-        let Some(largest) = self.largest_acked else {
+        let Some(largest) = self.space.largest_acked else {
             return;
         };
-        let reorder_us = (self.rtt.srtt() / 8).max(1_000);
+        let reorder_us = (self.path.rtt.srtt() / 8).max(1_000);
         let largest_time = self.sent_time(largest);
-        let sent_base = self.sent_base;
-        let times = &self.sent_times;
+        let sent_base = self.space.sent_base;
+        let times = &self.space.sent_times;
         let is_lost = |pn: u64| {
             if pn >= largest {
                 return false;
@@ -1167,7 +1225,7 @@ impl Connection {
         // Before its Ready (which may travel behind the first loss map in the same packet)
         // a map can only show resumed blocks: those are credited by Ready, not counted as
         // deliveries (they would inflate the delivery rate).
-        let Some(o) = self.outgoing.get_mut(&lm.xfer).filter(|o| o.ready) else {
+        let Some(o) = self.xfers.outgoing.get_mut(&lm.xfer).filter(|o| o.ready) else {
             return;
         };
         let out = o.on_loss_map(lm, is_lost, caught_up);
@@ -1193,7 +1251,7 @@ impl Connection {
         sink: &mut dyn BlockSink,
     ) {
         self.stats.data_packets_received += 1;
-        let Some(inc) = self.incoming.get_mut(&xfer) else {
+        let Some(inc) = self.xfers.incoming.get_mut(&xfer) else {
             // Data for a transfer that already finished (a late retransmission) or never was.
             self.stats.duplicate_blocks_received += 1;
             return;
@@ -1206,15 +1264,15 @@ impl Connection {
         if !inc.accepted {
             // Sent with the offer: kept until it is accepted, within `STASH_BYTES`.
             if verdict == DataVerdict::New && !inc.stash.contains_key(&block) {
-                let stashed: usize = self.incoming.values().map(|i| i.stash_bytes).sum();
+                let stashed: usize = self.xfers.incoming.values().map(|i| i.stash_bytes).sum();
                 if stashed + payload.len() <= STASH_BYTES {
-                    let inc = self.incoming.get_mut(&xfer).expect("looked up");
+                    let inc = self.xfers.incoming.get_mut(&xfer).expect("looked up");
                     inc.stash.insert(block, payload.to_vec());
                     inc.stash_bytes += payload.len();
-                    self.stash_pending = true;
+                    self.xfers.stash_pending = true;
                     // Delivered now, as far as the sender's rate is concerned.
-                    self.rx_bytes += payload.len() as u64;
-                    self.rx_bytes_at_us = self.rx_bytes_at_us.max(rx_at_us);
+                    self.space.rx_bytes += payload.len() as u64;
+                    self.space.rx_bytes_at_us = self.space.rx_bytes_at_us.max(rx_at_us);
                 }
             } else {
                 self.stats.duplicate_blocks_received += 1;
@@ -1230,8 +1288,8 @@ impl Connection {
             return;
         }
         if self.write_block(xfer, block, payload, sink) {
-            self.rx_bytes += payload.len() as u64;
-            self.rx_bytes_at_us = self.rx_bytes_at_us.max(rx_at_us);
+            self.space.rx_bytes += payload.len() as u64;
+            self.space.rx_bytes_at_us = self.space.rx_bytes_at_us.max(rx_at_us);
         }
         let _ = now;
     }
@@ -1245,7 +1303,7 @@ impl Connection {
         payload: &[u8],
         sink: &mut dyn BlockSink,
     ) -> bool {
-        let Some(inc) = self.incoming.get_mut(&xfer) else {
+        let Some(inc) = self.xfers.incoming.get_mut(&xfer) else {
             return false;
         };
         let offset = inc.layout.offset(block);
@@ -1258,8 +1316,8 @@ impl Connection {
             }
             Err(e) => {
                 let reason = format!("cannot write {}: {e}", inc.path);
-                self.incoming.remove(&xfer);
-                self.ctrl_tx.push(&Ctrl::Failed {
+                self.xfers.incoming.remove(&xfer);
+                self.ctrl.tx.push(&Ctrl::Failed {
                     xfer,
                     reason: reason.clone(),
                 });
@@ -1273,19 +1331,21 @@ impl Connection {
     /// Writes the blocks that came before their files were accepted, for those accepted since.
     fn flush_stashes(&mut self, sink: &mut dyn BlockSink) {
         let ids: Vec<XferId> = self
+            .xfers
             .incoming
             .iter()
             .filter(|(_, i)| i.accepted && !i.stash.is_empty())
             .map(|(x, _)| *x)
             .collect();
         for xfer in ids {
-            let Some(inc) = self.incoming.get_mut(&xfer) else {
+            let Some(inc) = self.xfers.incoming.get_mut(&xfer) else {
                 continue;
             };
             let stash = std::mem::take(&mut inc.stash);
             inc.stash_bytes = 0;
             for (block, data) in stash {
                 let fresh = self
+                    .xfers
                     .incoming
                     .get(&xfer)
                     .is_some_and(|i| i.check(block, data.len()) == DataVerdict::New);
@@ -1299,18 +1359,18 @@ impl Connection {
                 }
             }
         }
-        self.stash_pending = self.incoming.values().any(|i| !i.stash.is_empty());
+        self.xfers.stash_pending = self.xfers.incoming.values().any(|i| !i.stash.is_empty());
     }
 
     fn check_incoming_complete(&mut self, xfer: XferId) {
-        if let Some(inc) = self.incoming.get_mut(&xfer) {
+        if let Some(inc) = self.xfers.incoming.get_mut(&xfer) {
             if inc.accepted && !inc.completed && inc.all_received() {
                 if let Some(h) = inc.expected_hash {
                     inc.completed = true;
                     self.events
                         .push_back(Event::IncomingComplete { xfer, blake3: h });
                     // Tell the sender at once that everything is here.
-                    self.ack_now = true;
+                    self.space.ack_now = true;
                 }
             }
         }
@@ -1322,7 +1382,7 @@ impl Connection {
 
     fn drain_ctrl(&mut self, now: Instant) {
         loop {
-            match self.ctrl_rx.next_message() {
+            match self.ctrl.rx.next_message() {
                 Ok(Some(msg)) => self.on_ctrl(now, msg),
                 Ok(None) => return,
                 Err(e) => {
@@ -1344,20 +1404,27 @@ impl Connection {
                 flags,
                 hash,
             } => {
-                let solicited = self.pending_gets.remove(&xfer).is_some();
+                let solicited = self.xfers.pending_gets.remove(&xfer).is_some();
                 if self.side == Side::Client && !solicited {
                     self.stats.dropped_unexpected += 1;
                     return;
                 }
-                if self.incoming.contains_key(&xfer) || self.outgoing.contains_key(&xfer) {
+                if self.xfers.incoming.contains_key(&xfer)
+                    || self.xfers.outgoing.contains_key(&xfer)
+                {
                     return;
                 }
-                let layout = Layout::new(size, self.block_size);
-                let held: u64 = self.incoming.values().map(|i| i.layout.blocks()).sum();
+                let layout = Layout::new(size, self.path.block_size);
+                let held: u64 = self
+                    .xfers
+                    .incoming
+                    .values()
+                    .map(|i| i.layout.blocks())
+                    .sum();
                 let refusal = if layout.blocks() > wire::BLOCK_LIMIT {
                     // Only a peer that ignores its own limit offers this; refuse it aloud.
                     Some(too_large(&path, size))
-                } else if self.incoming.len() >= MAX_OPEN_INCOMING {
+                } else if self.xfers.incoming.len() >= MAX_OPEN_INCOMING {
                     Some(format!(
                         "{path}: more than {MAX_OPEN_INCOMING} files offered at once"
                     ))
@@ -1365,13 +1432,13 @@ impl Connection {
                     Some(format!(
                         "{path}: {size} bytes is more than this receiver tracks at once \
                          ({MAX_INCOMING_BLOCKS} blocks of {} bytes in all)",
-                        self.block_size
+                        self.path.block_size
                     ))
                 } else {
                     None
                 };
                 if let Some(reason) = refusal {
-                    self.ctrl_tx.push(&Ctrl::Reject {
+                    self.ctrl.tx.push(&Ctrl::Reject {
                         xfer,
                         reason: reason.clone(),
                     });
@@ -1380,7 +1447,8 @@ impl Connection {
                     }
                     return;
                 }
-                self.incoming
+                self.xfers
+                    .incoming
                     .insert(xfer, Incoming::new(xfer, path.clone(), layout, mode, mtime));
                 self.events.push_back(Event::Offered {
                     xfer,
@@ -1393,8 +1461,8 @@ impl Connection {
                 });
             }
             Ctrl::Get { xfer, path, flags } => {
-                if self.side == Side::Server && self.outgoing.len() >= MAX_OPEN_INCOMING {
-                    self.ctrl_tx.push(&Ctrl::Reject {
+                if self.side == Side::Server && self.xfers.outgoing.len() >= MAX_OPEN_INCOMING {
+                    self.ctrl.tx.push(&Ctrl::Reject {
                         xfer,
                         reason: format!(
                             "{path}: more than {MAX_OPEN_INCOMING} files asked for at once"
@@ -1428,11 +1496,11 @@ impl Connection {
                 }
             }
             Ctrl::Ready { xfer, have, path } => {
-                if let Some(o) = self.outgoing.get_mut(&xfer) {
+                if let Some(o) = self.xfers.outgoing.get_mut(&xfer) {
                     if !o.ready {
                         o.ready = true;
                         o.mark_have(&have);
-                        self.hash_work = true;
+                        self.xfers.hash_work = true;
                         if let Some(path) = path {
                             self.events.push_back(Event::Placed { xfer, path });
                         }
@@ -1441,14 +1509,14 @@ impl Connection {
             }
             Ctrl::Reject { xfer, reason } => {
                 let known = self.retire(xfer).is_some()
-                    | self.incoming.remove(&xfer).is_some()
-                    | self.pending_gets.remove(&xfer).is_some();
+                    | self.xfers.incoming.remove(&xfer).is_some()
+                    | self.xfers.pending_gets.remove(&xfer).is_some();
                 if known {
                     self.events.push_back(Event::Rejected { xfer, reason });
                 }
             }
             Ctrl::Sent { xfer, blake3 } => {
-                if let Some(inc) = self.incoming.get_mut(&xfer) {
+                if let Some(inc) = self.xfers.incoming.get_mut(&xfer) {
                     inc.expected_hash = Some(blake3);
                     self.check_incoming_complete(xfer);
                 }
@@ -1477,12 +1545,12 @@ impl Connection {
                 adaptive,
             } => {
                 if self.side == Side::Server {
-                    self.cc = self
+                    self.path.cc = self
                         .cfg
                         .rate
                         .negotiate(rate_max, rate_min, adaptive)
                         .build();
-                    self.pacer.set_rate(self.cc.pacing_rate());
+                    self.path.pacer.set_rate(self.path.cc.pacing_rate());
                 }
             }
             Ctrl::Bye => {
@@ -1519,16 +1587,16 @@ impl Connection {
                 min(*until_us);
             }
             State::AwaitConfirm | State::Established => {
-                min(self.last_rx_us + self.cfg.idle_timeout.as_micros() as u64);
-                if self.ack_now
-                    || self.ctrl_tx.has_sendable()
-                    || self.ping_pending
-                    || self.hash_work
-                    || self.path_response_due.is_some()
+                min(self.timers.last_rx_us + self.cfg.idle_timeout.as_micros() as u64);
+                if self.space.ack_now
+                    || self.ctrl.tx.has_sendable()
+                    || self.timers.ping_pending
+                    || self.xfers.hash_work
+                    || self.path.response_due.is_some()
                 {
                     min(now_us);
                 }
-                if let Some(d) = self.ack_deadline {
+                if let Some(d) = self.space.ack_deadline {
                     min(d);
                 }
                 if let Some(d) = self.keep_alive_due() {
@@ -1538,7 +1606,7 @@ impl Connection {
                     min(self.pto_deadline());
                 }
                 if self.has_data_to_send() {
-                    match self.pacer.next_send_time(now_us) {
+                    match self.path.pacer.next_send_time(now_us) {
                         Some(x) => min(x),
                         None => min(now_us),
                     }
@@ -1549,34 +1617,34 @@ impl Connection {
     }
 
     fn pto_deadline(&self) -> u64 {
-        let backoff = 1u64 << self.pto_count.min(6);
+        let backoff = 1u64 << self.timers.pto_count.min(6);
         // Backing off stops at an eighth of the idle timeout: a probe at most every 1.9 s of
         // the default 15 s. Doubling on to 64 probe timeouts left a session that had lost
         // its last few probes (30 % loss each way) a single probe more before the timeout
         // ended it, all data out and no loss map back to say what to resend.
-        let most = (self.cfg.idle_timeout.as_micros() as u64 / 8).max(self.rtt.pto());
-        self.pto_base_us + (self.rtt.pto() * backoff).min(most)
+        let most = (self.cfg.idle_timeout.as_micros() as u64 / 8).max(self.path.rtt.pto());
+        self.timers.pto_base_us + (self.path.rtt.pto() * backoff).min(most)
     }
 
     /// Something sent is still awaiting an answer from the peer.
     fn outstanding(&self) -> bool {
-        self.ctrl_tx.has_unacked()
+        self.ctrl.tx.has_unacked()
             || self
-                .outgoing
+                .xfers.outgoing
                 .values()
                 .any(|o| o.ready && o.next_new > 0 && !o.all_acked())
-            || self.outgoing.values().any(|o| o.sent_announced)
+            || self.xfers.outgoing.values().any(|o| o.sent_announced)
             // Sent out, its hash still being computed: the receiver waits for it, so keep
             // the session alive meanwhile.
             || self
-                .outgoing
+                .xfers.outgoing
                 .values()
                 .any(|o| o.ready && o.hash.is_none() && o.peek_new().is_none())
     }
 
     fn has_data_to_send(&self) -> bool {
         !self.window_full()
-            && self.outgoing.values().any(|o| {
+            && self.xfers.outgoing.values().any(|o| {
                 (o.ready && o.has_retx())
                     || ((o.ready || (o.eager && self.eager_room())) && o.peek_new().is_some())
             })
@@ -1585,6 +1653,7 @@ impl Connection {
     /// Offered files not yet answered may take more data: under `EAGER_BYTES` went out so far.
     fn eager_room(&self) -> bool {
         let sent: u64 = self
+            .xfers
             .outgoing
             .values()
             .filter(|o| !o.ready)
@@ -1595,7 +1664,8 @@ impl Connection {
 
     /// The rate controller's in-flight cap is reached: wait for feedback.
     fn window_full(&self) -> bool {
-        self.cc
+        self.path
+            .cc
             .in_flight_cap()
             .is_some_and(|cap| self.in_flight_bytes() >= cap)
     }
@@ -1626,7 +1696,7 @@ impl Connection {
             _ => {}
         }
         let idle = self.cfg.idle_timeout.as_micros() as u64;
-        if now_us >= self.last_rx_us + idle {
+        if now_us >= self.timers.last_rx_us + idle {
             let open = self.open_transfers();
             let what = if open.is_empty() {
                 String::new()
@@ -1648,14 +1718,14 @@ impl Connection {
             return;
         }
         if self.keep_alive_due().is_some_and(|d| now_us >= d) {
-            self.ping_pending = true;
-            self.keep_alive_us = now_us;
+            self.timers.ping_pending = true;
+            self.timers.keep_alive_us = now_us;
         }
         if self.outstanding() && now_us >= self.pto_deadline() {
-            self.ctrl_tx.rewind();
-            self.ping_pending = true;
-            self.pto_count += 1;
-            self.pto_base_us = now_us;
+            self.ctrl.tx.rewind();
+            self.timers.ping_pending = true;
+            self.timers.pto_count += 1;
+            self.timers.pto_base_us = now_us;
         }
     }
 
@@ -1702,45 +1772,45 @@ impl Connection {
             State::Established => {}
         }
 
-        if std::mem::take(&mut self.hash_work) {
+        if std::mem::take(&mut self.xfers.hash_work) {
             self.finish_hashes(src);
         }
-        let ack_due = self.ack_now
-            || self.ack_pending >= ACK_EVERY
-            || self.ack_deadline.is_some_and(|d| now_us >= d);
+        let ack_due = self.space.ack_now
+            || self.space.ack_pending >= ACK_EVERY
+            || self.space.ack_deadline.is_some_and(|d| now_us >= d);
         if ack_due
-            || self.ctrl_tx.has_sendable()
-            || self.ping_pending
-            || self.path_response_due.is_some()
+            || self.ctrl.tx.has_sendable()
+            || self.timers.ping_pending
+            || self.path.response_due.is_some()
         {
             let sent = self.send_control(now_us, buf, ack_due);
-            if !self.ctrl_tx.has_unsent() {
-                if let Some(at) = self.ctrl_twice.take() {
-                    self.ctrl_tx.resend_from(at);
+            if !self.ctrl.tx.has_unsent() {
+                if let Some(at) = self.ctrl.twice.take() {
+                    self.ctrl.tx.resend_from(at);
                 }
             }
-            if self.bye_sent && !self.ctrl_tx.has_unsent() {
+            if self.ctrl.bye_sent && !self.ctrl.tx.has_unsent() {
                 self.close_us(now_us, 0, "done");
             }
             return sent;
         }
         if self.window_full() {
-            self.pacer.idle(now_us);
-        } else if self.pacer.can_send(now_us, self.payload_limit) {
+            self.path.pacer.idle(now_us);
+        } else if self.path.pacer.can_send(now_us, self.path.payload_limit) {
             let sent = self.send_data(now_us, buf, src);
             if sent.is_none() {
-                self.pacer.idle(now_us);
+                self.path.pacer.idle(now_us);
             }
             return sent;
         } else if !self.has_data_to_send() {
-            self.pacer.idle(now_us);
+            self.path.pacer.idle(now_us);
         }
         None
     }
 
     fn send_control(&mut self, now_us: u64, buf: &mut [u8], with_ack: bool) -> Option<usize> {
-        let limit = self.payload_limit - wire::TAG_LEN;
-        let ping = std::mem::take(&mut self.ping_pending);
+        let limit = self.path.payload_limit - wire::TAG_LEN;
+        let ping = std::mem::take(&mut self.timers.ping_pending);
         if ping {
             self.stats.pings_sent += 1;
         }
@@ -1756,13 +1826,13 @@ impl Connection {
         if ping {
             let _ = Frame::Ping.encode(&mut w);
         }
-        if let Some(token) = self.path_response_due.take() {
+        if let Some(token) = self.path.response_due.take() {
             let _ = Frame::PathResponse(token).encode(&mut w);
         }
         // Control stream bytes, as many as fit.
         let room = w.remaining().saturating_sub(1 + 8 + 8);
         if room > 16 {
-            if let Some((offset, data)) = self.ctrl_tx.next_chunk(room) {
+            if let Some((offset, data)) = self.ctrl.tx.next_chunk(room) {
                 Frame::Ctrl {
                     offset,
                     data: &data,
@@ -1780,52 +1850,53 @@ impl Connection {
     }
 
     fn write_ack(&mut self, now_us: u64, w: &mut Writer<'_>) {
-        let (largest_pn, at) = self.largest_rx.unwrap_or((0, now_us));
+        let (largest_pn, at) = self.space.largest_rx.unwrap_or((0, now_us));
         let ack = AckFrame {
             largest_pn,
             ack_delay_us: now_us.saturating_sub(at),
-            ctrl_offset: self.ctrl_rx.offset(),
-            rx_bytes: self.rx_bytes,
+            ctrl_offset: self.ctrl.rx.offset(),
+            rx_bytes: self.space.rx_bytes,
             // When the last of those bytes arrived: the rate the sender derives is the
             // path's, not how fast this process happened to get to them.
-            rx_time_us: if self.rx_bytes_at_us > 0 {
-                self.rx_bytes_at_us
+            rx_time_us: if self.space.rx_bytes_at_us > 0 {
+                self.space.rx_bytes_at_us
             } else {
                 now_us
             },
-            rx_buffered: self.rx_buffered,
-            rx_buffer: self.rx_buffer,
-            rx_drops: self.rx_drops,
+            rx_buffered: self.path.rx_buffered,
+            rx_buffer: self.path.rx_buffer,
+            rx_drops: self.path.rx_drops,
         };
         Frame::Ack(ack).encode(w).expect("an ACK always fits");
-        self.ack_now = false;
-        self.ack_pending = 0;
-        self.ack_deadline = None;
+        self.space.ack_now = false;
+        self.space.ack_pending = 0;
+        self.space.ack_deadline = None;
     }
 
     fn write_loss_maps(&mut self, w: &mut Writer<'_>) {
         let ids: Vec<XferId> = self
+            .xfers
             .incoming
-            .range(self.map_rotation..)
-            .chain(self.incoming.range(..self.map_rotation))
+            .range(self.xfers.map_rotation..)
+            .chain(self.xfers.incoming.range(..self.xfers.map_rotation))
             .filter(|(_, i)| i.accepted)
             .map(|(id, _)| *id)
             .collect();
         for id in ids {
             // Room for the fixed fields (at most 6 varints of 8 bytes + type) and some gaps.
             if w.remaining() < 64 {
-                self.map_rotation = id;
+                self.xfers.map_rotation = id;
                 return;
             }
-            let inc = self.incoming.get_mut(&id).expect("listed");
+            let inc = self.xfers.incoming.get_mut(&id).expect("listed");
             let max_gaps = (w.remaining() - 50) / 6;
             let lm = inc.loss_map(max_gaps);
             if lm.encode_fitting(w).is_err() {
-                self.map_rotation = id;
+                self.xfers.map_rotation = id;
                 return;
             }
         }
-        self.map_rotation = 0;
+        self.xfers.map_rotation = 0;
     }
 
     fn send_data(
@@ -1837,7 +1908,7 @@ impl Connection {
         // Retransmissions first, then new blocks, in transfer order.
         let mut pick: Option<(XferId, u64, bool)> = None;
         let mut again = false;
-        for o in self.outgoing.values_mut() {
+        for o in self.xfers.outgoing.values_mut() {
             if !o.ready {
                 continue;
             }
@@ -1850,9 +1921,9 @@ impl Connection {
         // At the session's tail (nothing new left anywhere) each retransmission goes twice.
         // With many small files that is every batch's tail: their retransmissions double
         // (twice the loss rate instead of once), and each file verifies a round trip sooner.
-        if again && self.outgoing.values().all(|o| o.peek_new().is_none()) {
+        if again && self.xfers.outgoing.values().all(|o| o.peek_new().is_none()) {
             if let Some((xfer, block, _)) = pick {
-                if let Some(o) = self.outgoing.get_mut(&xfer) {
+                if let Some(o) = self.xfers.outgoing.get_mut(&xfer) {
                     o.send_again(block);
                 }
             }
@@ -1860,7 +1931,7 @@ impl Connection {
         if pick.is_none() {
             // Only files still waiting for `Ready` ask whether there is eager room (a sum over
             // them): the steady state, every file answered, never pays for it.
-            for o in self.outgoing.values() {
+            for o in self.xfers.outgoing.values() {
                 if o.ready || (o.eager && self.eager_room()) {
                     if let Some(b) = o.peek_new() {
                         pick = Some((o.id, b, false));
@@ -1870,13 +1941,13 @@ impl Connection {
             }
         }
         let (xfer, block, retx) = pick?;
-        let pn = self.next_pn;
-        let o = self.outgoing.get_mut(&xfer).expect("picked");
+        let pn = self.space.next_pn;
+        let o = self.xfers.outgoing.get_mut(&xfer).expect("picked");
         let len = o.layout.len(block);
         let offset = o.layout.offset(block);
         let hdr = wire::SEALED_HEADER_LEN;
         let body = hdr + wire::DATA_HEADER_LEN;
-        if !retx && !self.external_hash {
+        if !retx && !self.xfers.external_hash {
             // Blocks the receiver already had (resume) still count in the file hash.
             let mut skipped = std::mem::take(&mut self.scratch);
             while o.hash_next < block {
@@ -1886,7 +1957,7 @@ impl Connection {
                     self.scratch = skipped;
                     self.fail_outgoing(
                         xfer,
-                        format!("cannot read {}: {e}", self.outgoing[&xfer].path),
+                        format!("cannot read {}: {e}", self.xfers.outgoing[&xfer].path),
                     );
                     return None;
                 }
@@ -1899,39 +1970,40 @@ impl Connection {
             self.fail_outgoing(xfer, format!("cannot read {path}: {e}"));
             return None;
         }
-        if !retx && !self.external_hash {
+        if !retx && !self.xfers.external_hash {
             o.hash_block(block, &buf[body..body + len]);
         }
         o.on_sent(block, pn);
         o.sent_bytes += len as u64;
         wire::write_sealed_header(buf, self.peer_cid, pn);
         wire::write_data_header(&mut buf[hdr..], xfer, block);
-        let keys = self.keys.as_ref().expect("established");
+        let keys = self.space.keys.as_ref().expect("established");
         let total = keys.send.seal(buf, wire::DATA_HEADER_LEN + len, pn);
-        self.next_pn += 1;
+        self.space.next_pn += 1;
         self.record_sent(now_us);
         self.stats.data_packets_sent += 1;
         self.stats.data_bytes_sent += len as u64;
         if retx {
             self.stats.data_packets_retransmitted += 1;
         }
-        self.pacer.on_sent(total);
-        self.cc.on_sent(now_us, total as u64);
+        self.path.pacer.on_sent(total);
+        self.path.cc.on_sent(now_us, total as u64);
         // The rate may depend on what is in flight (see `RateControl::pacing_rate_with`).
-        self.pacer
-            .set_rate(self.cc.pacing_rate_with(self.in_flight_bytes()));
+        self.path
+            .pacer
+            .set_rate(self.path.cc.pacing_rate_with(self.in_flight_bytes()));
         // Last new block out and hashed: announce the file's hash.
         self.maybe_announce(xfer);
         Some(total)
     }
 
     fn maybe_announce(&mut self, xfer: XferId) {
-        let src_hash = match self.outgoing.get_mut(&xfer) {
+        let src_hash = match self.xfers.outgoing.get_mut(&xfer) {
             Some(o) if !o.sent_announced && o.peek_new().is_none() => {
                 if o.hash.is_none() {
                     // Trailing blocks the receiver already had: hashed on the next poll, or
                     // by the driver, which says so with `set_source_hash`.
-                    self.hash_work |= !self.external_hash;
+                    self.xfers.hash_work |= !self.xfers.external_hash;
                     return;
                 }
                 o.sent_announced = true;
@@ -1947,7 +2019,7 @@ impl Connection {
 
     fn fail_outgoing(&mut self, xfer: XferId, reason: String) {
         self.retire(xfer);
-        self.ctrl_tx.push(&Ctrl::Reject {
+        self.ctrl.tx.push(&Ctrl::Reject {
             xfer,
             reason: reason.clone(),
         });
@@ -1961,19 +2033,20 @@ impl Connection {
     /// is all out. Called from `poll_transmit` paths that don't send data.
     pub fn finish_hashes(&mut self, src: &mut dyn BlockSource) {
         let ids: Vec<XferId> = self
+            .xfers
             .outgoing
             .values()
             .filter(|o| o.ready && !o.sent_announced && o.peek_new().is_none())
-            .filter(|o| !self.external_hash || o.hash.is_some())
+            .filter(|o| !self.xfers.external_hash || o.hash.is_some())
             .map(|o| o.id)
             .collect();
         for xfer in ids {
-            if self.external_hash {
+            if self.xfers.external_hash {
                 self.maybe_announce(xfer);
                 continue;
             }
             let mut scratch = std::mem::take(&mut self.scratch);
-            let o = self.outgoing.get_mut(&xfer).expect("listed");
+            let o = self.xfers.outgoing.get_mut(&xfer).expect("listed");
             let n = o.layout.blocks();
             let mut failed = None;
             while o.hash_next < n {
@@ -1994,15 +2067,15 @@ impl Connection {
     }
 
     fn record_sent(&mut self, now_us: u64) {
-        self.sent_times.push_back(SentRecord {
+        self.space.sent_times.push_back(SentRecord {
             at_us: now_us,
-            stalled: self.pacer.lost_bytes(),
-            idle: self.pacer.idle_bytes(),
-            catch_up: self.pacer.catching_up(),
+            stalled: self.path.pacer.lost_bytes(),
+            idle: self.path.pacer.idle_bytes(),
+            catch_up: self.path.pacer.catching_up(),
         });
-        if self.sent_times.len() > MAX_SENT_HISTORY {
-            self.sent_times.pop_front();
-            self.sent_base += 1;
+        if self.space.sent_times.len() > MAX_SENT_HISTORY {
+            self.space.sent_times.pop_front();
+            self.space.sent_base += 1;
         }
         self.stats.packets_sent += 1;
     }
@@ -2030,7 +2103,7 @@ impl Connection {
     /// it sends them: the per-byte work leaves the protocol loop, and a resumed send never
     /// reads the blocks the receiver already has just to hash them.
     pub fn hash_sources_outside(&mut self) {
-        self.external_hash = true;
+        self.xfers.external_hash = true;
     }
 
     /// While `on`, a PING goes out whenever the peer has been silent for an eighth of the
@@ -2038,7 +2111,7 @@ impl Connection {
     /// peer will hear about (hashing a whole file for `--update`), and neither side's idle
     /// timeout may end the session meanwhile. The peer's ACK keeps this side's alive.
     pub fn keep_alive(&mut self, on: bool) {
-        self.keep_alive = on;
+        self.timers.keep_alive = on;
     }
 
     /// When the next keep-alive PING is due, if one is.
@@ -2048,15 +2121,16 @@ impl Connection {
     /// be a storm of pings.
     fn keep_alive_due(&self) -> Option<u64> {
         let every = self.cfg.idle_timeout.as_micros() as u64 / 8;
-        (self.keep_alive || !self.pending_gets.is_empty())
-            .then(|| self.last_rx_us.max(self.keep_alive_us) + every)
+        (self.timers.keep_alive || !self.xfers.pending_gets.is_empty())
+            .then(|| self.timers.last_rx_us.max(self.timers.keep_alive_us) + every)
     }
 
     /// Outgoing transfers whose every new block has gone out and whose hash is still
     /// missing: the driver should finish hashing them (see
     /// [`hash_sources_outside`](Self::hash_sources_outside)).
     pub fn sources_awaiting_hash(&self) -> Vec<XferId> {
-        self.outgoing
+        self.xfers
+            .outgoing
             .values()
             .filter(|o| o.ready && o.hash.is_none() && o.peek_new().is_none())
             .map(|o| o.id)
@@ -2066,7 +2140,7 @@ impl Connection {
     /// The BLAKE3 of an outgoing file, computed by the driver; announced to the receiver once
     /// its last new block has gone out.
     pub fn set_source_hash(&mut self, xfer: XferId, hash: [u8; 32]) {
-        if let Some(o) = self.outgoing.get_mut(&xfer) {
+        if let Some(o) = self.xfers.outgoing.get_mut(&xfer) {
             o.hash = Some(hash);
             self.maybe_announce(xfer);
         }
@@ -2075,14 +2149,14 @@ impl Connection {
     /// An outgoing file could not be read or changed while being sent: the transfer fails
     /// with `reason`, the receiver is told.
     pub fn fail_source(&mut self, xfer: XferId, reason: &str) {
-        if self.outgoing.contains_key(&xfer) {
+        if self.xfers.outgoing.contains_key(&xfer) {
             self.fail_outgoing(xfer, reason.to_string());
         }
     }
 
     /// The token of the last PATH_RESPONSE the peer sent, once.
     pub fn take_path_response(&mut self) -> Option<[u8; wire::PATH_TOKEN_LEN]> {
-        self.path_response_rx.take()
+        self.path.response_rx.take()
     }
 
     fn seal_frames(
@@ -2091,16 +2165,16 @@ impl Connection {
         buf: &mut [u8],
         fill: impl FnOnce(&mut Writer<'_>),
     ) -> Option<usize> {
-        let keys = self.keys.as_ref()?;
+        let keys = self.space.keys.as_ref()?;
         let hdr = wire::SEALED_HEADER_LEN;
-        let limit = self.payload_limit - wire::TAG_LEN;
-        let pn = self.next_pn;
+        let limit = self.path.payload_limit - wire::TAG_LEN;
+        let pn = self.space.next_pn;
         wire::write_sealed_header(buf, self.peer_cid, pn);
         let mut w = Writer::new(&mut buf[hdr..limit]);
         fill(&mut w);
         let n = w.pos();
         let total = keys.send.seal(buf, n, pn);
-        self.next_pn += 1;
+        self.space.next_pn += 1;
         self.record_sent(now_us);
         Some(total)
     }
@@ -2127,9 +2201,9 @@ mod tests {
             ..ReceiverState::default()
         };
         c.set_receiver_state(drops(1000));
-        assert_eq!(c.rx_drops, 0);
+        assert_eq!(c.path.rx_drops, 0);
         c.set_receiver_state(drops(1005));
-        assert_eq!(c.rx_drops, 5);
+        assert_eq!(c.path.rx_drops, 5);
     }
 
     /// However many probes went unanswered, the next comes within an eighth of the idle
@@ -2140,16 +2214,16 @@ mod tests {
         let cfg = Config::default();
         let most = cfg.idle_timeout.as_micros() as u64 / 8;
         let mut c = Connection::client(cfg, &psk, AddrFamily::V4, Instant::now());
-        c.pto_base_us = 1_000;
+        c.timers.pto_base_us = 1_000;
         let first = c.pto_deadline() - 1_000;
         assert!(first < most, "{first}");
         for n in 1..12 {
-            c.pto_count = n;
+            c.timers.pto_count = n;
             let gap = c.pto_deadline() - 1_000;
             assert!(gap <= most, "after {n}: {gap} µs");
             assert!(gap >= first.min(most), "after {n}: {gap} µs");
         }
-        c.pto_count = 10;
+        c.timers.pto_count = 10;
         assert_eq!(c.pto_deadline() - 1_000, most);
     }
 
@@ -2160,10 +2234,13 @@ mod tests {
         let psk = Psk::from_bytes([7; 32]);
         let now = Instant::now();
         let mut c = Connection::client(Config::default(), &psk, AddrFamily::V4, now);
-        let limit = wire::BLOCK_LIMIT * c.block_size as u64;
-        assert_eq!(Layout::new(limit, c.block_size).blocks(), wire::BLOCK_LIMIT);
+        let limit = wire::BLOCK_LIMIT * c.path.block_size as u64;
+        assert_eq!(
+            Layout::new(limit, c.path.block_size).blocks(),
+            wire::BLOCK_LIMIT
+        );
         let big = c.send_file("big", limit + 1, 0o644, 0);
-        assert!(!c.outgoing.contains_key(&big));
+        assert!(!c.xfers.outgoing.contains_key(&big));
         match c.poll_event() {
             Some(Event::OutgoingDone {
                 xfer,
@@ -2188,7 +2265,7 @@ mod tests {
                 hash: None,
             },
         );
-        assert!(c.incoming.is_empty());
+        assert!(c.xfers.incoming.is_empty());
         assert!(matches!(c.poll_event(), Some(Event::Rejected { xfer, .. }) if xfer == get));
     }
 }
