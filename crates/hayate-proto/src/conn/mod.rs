@@ -11,11 +11,10 @@ use std::time::{Duration, Instant};
 use crate::cc::{Feedback, RateConfig};
 use crate::control::{Ctrl, CtrlRecv, CtrlSend};
 use crate::crypto::{Psk, ReplayWindow};
-use crate::handshake::{ClientHandshake, HandshakeError};
+use crate::handshake::ClientHandshake;
 use crate::pacer::Pacer;
 use crate::rng::Rng;
 use crate::rtt::RttEstimator;
-use crate::transfer::{Layout, Outgoing};
 use crate::wire::{self, AddrFamily, Cid, Frame};
 
 mod events;
@@ -36,8 +35,8 @@ pub use storage::{BlockSink, BlockSource};
 pub use transfers::{FileOffer, MAX_INCOMING_BLOCKS, MAX_OPEN_INCOMING};
 
 use paths::PathData;
-use spaces::{PacketSpace, ACK_DELAY_US, ACK_EVERY};
-use state::{State, DRAIN_US};
+use spaces::{PacketSpace, ACK_EVERY};
+use state::State;
 use streams::ControlStream;
 use timers::Timers;
 use transfers::Transfers;
@@ -288,131 +287,24 @@ impl Connection {
         // arrived after the `now` it is handled with, and capping it would date it early
         // (an ACK's RTT would read short and spoil the minimum RTT).
         let rx_at_us = self.now_us(arrived);
-        if let State::Handshake {
-            hs, next_send_us, ..
-        } = &mut self.state
-        {
-            if wire::peek_kind(data) == Ok(wire::PacketKind::HelloRetry) {
-                match hs.handle_retry(&self.psk, data) {
-                    Ok(true) => {
-                        // Answer at once: the server holds no state for us meanwhile.
-                        *next_send_us = now_us;
-                        self.stats.hello_retries += 1;
-                    }
-                    Ok(false) => self.stats.dropped_unexpected += 1,
-                    Err(HandshakeError::BadMac) => self.stats.dropped_auth += 1,
-                    Err(_) => self.stats.dropped_malformed += 1,
-                }
-                return false;
-            }
-            match hs.handle(&self.psk, data) {
-                Ok(est) => {
-                    self.peer_cid = est.server_cid;
-                    self.path.mtu = est.mtu;
-                    self.path.block_size = wire::block_size(est.mtu, self.path.fam);
-                    self.path.payload_limit = wire::udp_payload_limit(est.mtu, self.path.fam);
-                    self.path.pacer = Pacer::new(self.path.payload_limit);
-                    self.path.pacer.set_rate(self.path.cc.pacing_rate());
-                    self.space.keys = Some(est.keys);
-                    self.state = State::Established;
-                    self.timers.last_rx_us = now_us;
-                    self.timers.pto_base_us = now_us;
-                    // The server trusts us only once a sealed packet opens: say something.
-                    if !self.ctrl.tx.has_unsent() {
-                        self.timers.ping_pending = true;
-                    }
-                    // Transfers queued before the handshake learned the block size now.
-                    for o in self.xfers.outgoing.values_mut() {
-                        o.layout = Layout::new(o.layout.size, self.path.block_size);
-                        let eager = o.eager;
-                        *o = Outgoing::new(o.id, o.path.clone(), o.layout);
-                        o.eager = eager;
-                        o.finish_empty_hash();
-                    }
-                    self.events.push_back(Event::Connected);
-                    return true;
-                }
-                Err(HandshakeError::Rejected(r)) => {
-                    let reason = match r {
-                        wire::RejectReason::AuthFailed => {
-                            "the server refused our key (authentication failed): \
-                             client and server key files differ"
-                        }
-                        wire::RejectReason::VersionUnsupported => {
-                            "the server does not speak this protocol version"
-                        }
-                        wire::RejectReason::Busy => "the server is busy",
-                    };
-                    self.state = State::Closed;
-                    self.events.push_back(Event::Closed {
-                        error: Some(reason.to_string()),
-                    });
-                }
-                Err(HandshakeError::BadMac) => self.stats.dropped_auth += 1,
-                Err(_) => self.stats.dropped_malformed += 1,
-            }
-            return false;
+        if let Some(taken) = self.handle_handshake_datagram(now_us, data) {
+            return taken;
         }
         if matches!(self.state, State::Closed) {
             self.stats.dropped_unexpected += 1;
             return false;
         }
-        match wire::peek_kind(data) {
-            Ok(wire::PacketKind::Sealed) => {}
-            Ok(_) => {
-                // Retransmitted hellos are the endpoint's business; anything else is noise.
-                self.stats.dropped_unexpected += 1;
-                return false;
-            }
-            Err(_) => {
-                self.stats.dropped_malformed += 1;
-                return false;
-            }
-        }
-        if wire::sealed_dest_cid(data).ok() != Some(self.my_cid) {
-            self.stats.dropped_unexpected += 1;
-            return false;
-        }
-        let Ok(pn_bits) = wire::sealed_pn_bits(data) else {
-            self.stats.dropped_malformed += 1;
+        let Some((pn, plain)) = self.open_packet(data) else {
             return false;
         };
-        let pn = wire::decode_pn(pn_bits, self.space.largest_rx.map_or(0, |(l, _)| l + 1));
-        if !self.space.replay.is_fresh(pn) {
-            self.stats.dropped_replay += 1;
-            return false;
-        }
-        let keys = self
-            .space
-            .keys
-            .as_ref()
-            .expect("sealed packets only after keys");
-        let plain = match keys.recv.open(data, pn) {
-            Ok(p) => p,
-            Err(_) => {
-                self.stats.dropped_auth += 1;
-                return false;
-            }
-        };
-        // Validate every frame before acting on any, so a malformed tail cannot leave a
-        // packet half-applied.
-        if wire::parse_frames(plain).any(|f| f.is_err()) {
-            self.stats.dropped_malformed += 1;
-            return false;
-        }
         self.space.replay.mark(pn);
         self.stats.packets_received += 1;
         self.timers.last_rx_us = now_us;
         if matches!(self.state, State::AwaitConfirm) {
-            self.state = State::Established;
-            self.timers.pto_base_us = now_us;
-            self.events.push_back(Event::Connected);
+            self.on_confirmed(now_us);
         }
         if let State::Draining { .. } = self.state {
-            // The peer did not hear our CLOSE: say it again.
-            if self.close_frame.is_none() {
-                self.close_frame = Some((0, "closed".into()));
-            }
+            self.on_packet_while_draining();
             return true;
         }
         if self.space.largest_rx.is_none_or(|(l, _)| pn > l) {
@@ -422,6 +314,21 @@ impl Connection {
         if self.xfers.stash_pending {
             self.flush_stashes(sink);
         }
+        self.handle_frames(now, now_us, rx_at_us, plain, sink);
+        true
+    }
+
+    /// Acts on the frames of an authentic, fresh packet, in order, each by its handler;
+    /// then feeds the rate controller what the ACK and loss maps said, and schedules our
+    /// ACK. A CLOSE, or a control stream the peer broke, ends it at once.
+    fn handle_frames(
+        &mut self,
+        now: Instant,
+        now_us: u64,
+        rx_at_us: u64,
+        plain: &[u8],
+        sink: &mut dyn BlockSink,
+    ) {
         let mut eliciting = false;
         let mut has_data = false;
         let mut fb: Option<Feedback> = None;
@@ -430,18 +337,13 @@ impl Connection {
                 Frame::Padding => {}
                 Frame::Ping => {
                     eliciting = true;
-                    self.space.ack_now = true;
+                    self.on_ping();
                 }
                 Frame::Ack(a) => fb = Some(self.on_ack(now_us, rx_at_us, &a)),
                 Frame::Ctrl { offset, data } => {
                     eliciting = true;
-                    self.space.ack_now = true;
-                    match self.ctrl.rx.on_chunk(offset, data) {
-                        Ok(_) => self.drain_ctrl(now),
-                        Err(e) => {
-                            self.close(now, 2, &format!("protocol error: {e}"));
-                            return true;
-                        }
+                    if self.on_ctrl_frame(now, offset, data).is_break() {
+                        return;
                     }
                 }
                 Frame::Data {
@@ -460,62 +362,20 @@ impl Connection {
                     });
                     self.on_loss_map(&lm, fb);
                 }
-                Frame::PathChallenge(token) => {
-                    self.path.response_due = Some(token);
-                }
-                Frame::PathResponse(token) => {
-                    self.path.response_rx = Some(token);
-                }
+                Frame::PathChallenge(token) => self.on_path_challenge(token),
+                Frame::PathResponse(token) => self.on_path_response(token),
                 Frame::Close { code, reason } => {
-                    let error = (code != 0).then(|| format!("peer closed the session: {reason}"));
-                    self.state = State::Draining {
-                        until_us: now_us + DRAIN_US,
-                    };
-                    self.events.push_back(Event::Closed { error });
-                    return true;
+                    self.on_close_frame(now_us, code, reason);
+                    return;
                 }
             }
         }
-        if let Some(mut fb) = fb {
-            fb.srtt_us = self.path.rtt.srtt();
-            fb.min_rtt_us = self.path.rtt.min();
-            fb.in_flight = self.in_flight_bytes();
-            self.path.cc.on_feedback(&fb);
-            self.path.pacer.on_fates(
-                (
-                    fb.catch_up_lost_bytes,
-                    fb.catch_up_lost_bytes + fb.catch_up_delivered,
-                ),
-                (
-                    fb.lost_bytes - fb.catch_up_lost_bytes,
-                    fb.lost_bytes + fb.delivered - fb.catch_up_lost_bytes - fb.catch_up_delivered,
-                ),
-            );
-            let rate = self.path.cc.pacing_rate_with(fb.in_flight);
-            self.path.pacer.set_rate(rate);
-            if let Some(t) = &mut self.path.cc_trace {
-                t.push(CcTraceRow {
-                    feedback: fb,
-                    rate: rate.unwrap_or(0),
-                    state: self.path.cc.name(),
-                    sent_bytes: self.stats.data_bytes_sent,
-                    cap: self.path.cc.in_flight_cap().unwrap_or(0),
-                    pacer_lost: self.path.pacer.lost_bytes(),
-                    catch_up_room: self.path.pacer.catch_up_room(),
-                });
-            }
+        if let Some(fb) = fb {
+            self.on_feedback(fb);
         }
         if eliciting {
-            if has_data {
-                self.space.ack_pending += 1;
-                if self.space.ack_deadline.is_none() {
-                    self.space.ack_deadline = Some(now_us + ACK_DELAY_US);
-                }
-            } else {
-                self.space.ack_now = true;
-            }
+            self.schedule_ack(now_us, has_data);
         }
-        true
     }
 
     /// Write the next datagram to send into `buf` (at least `max_datagram()` bytes) and
@@ -599,6 +459,7 @@ impl Connection {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transfer::Layout;
 
     #[test]
     fn receiver_drops_count_from_the_sessions_start() {

@@ -1,13 +1,14 @@
 //! The path to the peer: packet sizes, RTT, rate control and pacing, the receive path each
 //! side reports, and path validation (PATH_CHALLENGE/RESPONSE).
 
-use crate::cc::RateControl;
+use std::time::Instant;
+
+use crate::cc::{Feedback, RateControl};
 use crate::pacer::Pacer;
 use crate::rtt::RttEstimator;
 use crate::wire::{self, AddrFamily, Frame};
-use std::time::Instant;
 
-use super::{state::State, stats::CcTraceRow, Connection};
+use super::{CcTraceRow, Connection, State};
 
 /// The path to the peer: packet sizes, RTT, rate control and pacing, what each side
 /// reports of its receive path, and path validation.
@@ -114,5 +115,47 @@ impl Connection {
     /// The token of the last PATH_RESPONSE the peer sent, once.
     pub fn take_path_response(&mut self) -> Option<[u8; wire::PATH_TOKEN_LEN]> {
         self.path.response_rx.take()
+    }
+
+    /// PATH_CHALLENGE: echo its token in our next packet.
+    pub(super) fn on_path_challenge(&mut self, token: [u8; wire::PATH_TOKEN_LEN]) {
+        self.path.response_due = Some(token);
+    }
+
+    /// PATH_RESPONSE: kept for the endpoint, which sent the challenge.
+    pub(super) fn on_path_response(&mut self, token: [u8; wire::PATH_TOKEN_LEN]) {
+        self.path.response_rx = Some(token);
+    }
+
+    /// What one packet's ACK and loss maps said goes to the rate controller, and the
+    /// pacer takes the rate it sets.
+    pub(super) fn on_feedback(&mut self, mut fb: Feedback) {
+        fb.srtt_us = self.path.rtt.srtt();
+        fb.min_rtt_us = self.path.rtt.min();
+        fb.in_flight = self.in_flight_bytes();
+        self.path.cc.on_feedback(&fb);
+        self.path.pacer.on_fates(
+            (
+                fb.catch_up_lost_bytes,
+                fb.catch_up_lost_bytes + fb.catch_up_delivered,
+            ),
+            (
+                fb.lost_bytes - fb.catch_up_lost_bytes,
+                fb.lost_bytes + fb.delivered - fb.catch_up_lost_bytes - fb.catch_up_delivered,
+            ),
+        );
+        let rate = self.path.cc.pacing_rate_with(fb.in_flight);
+        self.path.pacer.set_rate(rate);
+        if let Some(t) = &mut self.path.cc_trace {
+            t.push(CcTraceRow {
+                feedback: fb,
+                rate: rate.unwrap_or(0),
+                state: self.path.cc.name(),
+                sent_bytes: self.stats.data_bytes_sent,
+                cap: self.path.cc.in_flight_cap().unwrap_or(0),
+                pacer_lost: self.path.pacer.lost_bytes(),
+                catch_up_room: self.path.pacer.catch_up_room(),
+            });
+        }
     }
 }

@@ -1,11 +1,12 @@
 //! The packet number space: sealing keys, the replay window, what to acknowledge and when,
 //! and what the sender remembers of each packet for RTT and loss decisions.
 
+use std::collections::VecDeque;
+
 use crate::cc::Feedback;
 use crate::crypto::{ReplayWindow, SessionKeys};
 use crate::transfer::REORDER_PACKETS;
 use crate::wire::{self, AckFrame, Frame, Writer};
-use std::collections::VecDeque;
 
 use super::Connection;
 
@@ -164,5 +165,72 @@ impl Connection {
             self.space.sent_base += 1;
         }
         self.stats.packets_sent += 1;
+    }
+
+    /// Authenticates a datagram as a packet of this session: sealed, for our connection
+    /// id, not a replay, opening under the peer's key, and every frame parsing (checked
+    /// before any acts, so a malformed tail cannot leave a packet half-applied). Returns its
+    /// packet number and plaintext; a datagram that fails is counted and dropped.
+    pub(super) fn open_packet<'a>(&mut self, data: &'a mut [u8]) -> Option<(u64, &'a [u8])> {
+        match wire::peek_kind(data) {
+            Ok(wire::PacketKind::Sealed) => {}
+            Ok(_) => {
+                // Retransmitted hellos are the endpoint's business; anything else is noise.
+                self.stats.dropped_unexpected += 1;
+                return None;
+            }
+            Err(_) => {
+                self.stats.dropped_malformed += 1;
+                return None;
+            }
+        }
+        if wire::sealed_dest_cid(data).ok() != Some(self.my_cid) {
+            self.stats.dropped_unexpected += 1;
+            return None;
+        }
+        let Ok(pn_bits) = wire::sealed_pn_bits(data) else {
+            self.stats.dropped_malformed += 1;
+            return None;
+        };
+        let pn = wire::decode_pn(pn_bits, self.space.largest_rx.map_or(0, |(l, _)| l + 1));
+        if !self.space.replay.is_fresh(pn) {
+            self.stats.dropped_replay += 1;
+            return None;
+        }
+        let keys = self
+            .space
+            .keys
+            .as_ref()
+            .expect("sealed packets only after keys");
+        let plain = match keys.recv.open(data, pn) {
+            Ok(p) => p,
+            Err(_) => {
+                self.stats.dropped_auth += 1;
+                return None;
+            }
+        };
+        if wire::parse_frames(plain).any(|f| f.is_err()) {
+            self.stats.dropped_malformed += 1;
+            return None;
+        }
+        Some((pn, plain))
+    }
+
+    /// PING: only asks for an ACK.
+    pub(super) fn on_ping(&mut self) {
+        self.space.ack_now = true;
+    }
+
+    /// After a packet that asks for an ACK: data is acknowledged in batches
+    /// (`ACK_EVERY` packets or `ACK_DELAY_US`), anything else at once.
+    pub(super) fn schedule_ack(&mut self, now_us: u64, has_data: bool) {
+        if has_data {
+            self.space.ack_pending += 1;
+            if self.space.ack_deadline.is_none() {
+                self.space.ack_deadline = Some(now_us + ACK_DELAY_US);
+            }
+        } else {
+            self.space.ack_now = true;
+        }
     }
 }

@@ -1,15 +1,15 @@
 //! The control stream: reliable, ordered messages both ways, some said twice, and what
 //! arriving messages do.
 
-use crate::control::{Ctrl, CtrlRecv, CtrlSend, MetaEntry, MetaOp};
-use crate::transfer::{Incoming, Layout};
-use crate::wire::{self};
+use std::ops::ControlFlow;
 use std::time::Instant;
 
-use super::{
-    events::Event, transfers::too_large, transfers::MAX_INCOMING_BLOCKS,
-    transfers::MAX_OPEN_INCOMING, Connection, Side,
-};
+use crate::control::{Ctrl, CtrlRecv, CtrlSend, MetaEntry, MetaOp};
+use crate::transfer::{Incoming, Layout};
+use crate::wire;
+
+use super::transfers::{too_large, MAX_INCOMING_BLOCKS, MAX_OPEN_INCOMING};
+use super::{Connection, Event, Side};
 
 /// The control stream's two directions and what rides on them.
 pub(super) struct ControlStream {
@@ -242,5 +242,24 @@ impl Connection {
                 }
             }
         }
+    }
+
+    /// CTRL: a chunk of the peer's control stream; the messages it completes take effect.
+    /// Breaks when the stream is broken (the session is then closed).
+    pub(super) fn on_ctrl_frame(
+        &mut self,
+        now: Instant,
+        offset: u64,
+        data: &[u8],
+    ) -> ControlFlow<()> {
+        self.space.ack_now = true;
+        match self.ctrl.rx.on_chunk(offset, data) {
+            Ok(_) => self.drain_ctrl(now),
+            Err(e) => {
+                self.close(now, 2, &format!("protocol error: {e}"));
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(())
     }
 }

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::{events::Event, state::State, Connection};
+use super::{Connection, Event, State};
 
 /// Liveness: the idle timeout, probe timeouts and keep-alive PINGs.
 pub(super) struct Timers {

@@ -2,14 +2,15 @@
 //! what the application asks for (send, request, offer, accept, reject, verdicts), DATA and
 //! LOSSMAP frames, and the sender's whole-file hash.
 
+use std::collections::BTreeMap;
+use std::time::Instant;
+
 use crate::cc::Feedback;
 use crate::control::{flags, Ctrl};
 use crate::transfer::{DataVerdict, Incoming, Layout, Outgoing, XferId, REORDER_PACKETS};
 use crate::wire::{self, Writer};
-use std::collections::BTreeMap;
-use std::time::Instant;
 
-use super::{events::Event, storage::BlockSink, storage::BlockSource, Connection};
+use super::{BlockSink, BlockSource, Connection, Event};
 
 /// What an `Offer` says about a file.
 #[derive(Debug, Clone, Copy)]

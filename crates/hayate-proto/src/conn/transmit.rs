@@ -4,7 +4,7 @@
 use crate::transfer::XferId;
 use crate::wire::{self, Frame, Writer};
 
-use super::{storage::BlockSource, Connection};
+use super::{BlockSource, Connection};
 
 impl Connection {
     pub(super) fn send_control(
