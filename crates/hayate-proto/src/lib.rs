@@ -6,7 +6,8 @@
 //! - [`conn`]: one session (control stream, transfers, acks, pacing); [`endpoint`]: a server's
 //!   many sessions on one socket.
 //! - [`transfer`]: per-file loss map and retransmission state; [`cc`]: rate control.
-//! - [`sim`]: a simulated network to run whole transfers in milliseconds.
+//! - `sim` (cargo feature `sim`, on for this crate's tests): a simulated network to run
+//!   whole transfers in milliseconds.
 
 pub mod bitset;
 pub mod cc;
@@ -19,6 +20,7 @@ pub mod pacer;
 pub mod retry;
 pub mod rng;
 pub mod rtt;
+#[cfg(feature = "sim")]
 pub mod sim;
 pub mod transfer;
 pub mod wire;
