@@ -41,10 +41,13 @@ use streams::ControlStream;
 use timers::Timers;
 use transfers::Transfers;
 
+/// A session's settings.
 #[derive(Debug, Clone)]
 pub struct Config {
     /// Largest IP packet to send (client: requested; server: the most it allows).
     pub mtu: u16,
+    /// How fast to send: fixed, unlimited or adaptive (the server may narrow what the client
+    /// asks for).
     pub rate: RateConfig,
     /// Give up when the peer is silent this long.
     pub idle_timeout: Duration,
@@ -63,12 +66,20 @@ impl Default for Config {
     }
 }
 
+/// Which end of the session this is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Side {
+    /// Connects, asks for and sends files.
     Client,
+    /// Accepts sessions and answers their requests.
     Server,
 }
 
+/// One session between a client and a server, sans-IO: feed it datagrams
+/// ([`handle_datagram_at`](Self::handle_datagram_at)) and the time
+/// ([`handle_timeout`](Self::handle_timeout)), take datagrams
+/// ([`poll_transmit`](Self::poll_transmit)), the next deadline
+/// ([`poll_timeout`](Self::poll_timeout)) and events ([`poll_event`](Self::poll_event)).
 pub struct Connection {
     side: Side,
     cfg: Config,
@@ -235,18 +246,22 @@ impl Connection {
         now.saturating_duration_since(self.epoch).as_micros() as u64
     }
 
+    /// Whether this is the client or the server end.
     pub fn side(&self) -> Side {
         self.side
     }
 
+    /// Our connection id: the one the peer puts in the packets it sends us.
     pub fn my_cid(&self) -> Cid {
         self.my_cid
     }
 
+    /// Bytes of file per DATA frame (set by the MTU; final once the handshake is done).
     pub fn block_size(&self) -> usize {
         self.path.block_size
     }
 
+    /// The MTU agreed in the handshake (before it, the configured one).
     pub fn mtu(&self) -> u16 {
         self.path.mtu
     }

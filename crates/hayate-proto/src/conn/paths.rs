@@ -41,9 +41,10 @@ pub(super) struct PathData {
 /// [`Connection::set_receiver_state`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ReceiverState {
-    /// Bytes waiting in the socket's receive buffer, and the buffer's size, as the kernel
-    /// counts them (per-datagram overhead included); `buffer` 0: unknown.
+    /// Bytes waiting in the socket's receive buffer, as the kernel counts them
+    /// (per-datagram overhead included).
     pub buffered: u64,
+    /// The socket receive buffer's size, counted the same way; 0: unknown.
     pub buffer: u64,
     /// Datagrams the OS dropped because that buffer was full, counted since the socket opened.
     pub os_drops: u64,
@@ -64,6 +65,7 @@ impl Connection {
             .unwrap_or_default()
     }
 
+    /// The rate controller (for its state in stats and traces).
     pub fn rate_controller(&self) -> &dyn RateControl {
         &*self.path.cc
     }

@@ -29,13 +29,16 @@ pub(super) enum State {
     Closed,
 }
 
+/// How long a closed session keeps answering stragglers with its CLOSE, µs.
 pub(super) const DRAIN_US: u64 = 2_000_000;
 
 impl Connection {
+    /// The handshake is done and the session not closing: transfers can run.
     pub fn is_established(&self) -> bool {
         matches!(self.state, State::Established)
     }
 
+    /// The session is over, draining done: it neither sends nor takes anything more.
     pub fn is_closed(&self) -> bool {
         matches!(self.state, State::Closed)
     }

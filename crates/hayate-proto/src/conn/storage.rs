@@ -10,6 +10,9 @@ pub trait BlockSource {
 
 /// Where incoming file data goes.
 pub trait BlockSink {
+    /// Write `data`, the bytes of transfer `xfer` at `offset`. An error fails the transfer
+    /// (the sender is told, and an [`Event::IncomingFailed`](super::Event::IncomingFailed)
+    /// raised).
     fn write(&mut self, xfer: XferId, offset: u64, data: &[u8]) -> Result<(), String>;
 
     /// Whether a new block of `xfer` can be taken now without waiting (storage

@@ -96,6 +96,9 @@ impl Connection {
                 .any(|o| o.ready && o.hash.is_none() && o.peek_new().is_none())
     }
 
+    /// Acts on the deadlines passed by `now`: gives up the handshake or an idle session,
+    /// ends draining, and queues keep-alive and probe PINGs (the probe also resends the
+    /// unacknowledged control stream).
     pub fn handle_timeout(&mut self, now: Instant) {
         let now_us = self.now_us(now);
         match &mut self.state {

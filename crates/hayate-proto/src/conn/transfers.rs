@@ -15,9 +15,13 @@ use super::{BlockSink, BlockSource, Connection, Event};
 /// What an `Offer` says about a file.
 #[derive(Debug, Clone, Copy)]
 pub struct FileOffer<'a> {
+    /// Path the file goes to, as the sender names it.
     pub path: &'a str,
+    /// Size in bytes.
     pub size: u64,
+    /// Unix permission bits.
     pub mode: u32,
+    /// Modification time, seconds since the epoch.
     pub mtime: i64,
     /// [`crate::control::flags`].
     pub flags: u32,
@@ -26,6 +30,7 @@ pub struct FileOffer<'a> {
 }
 
 impl<'a> FileOffer<'a> {
+    /// An offer of a file with no flags and no hash.
     pub fn plain(path: &'a str, size: u64, mode: u32, mtime: i64) -> Self {
         Self {
             path,
@@ -51,6 +56,8 @@ pub(super) const STASH_BYTES: usize = 2 * EAGER_BYTES as usize;
 /// of file at 1500-byte packets) and a few MB of bookkeeping.
 pub const MAX_OPEN_INCOMING: usize = 16384;
 
+/// Most blocks the incoming files of one session may hold together (see
+/// [`MAX_OPEN_INCOMING`]).
 pub const MAX_INCOMING_BLOCKS: u64 = 1 << 32;
 
 /// The file transfers of this session, both ways.
