@@ -11,24 +11,17 @@
 
 #![warn(missing_docs)]
 
-#[allow(missing_docs)] // Not yet documented item by item.
 pub mod bitset;
-#[allow(missing_docs)] // Not yet documented item by item.
 pub mod cc;
 pub mod conn;
 #[allow(missing_docs)] // Not yet documented item by item.
 pub mod control;
-#[allow(missing_docs)] // Not yet documented item by item.
 pub mod crypto;
-#[allow(missing_docs)] // Not yet documented item by item.
 pub mod endpoint;
-#[allow(missing_docs)] // Not yet documented item by item.
 pub mod handshake;
-#[allow(missing_docs)] // Not yet documented item by item.
 pub mod pacer;
 pub mod retry;
 pub mod rng;
-#[allow(missing_docs)] // Not yet documented item by item.
 pub mod rtt;
 #[cfg(feature = "sim")]
 #[allow(missing_docs)] // Not yet documented item by item.
