@@ -53,7 +53,7 @@ pub struct Stats {
     /// HelloRetries followed (the server asked this client to prove its address).
     pub hello_retries: u64,
     /// New blocks dropped because the storage was not ready for them (see
-    /// [`BlockSink::ready`]); the sender sends them again.
+    /// [`BlockSink::ready`](super::BlockSink::ready)); the sender sends them again.
     pub blocks_refused_by_sink: u64,
 }
 
@@ -72,7 +72,8 @@ pub struct CcTraceRow {
     pub cap: u64,
     /// Sending time the pacer lost so far to late wake-ups, as bytes at its rate.
     pub pacer_lost: u64,
-    /// The share of a full catch-up the pacer makes (see [`Pacer::catch_up_room`]).
+    /// The share of a full catch-up the pacer makes (see
+    /// [`Pacer::catch_up_room`](crate::pacer::Pacer::catch_up_room)).
     pub catch_up_room: f64,
 }
 

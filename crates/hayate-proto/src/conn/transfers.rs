@@ -150,7 +150,7 @@ impl Connection {
     }
 
     /// [`accept`](Self::accept), telling the sender where the file goes (the answer to an
-    /// [`flags::INTO_DIR`](crate::control::flags::INTO_DIR) offer).
+    /// [`flags::INTO_DIR`] offer).
     pub fn accept_at(&mut self, xfer: XferId, have: &[(u64, u64)], path: Option<&str>) {
         if let Some(inc) = self.xfers.incoming.get_mut(&xfer) {
             inc.accepted = true;
