@@ -209,7 +209,7 @@ impl Connection {
         v
     }
 
-    /// Progress of an incoming transfer: (received blocks, total blocks, missing ranges).
+    /// Progress of an incoming transfer: (blocks received, blocks in all).
     pub fn incoming_progress(&self, xfer: XferId) -> Option<(u64, u64)> {
         self.xfers
             .incoming
