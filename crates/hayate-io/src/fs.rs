@@ -1306,6 +1306,46 @@ impl Drop for PartFile {
     }
 }
 
+/// Copies the byte ranges `[a, b)` of `from` to the same offsets of `to`: in the kernel
+/// (`copy_file_range`, which shares extents where the file system can), else through a
+/// buffer (across file systems, or where the call is missing).
+pub fn copy_ranges(from: &File, to: &File, ranges: &[(u64, u64)]) -> io::Result<()> {
+    let mut kernel = true;
+    let mut buf = Vec::new();
+    for &(a, b) in ranges {
+        let mut at = a;
+        while at < b {
+            let len = (b - at).min(1 << 30) as usize;
+            if kernel {
+                let (mut src, mut dst) = (at, at);
+                match rfs::copy_file_range(from, Some(&mut src), to, Some(&mut dst), len) {
+                    Ok(0) => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            format!("the file ends before byte {b}"),
+                        ))
+                    }
+                    Ok(n) => {
+                        at += n as u64;
+                        continue;
+                    }
+                    Err(Errno::XDEV | Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
+                        kernel = false;
+                    }
+                    Err(Errno::INTR) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            let n = (b - at).min(1 << 20) as usize;
+            buf.resize(n, 0);
+            from.read_exact_at(&mut buf, at)?;
+            to.write_all_at(&buf, at)?;
+            at += n as u64;
+        }
+    }
+    Ok(())
+}
+
 /// Client side: the destination of a download at the user's own `dest` (not sandboxed; the
 /// parent directory must exist), treated as [`Root::create_part`] treats an upload's.
 pub fn create_local_part(dest: &Path, size: u64) -> Result<PartFile, FsError> {
