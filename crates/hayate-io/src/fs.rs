@@ -1069,6 +1069,26 @@ impl PartFile {
             .map_err(|e| ctx(e.into()))
     }
 
+    /// The regular file now at the destination, opened for reading (a delta transfer's
+    /// basis), with its length; `None` if there is none (or a device, FIFO or link).
+    pub fn open_existing(&self) -> Option<(File, u64)> {
+        if self.stream.is_some() {
+            return None;
+        }
+        let fd = rfs::openat(
+            &self.dir,
+            self.final_name.as_str(),
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()?;
+        let st = rfs::fstat(&fd).ok()?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return None;
+        }
+        Some((File::from(fd), st.st_size as u64))
+    }
+
     /// The resume state saved by [`save_state`](Self::save_state), if present and a regular
     /// file of at most 16 MiB.
     pub fn load_state(&self) -> Option<Vec<u8>> {

@@ -18,6 +18,8 @@ use crate::rtt::RttEstimator;
 use crate::transfer::{DataVerdict, Incoming, Layout, Outgoing, XferId, REORDER_PACKETS};
 use crate::wire::{self, AckFrame, AddrFamily, Cid, Frame, Writer};
 
+mod delta;
+
 /// Where outgoing file data comes from.
 pub trait BlockSource {
     /// Fill `buf` with the file bytes of transfer `xfer` at `offset` (exactly `buf.len()`).
@@ -1485,6 +1487,12 @@ impl Connection {
                     self.pacer.set_rate(self.cc.pacing_rate());
                 }
             }
+            Ctrl::WantSums { xfer, basis } => self.on_want_sums(xfer, basis),
+            Ctrl::Sums {
+                xfer,
+                first,
+                leaves,
+            } => self.on_sums(xfer, first, leaves),
             Ctrl::Bye => {
                 if self.side == Side::Server {
                     self.events.push_back(Event::Bye);

@@ -80,6 +80,10 @@ pub struct Outgoing {
     /// what is left when the transfer ends was delivered without a map saying so.
     pub sent_bytes: u64,
     pub settled_bytes: u64,
+    /// The receiver asked for leaf hashes (`WantSums`) and the driver has not started them.
+    pub sums_wanted: bool,
+    /// What the receiver compares them with ([`crate::control::basis`]), once it asked.
+    pub basis: Option<u8>,
 }
 
 /// Result of applying a loss map.
@@ -117,6 +121,8 @@ impl Outgoing {
             bytes_had: 0,
             sent_bytes: 0,
             settled_bytes: 0,
+            sums_wanted: false,
+            basis: None,
         }
     }
 
@@ -382,6 +388,11 @@ pub struct Incoming {
     /// Blocks that came with the offer, before it was accepted: written once it is.
     pub stash: BTreeMap<u64, Vec<u8>>,
     pub stash_bytes: usize,
+    /// Leaf hashes were asked for (`WantSums`); those arrived, until the driver takes them.
+    pub sums_asked: bool,
+    pub sums: Vec<(u64, Vec<crate::control::LeafHash>)>,
+    /// Leaf hashes arrived so far (at most one per leaf of the file).
+    pub sums_received: u64,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -411,6 +422,9 @@ impl Incoming {
             bytes_received: 0,
             stash: BTreeMap::new(),
             stash_bytes: 0,
+            sums_asked: false,
+            sums: Vec::new(),
+            sums_received: 0,
         }
     }
 

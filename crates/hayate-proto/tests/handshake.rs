@@ -283,14 +283,14 @@ fn unsupported_version_gets_a_version_reject() {
     let p = psk(8);
     let c = ClientHandshake::new(&p, 1500);
     let mut h = c.hello().to_vec();
-    h[4] = 6;
+    h[4] = 7;
     assert!(matches!(
         server_accept(&p, &h, 1500),
-        Err(HandshakeError::UnsupportedVersion(6))
+        Err(HandshakeError::UnsupportedVersion(7))
     ));
     assert_eq!(
         ClientHello::decode(&h),
-        Err(WireError::UnsupportedVersion(6))
+        Err(WireError::UnsupportedVersion(7))
     );
     assert_eq!(
         client_hello_ids(&h),
@@ -298,7 +298,7 @@ fn unsupported_version_gets_a_version_reject() {
     );
     let rj = hello_reject(&h, RejectReason::VersionUnsupported).unwrap();
     let parsed = HelloReject::decode(&rj).unwrap();
-    assert_eq!(parsed.max_version, 5);
+    assert_eq!(parsed.max_version, 6);
     assert!(matches!(
         c.handle(&p, &rj),
         Err(HandshakeError::Rejected(RejectReason::VersionUnsupported))
@@ -313,7 +313,7 @@ fn client_hello_layout_is_byte_exact() {
     assert_eq!(h.len(), 1200);
     assert_eq!(&h[0..3], b"HYT");
     assert_eq!(h[3], 0x01);
-    assert_eq!(h[4], 0x05);
+    assert_eq!(h[4], 0x06);
     assert_eq!(h[5..13], u64::from(c.client_cid()).to_be_bytes());
     assert_eq!(h[77..79], [0x23, 0x45]);
     assert!(h[79..1168].iter().all(|&b| b == 0));

@@ -1914,3 +1914,145 @@ fn a_slow_fifo_reader_does_not_stall_other_sessions() {
         r.elapsed
     );
 }
+
+// ----- delta transfers (issue 40) -----
+
+/// `len` pseudo-random bytes from `seed`.
+fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    blake3::Hasher::new()
+        .update(&seed.to_le_bytes())
+        .update(b"hayate delta test data")
+        .finalize_xof()
+        .fill(&mut out);
+    out
+}
+
+/// Overwrites `n` 4 KiB pages of `d`, spread over it, with fresh bytes.
+fn scatter_pages(d: &mut [u8], n: usize, seed: u64) {
+    let pages = d.len() / 4096;
+    for i in 0..n {
+        let p = (i * pages / n + (seed as usize % 7)) % pages;
+        let fresh = random_bytes(4096, seed * 1000 + i as u64);
+        d[p * 4096..(p + 1) * 4096].copy_from_slice(&fresh);
+    }
+}
+
+/// Copies `new` over a destination holding `old` (upload to the daemon, or download from
+/// it), checks the result byte for byte and that no temp file is left, and returns the
+/// file's JSON entry.
+fn delta_copy(
+    fx: &Fx,
+    name: &str,
+    old: &[u8],
+    new: &[u8],
+    upload: bool,
+    extra: &[&str],
+) -> serde_json::Value {
+    let (src, dst) = if upload {
+        (fx.local.join(name), fx.root.join(name))
+    } else {
+        (fx.root.join(name), fx.local.join(name))
+    };
+    fs::write(&src, new).unwrap();
+    fs::write(&dst, old).unwrap();
+    let mut args: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+    args.push("--json".into());
+    if upload {
+        args.extend([s(&src), fx.url(name)]);
+    } else {
+        args.extend([fx.url(name), s(&dst)]);
+    }
+    let r = fx.cp(&args);
+    r.assert_ok();
+    let got = fs::read(&dst).unwrap();
+    assert!(
+        got == new,
+        "{name}: the result differs from the source ({} vs {} bytes)",
+        got.len(),
+        new.len()
+    );
+    assert_eq!(part_files(&fx.root), Vec::<String>::new());
+    assert_eq!(part_files(&fx.local), Vec::<String>::new());
+    let j = r.json();
+    assert_eq!(j["verified"].as_bool(), Some(true), "{j}");
+    assert_eq!(
+        j["blake3"].as_str(),
+        Some(hex(&blake3::hash(new)).as_str()),
+        "{j}"
+    );
+    let f = j["files"][0].clone();
+    let (moved, reused) = (
+        f["moved_bytes"].as_u64().unwrap(),
+        f["reused_bytes"].as_u64().unwrap(),
+    );
+    assert_eq!(
+        moved + reused + f["resumed_bytes"].as_u64().unwrap(),
+        new.len() as u64,
+        "{j}"
+    );
+    assert_eq!(j["reused_bytes"].as_u64(), Some(reused), "{j}");
+    f
+}
+
+fn delta_cases(upload: bool) {
+    let fx = Fx::new();
+    let len = 8 << 20;
+    let old = random_bytes(len, 1);
+
+    // Scattered in-place changes: 20 pages of 4 KiB.
+    let mut new = old.clone();
+    scatter_pages(&mut new, 20, 2);
+    let f = delta_copy(&fx, "pages.bin", &old, &new, upload, &[]);
+    let moved = f["moved_bytes"].as_u64().unwrap();
+    assert!(moved > 0 && moved <= 20 * 4096 * 2, "{f}");
+
+    // Unchanged: nothing but the tail block is sent.
+    let f = delta_copy(&fx, "same.bin", &old, &old, upload, &[]);
+    assert!(f["moved_bytes"].as_u64().unwrap() <= 4096, "{f}");
+
+    // Appended to (a growing log), by an amount that is no whole leaf.
+    let mut new = old.clone();
+    new.extend(random_bytes(1_000_003, 3));
+    let f = delta_copy(&fx, "grown.bin", &old, &new, upload, &[]);
+    let moved = f["moved_bytes"].as_u64().unwrap();
+    assert!((1_000_003..1_000_003 + 3 * 4096).contains(&moved), "{f}");
+
+    // Truncated: the source is a prefix of the destination (which is longer).
+    let new = old[..len / 2 + 12345].to_vec();
+    let f = delta_copy(&fx, "cut.bin", &old, &new, upload, &[]);
+    assert!(f["moved_bytes"].as_u64().unwrap() <= 2 * 4096, "{f}");
+
+    // A destination longer than the source, and different at its start.
+    let mut new = old[..len / 2].to_vec();
+    new[..4096].copy_from_slice(&random_bytes(4096, 4));
+    let f = delta_copy(&fx, "longer.bin", &old, &new, upload, &[]);
+    assert!(f["moved_bytes"].as_u64().unwrap() <= 3 * 4096, "{f}");
+
+    // An empty destination: everything is sent.
+    let f = delta_copy(&fx, "empty.bin", &[], &old, upload, &[]);
+    assert_eq!(f["moved_bytes"].as_u64(), Some(len as u64), "{f}");
+    assert_eq!(f["reused_bytes"].as_u64(), Some(0), "{f}");
+
+    // Nothing in common: everything is sent, and the result is still exact.
+    let other = random_bytes(len, 5);
+    let f = delta_copy(&fx, "other.bin", &old, &other, upload, &[]);
+    assert_eq!(f["reused_bytes"].as_u64(), Some(0), "{f}");
+
+    // -W: the whole file, whatever is there.
+    let mut new = old.clone();
+    scatter_pages(&mut new, 3, 6);
+    let f = delta_copy(&fx, "whole.bin", &old, &new, upload, &["-W"]);
+    assert_eq!(f["moved_bytes"].as_u64(), Some(len as u64), "{f}");
+    assert_eq!(f["reused_bytes"].as_u64(), Some(0), "{f}");
+}
+
+#[test]
+fn delta_upload_sends_only_what_changed() {
+    delta_cases(true);
+}
+
+#[test]
+fn delta_download_sends_only_what_changed() {
+    delta_cases(false);
+}

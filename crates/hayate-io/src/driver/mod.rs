@@ -6,7 +6,7 @@ mod batch;
 pub mod client;
 pub mod link;
 pub mod mem;
-mod resume;
+pub(crate) mod resume;
 pub mod server;
 
 use std::sync::atomic::{AtomicBool, Ordering};

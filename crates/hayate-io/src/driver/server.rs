@@ -18,8 +18,9 @@ use hayate_proto::{
 };
 
 use super::link::{Links, StreamLink};
-use super::resume::{resumable, save_progress};
+use super::resume::save_progress;
 use super::{dest_mode, systime, CcTrace, StopFlag};
+use crate::delta::{basis_for, pump_sums, Basis};
 use crate::fs::{Entry, EntryKind, FsError, PartFile, Root, SourceFile};
 use crate::udp::UdpSocket;
 use crate::verify::{Landing, Sending, WholeHash};
@@ -105,12 +106,19 @@ struct SessionFiles {
     offering: HashMap<XferId, (Download, WholeHash)>,
     /// Uploads offered with `--update`, received or skipped once the file there is hashed.
     deciding: HashMap<XferId, Deciding>,
+    /// Uploads compared leaf by leaf with a basis (delta, verified resume), accepted once
+    /// every leaf is.
+    bases: HashMap<XferId, (Upload, PartFile, Basis)>,
 }
 
 impl SessionFiles {
-    /// Whether a whole-file hash for `--update` holds up one of its transfers.
+    /// Whether a whole-file hash for `--update`, or leaf hashes for a delta transfer, hold
+    /// up one of its transfers.
     fn hashing(&self) -> bool {
-        !self.offering.is_empty() || !self.deciding.is_empty()
+        !self.offering.is_empty()
+            || !self.deciding.is_empty()
+            || !self.bases.is_empty()
+            || self.out.values().any(Sending::sums_pending)
     }
 }
 
@@ -144,6 +152,7 @@ impl BlockSink for SessionFiles {
 /// the rest of those whose blocks have all gone out. Returns whether one is still being
 /// hashed after its last block went out.
 fn give_source_hashes(c: &mut Connection, f: &mut SessionFiles) -> bool {
+    pump_sums(c, f.out.iter_mut().map(|(x, s)| (*x, s)));
     for x in c.sources_awaiting_hash() {
         if let Some(s) = f.out.get_mut(&x) {
             s.finish();
@@ -191,6 +200,28 @@ fn settle_update_hashes(c: &mut Connection, f: &mut SessionFiles) {
         } else {
             accept_upload(c, f, xfer, d.part, d.up);
         }
+    }
+    settle_bases(c, f);
+}
+
+/// Goes on with the uploads compared with a basis: the sender's leaf hashes that came are
+/// compared with the basis's, and once all are, the upload is accepted with the blocks
+/// that matched.
+fn settle_bases(c: &mut Connection, f: &mut SessionFiles) {
+    let bs = c.block_size() as u64;
+    let done: Vec<(XferId, Vec<(u64, u64)>)> = f
+        .bases
+        .iter_mut()
+        .filter_map(|(x, (_, _, b))| {
+            for (first, leaves) in c.take_sums(*x) {
+                b.sums(first, leaves);
+            }
+            Some((*x, b.poll(bs)?))
+        })
+        .collect();
+    for (xfer, have) in done {
+        let (up, part, b) = f.bases.remove(&xfer).expect("listed");
+        start_upload(c, f, xfer, part, up, &have, b.into_copy_source());
     }
 }
 
@@ -795,6 +826,9 @@ fn on_event(
         Event::Rejected { xfer, reason } => {
             f.out.remove(&xfer);
             f.offering.remove(&xfer);
+            if let Some((_, part, _)) = f.bases.remove(&xfer) {
+                drop_undecided(part);
+            }
             if let Some(d) = f.deciding.remove(&xfer) {
                 drop_undecided(d.part);
             }
@@ -827,6 +861,9 @@ fn on_event(
             }
             for (_, d) in f.deciding.drain() {
                 drop_undecided(d.part);
+            }
+            for (_, (_, part, _)) in f.bases.drain() {
+                drop_undecided(part);
             }
             f.out.clear();
             f.offering.clear();
@@ -890,7 +927,9 @@ fn drop_undecided(part: PartFile) {
     }
 }
 
-/// Receives an upload into its temp file, resuming what an earlier run left there.
+/// Receives an upload into its temp file: at once, or, when there is a basis (what an
+/// earlier run left there, or the file at the destination), once the sender's leaf hashes
+/// are compared with it (`settle_bases`).
 fn accept_upload(
     c: &mut Connection,
     f: &mut SessionFiles,
@@ -898,12 +937,28 @@ fn accept_upload(
     mut part: PartFile,
     up: Upload,
 ) {
-    let have = if up.flags & flags::NO_RESUME != 0 {
-        Vec::new()
-    } else {
-        resumable(&part, up.size, up.mtime, c.block_size() as u64)
-    };
-    let landing = match Landing::start(&mut part, up.size, &have, c.block_size() as u64) {
+    match basis_for(&mut part, up.size, up.flags) {
+        Some(b) => {
+            c.want_sums(xfer, b.kind);
+            f.bases.insert(xfer, (up, part, b));
+        }
+        None => start_upload(c, f, xfer, part, up, &[], None),
+    }
+}
+
+/// Accepts an upload into its temp file, which holds the blocks in `have` already or gets
+/// them copied from `basis`.
+fn start_upload(
+    c: &mut Connection,
+    f: &mut SessionFiles,
+    xfer: XferId,
+    mut part: PartFile,
+    up: Upload,
+    have: &[(u64, u64)],
+    basis: Option<std::fs::File>,
+) {
+    let bs = c.block_size() as u64;
+    let landing = match Landing::start_copied(&mut part, up.size, have, bs, basis) {
         Ok(l) => l,
         Err(e) => {
             c.reject(xfer, &format!("{}: {e}", up.path));
@@ -926,7 +981,7 @@ fn accept_upload(
             landing,
         },
     );
-    c.accept_at(xfer, &have, placed.as_deref());
+    c.accept_at(xfer, have, placed.as_deref());
 }
 
 /// Sends a file asked for, offering it (with its hash for `--update`).

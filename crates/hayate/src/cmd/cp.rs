@@ -67,6 +67,10 @@ pub struct CpArgs {
     /// Skip files whose destination is already identical (compared by BLAKE3)
     #[arg(short, long, conflicts_with = "no_clobber")]
     pub update: bool,
+    /// Send whole files: no delta against a file already at the destination (by default
+    /// only the 4 KiB leaves that differ from it are sent)
+    #[arg(short = 'W', long)]
+    pub whole_file: bool,
     /// A source file that changes while it is sent is sent once more from the start
     /// (opened afresh); only a second change fails it
     #[arg(long)]
@@ -406,6 +410,9 @@ fn copy(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
     }
     if a.update {
         fl |= flags::UPDATE;
+    }
+    if a.whole_file {
+        fl |= flags::WHOLE_FILE;
     }
     let mut out = Output::new(a.quiet, a.json, a.interval, a.progress);
     if a.verbose > 0 {
