@@ -2056,3 +2056,111 @@ fn delta_upload_sends_only_what_changed() {
 fn delta_download_sends_only_what_changed() {
     delta_cases(false);
 }
+
+/// Overwrites `len` bytes of `path` at `at` with fresh bytes.
+fn damage(path: &Path, at: u64, len: usize) {
+    use std::os::unix::fs::FileExt;
+    let f = fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(&random_bytes(len, 99), at).unwrap();
+}
+
+/// A rerun that finds the temp file of an interrupted copy damaged where the state file says
+/// it holds data: the damaged leaves are sent again (the kept ones are checked against the
+/// sender's leaf hashes), never trusted into a failed verification.
+#[test]
+fn a_damaged_part_file_is_repaired_on_resume_of_an_upload() {
+    let fx = Fx::new();
+    let client = slow_upload(&fx, "big.bin");
+    std::thread::sleep(Duration::from_millis(700));
+    signal(client.pid(), libc::SIGKILL);
+    let _ = client.wait(Duration::from_secs(10));
+    let part = fx.root.join(".big.bin.hayate-part");
+    let state = fs::read_to_string(fx.root.join(".big.bin.hayate-state")).unwrap();
+    assert!(
+        state.lines().nth(1).is_some_and(|l| l.starts_with("0-")),
+        "{state}"
+    );
+    damage(&part, 300_000, 5000);
+    let src = fx.local.join("big.bin");
+    let r = fx.cp(&["--json".to_string(), s(&src), fx.url("big.bin")]);
+    r.assert_ok();
+    assert_eq!(hash_file(&fx.root.join("big.bin")), hash_file(&src));
+    let f = &r.json()["files"][0];
+    let resumed = f["resumed_bytes"].as_u64().unwrap();
+    assert!(resumed > 1 << 20, "{f}");
+    assert!(resumed < (64 << 20) - 5000, "{f}");
+    assert_eq!(part_files(&fx.root), Vec::<String>::new());
+}
+
+#[test]
+fn a_damaged_part_file_is_repaired_on_resume_of_a_download() {
+    let fx = Fx::new();
+    let src = fx.root.join("big.bin");
+    write_random(&src, 64 << 20, 21);
+    let dst = fx.local.join("big.bin");
+    let mut cmd = hayate();
+    cmd.args(["cp", "--key-file", &s(&fx.key), "--rate", "40M"]);
+    cmd.args([fx.url("big.bin"), s(&dst)]);
+    let client = spawn_cmd(&mut cmd);
+    let part = fx.local.join(".big.bin.hayate-part");
+    assert!(eventually(Duration::from_secs(10), || part.exists()));
+    std::thread::sleep(Duration::from_millis(1200));
+    signal(client.pid(), libc::SIGTERM);
+    client.wait(Duration::from_secs(10)).assert_failed();
+    damage(&part, 300_000, 5000);
+    let r = fx.cp(&["--json".to_string(), fx.url("big.bin"), s(&dst)]);
+    r.assert_ok();
+    assert_eq!(hash_file(&dst), hash_file(&src));
+    let f = &r.json()["files"][0];
+    let resumed = f["resumed_bytes"].as_u64().unwrap();
+    assert!(resumed > 1 << 20, "{f}");
+    assert_eq!(f["reused_bytes"].as_u64(), Some(0), "{f}");
+    assert_eq!(part_files(&fx.local), Vec::<String>::new());
+}
+
+/// `-r` over a tree already at the destination: unchanged files send nothing, changed ones
+/// their changed leaves, new ones everything; both ways.
+#[test]
+fn a_tree_sends_only_the_changed_leaves_of_changed_files() {
+    let fx = Fx::new();
+    let old_a = random_bytes(3 << 20, 10);
+    let mut new_a = old_a.clone();
+    scatter_pages(&mut new_a, 5, 11);
+    let b = random_bytes(2 << 20, 12);
+    let c = random_bytes(300_000, 13);
+    for (base, upload) in [(fx.local.join("t"), true), (fx.root.join("u"), false)] {
+        let far = if upload {
+            fx.root.join("t")
+        } else {
+            fx.local.join("u")
+        };
+        for d in [&base, &far] {
+            fs::create_dir_all(d.join("sub")).unwrap();
+        }
+        fs::write(base.join("a.bin"), &new_a).unwrap();
+        fs::write(base.join("sub/b.bin"), &b).unwrap();
+        fs::write(base.join("sub/c.bin"), &c).unwrap();
+        fs::write(far.join("a.bin"), &old_a).unwrap();
+        fs::write(far.join("sub/b.bin"), &b).unwrap();
+        let r = if upload {
+            fx.cp(&["-r".to_string(), "--json".into(), s(&base), fx.url("")])
+        } else {
+            fx.cp(&["-r".to_string(), "--json".into(), fx.url("u"), s(&fx.local)])
+        };
+        r.assert_ok();
+        for f in ["a.bin", "sub/b.bin", "sub/c.bin"] {
+            assert!(
+                fs::read(far.join(f)).unwrap() == fs::read(base.join(f)).unwrap(),
+                "{f}"
+            );
+        }
+        let j = r.json();
+        let moved = j["bytes"].as_u64().unwrap();
+        assert!(moved >= 300_000 && moved <= 300_000 + 5 * 8192, "{j}");
+        assert_eq!(
+            j["reused_bytes"].as_u64().unwrap() + moved,
+            (5 << 20) + 300_000,
+            "{j}"
+        );
+    }
+}
