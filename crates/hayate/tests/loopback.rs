@@ -1243,9 +1243,10 @@ fn scp_and_rsync_rate_limits_cap_the_rate() {
     let src = fx.local.join("l.bin");
     write_random(&src, 1_000_000, 31);
     // 1 MB at 4 Mbit/s (-l 4000) or 500 KiB/s (--bwlimit 500): about 2 s either way, where
-    // the uncapped copy on loopback takes a fraction of that.
+    // the uncapped copy on loopback takes a fraction of that. Whole files (-W): a delta
+    // against the last copy would send nothing.
     for limit in [["-l", "4000"], ["--bwlimit", "500"]] {
-        let r = fx.cp(&[limit[0], limit[1], "--json", &s(&src), &fx.url("l.bin")]);
+        let r = fx.cp(&[limit[0], limit[1], "-W", "--json", &s(&src), &fx.url("l.bin")]);
         r.assert_ok();
         let j = r.json();
         let secs = j["seconds"].as_f64().unwrap();
@@ -1253,7 +1254,7 @@ fn scp_and_rsync_rate_limits_cap_the_rate() {
         assert!(secs > 1.5, "{limit:?} not capped: {j}");
         assert!(bps < 4_300_000.0, "{limit:?} not capped: {j}");
     }
-    let r = fx.cp(&["--json", &s(&src), &fx.url("l.bin")]);
+    let r = fx.cp(&["-W", "--json", &s(&src), &fx.url("l.bin")]);
     r.assert_ok();
     assert!(r.json()["seconds"].as_f64().unwrap() < 1.5, "{r:#?}");
     // One cap at a time, said as a usage error.
@@ -1674,7 +1675,14 @@ fn retry_changed_sends_a_changed_source_again_and_ends_verified_with_the_new_con
     );
     let j = r.json();
     assert_eq!(j["verified"], true, "{j}");
-    assert_eq!(j["bytes"].as_u64(), Some((16 << 20) + 19), "{j}");
+    // The second send checks what the first left against the new content's leaves: the
+    // unchanged start of the file is not sent again.
+    assert_eq!(
+        j["bytes"].as_u64().unwrap() + j["resumed_bytes"].as_u64().unwrap(),
+        (16 << 20) + 19,
+        "{j}"
+    );
+    assert_eq!(j["files"][0]["bytes"].as_u64(), Some((16 << 20) + 19), "{j}");
     let now = hash_file(&src);
     assert_eq!(j["blake3"].as_str(), Some(hex(&now).as_str()), "{j}");
     assert_eq!(
