@@ -39,6 +39,8 @@ pub struct Basis {
     pub kind: u8,
     /// The basis, to copy matching blocks from (`DEST`).
     file: File,
+    /// Matching blocks are copied from `file` (not: they are where they belong already).
+    copy: bool,
     hash: Hasher,
     /// Leaves of the basis that are hashed (it may be shorter than the offer).
     basis_leaves: u64,
@@ -60,24 +62,35 @@ pub fn basis_for(part: &mut PartFile, size: u64, fl: u32) -> Option<Basis> {
     if size == 0 || fl & flags::NO_RESUME != 0 || part.writes_in_order() {
         return None;
     }
+    if let Some(old) = part.in_place_len() {
+        // `--inplace`: the destination is the file written; what matches stays where it is.
+        if fl & flags::WHOLE_FILE != 0 || old == 0 || size < DELTA_MIN {
+            return None;
+        }
+        let file = part.file().ok()?.try_clone().ok()?;
+        let mut b = Basis::start(basis::DEST, file, old.min(size), size).ok()?;
+        b.copy = false;
+        return Some(b);
+    }
     if part.existing_len() > 0 && size >= MIN_RESUME_SIZE {
         let len = part.existing_len().min(size);
         let file = part.file().ok()?.try_clone().ok()?;
-        return Some(Basis::start(basis::RESUME, file, len, size));
+        return Basis::start(basis::RESUME, file, len, size).ok();
     }
     if fl & flags::WHOLE_FILE != 0 || size < DELTA_MIN {
         return None;
     }
     let (file, len) = part.open_existing().filter(|(_, len)| *len > 0)?;
-    Some(Basis::start(basis::DEST, file, len.min(size), size))
+    Basis::start(basis::DEST, file, len.min(size), size).ok()
 }
 
 impl Basis {
     /// Starts hashing the first `len` bytes of `file` for an offered file of `size` bytes.
-    pub fn start(kind: u8, file: File, len: u64, size: u64) -> Self {
-        let hash = Hasher::start(file.try_clone().expect("clone of an open file"), len);
-        Basis {
+    pub fn start(kind: u8, file: File, len: u64, size: u64) -> std::io::Result<Self> {
+        let hash = Hasher::start(file.try_clone()?, len);
+        Ok(Basis {
             kind,
+            copy: kind == basis::DEST,
             file,
             hash,
             basis_leaves: len.div_ceil(LEAF_LEN),
@@ -87,7 +100,7 @@ impl Basis {
             mine: VecDeque::new(),
             theirs: VecDeque::new(),
             matched: Vec::new(),
-        }
+        })
     }
 
     /// The sender's leaves `first..`, as they came (in order: the connection checks).
@@ -162,7 +175,7 @@ impl Basis {
     /// The file to copy matching blocks from, for a `DEST` basis (a `RESUME` basis holds
     /// them already).
     pub fn into_copy_source(self) -> Option<File> {
-        (self.kind == basis::DEST).then_some(self.file)
+        self.copy.then_some(self.file)
     }
 }
 

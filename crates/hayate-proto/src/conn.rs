@@ -1433,7 +1433,7 @@ impl Connection {
                 if let Some(o) = self.outgoing.get_mut(&xfer) {
                     if !o.ready {
                         o.ready = true;
-                        o.mark_have(&have);
+                        self.retired_in_flight += o.mark_have(&have);
                         self.hash_work = true;
                         if let Some(path) = path {
                             self.events.push_back(Event::Placed { xfer, path });

@@ -126,21 +126,30 @@ impl Outgoing {
         }
     }
 
-    /// The receiver already holds these block ranges (resume): never send them.
-    pub fn mark_have(&mut self, have: &[(u64, u64)]) {
+    /// The receiver already holds these block ranges (resume, delta): never send them.
+    /// Returns the bytes of those that were sent already (with the offer, before `Ready`):
+    /// settled now, as no loss map will ever acknowledge them.
+    pub fn mark_have(&mut self, have: &[(u64, u64)]) -> u64 {
+        let mut settled = 0;
         for &(a, b) in have {
             let b = b.min(self.layout.blocks());
             if a < b {
                 for blk in a..b {
                     if !self.acked.get(blk) {
-                        self.bytes_acked += self.layout.len(blk) as u64;
-                        self.bytes_had += self.layout.len(blk) as u64;
+                        let len = self.layout.len(blk) as u64;
+                        self.bytes_acked += len;
+                        self.bytes_had += len;
+                        if blk < self.next_new {
+                            settled += len;
+                        }
                     }
                 }
                 self.acked.set_range(a, b);
             }
         }
+        self.settled_bytes += settled;
         self.advance();
+        settled
     }
 
     pub fn all_acked(&self) -> bool {

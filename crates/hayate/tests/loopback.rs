@@ -1246,7 +1246,14 @@ fn scp_and_rsync_rate_limits_cap_the_rate() {
     // the uncapped copy on loopback takes a fraction of that. Whole files (-W): a delta
     // against the last copy would send nothing.
     for limit in [["-l", "4000"], ["--bwlimit", "500"]] {
-        let r = fx.cp(&[limit[0], limit[1], "-W", "--json", &s(&src), &fx.url("l.bin")]);
+        let r = fx.cp(&[
+            limit[0],
+            limit[1],
+            "-W",
+            "--json",
+            &s(&src),
+            &fx.url("l.bin"),
+        ]);
         r.assert_ok();
         let j = r.json();
         let secs = j["seconds"].as_f64().unwrap();
@@ -1682,7 +1689,11 @@ fn retry_changed_sends_a_changed_source_again_and_ends_verified_with_the_new_con
         (16 << 20) + 19,
         "{j}"
     );
-    assert_eq!(j["files"][0]["bytes"].as_u64(), Some((16 << 20) + 19), "{j}");
+    assert_eq!(
+        j["files"][0]["bytes"].as_u64(),
+        Some((16 << 20) + 19),
+        "{j}"
+    );
     let now = hash_file(&src);
     assert_eq!(j["blake3"].as_str(), Some(hex(&now).as_str()), "{j}");
     assert_eq!(
@@ -2170,5 +2181,44 @@ fn a_tree_sends_only_the_changed_leaves_of_changed_files() {
             (5 << 20) + 300_000,
             "{j}"
         );
+    }
+}
+
+/// `--inplace`: the destination file itself is written (same inode, no temp file), only
+/// where it differs; shorter and longer sources too; both ways.
+#[test]
+fn inplace_writes_only_what_differs_into_the_destination_itself() {
+    use std::os::unix::fs::MetadataExt;
+    let fx = Fx::new();
+    let old = random_bytes(4 << 20, 20);
+    for upload in [true, false] {
+        let dst = if upload {
+            fx.root.join("in.bin")
+        } else {
+            fx.local.join("in.bin")
+        };
+        let mut new = old.clone();
+        scatter_pages(&mut new, 10, 21);
+        fs::write(&dst, &old).unwrap();
+        let ino = fs::metadata(&dst).unwrap().ino();
+        let f = delta_copy(&fx, "in.bin", &old, &new, upload, &["--inplace"]);
+        assert!(f["moved_bytes"].as_u64().unwrap() <= 10 * 8192, "{f}");
+        assert_eq!(
+            fs::metadata(&dst).unwrap().ino(),
+            ino,
+            "not written in place"
+        );
+        for new in [
+            old[..3_000_000].to_vec(),
+            [old.clone(), random_bytes(70_000, 22)].concat(),
+        ] {
+            let f = delta_copy(&fx, "in.bin", &old, &new, upload, &["--inplace"]);
+            assert!(f["moved_bytes"].as_u64().unwrap() <= 80_000, "{f}");
+            assert_eq!(
+                fs::metadata(&dst).unwrap().ino(),
+                ino,
+                "not written in place"
+            );
+        }
     }
 }

@@ -19,7 +19,10 @@ use super::link::{Links, StreamLink, STREAM_PEER};
 use super::resume::save_progress;
 use super::{dest_mode, systime, StopFlag};
 use crate::delta::{basis_for, pump_sums, Basis};
-use crate::fs::{self, create_local_part, EntryKind, FsError, PartFile, Root, SourceFile};
+use crate::fs::{
+    self, create_local_part, create_local_part_inplace, EntryKind, FsError, PartFile, Root,
+    SourceFile,
+};
 use crate::udp::UdpSocket;
 use crate::verify::{Landing, Sending, WholeHash};
 
@@ -437,6 +440,8 @@ fn accept_download(
     let size = a.size;
     let part = if s.stdout {
         PartFile::stdout(size)
+    } else if s.opts_flags & flags::INPLACE != 0 {
+        create_local_part_inplace(&r.local, size)
     } else {
         create_local_part(&r.local, size)
     };

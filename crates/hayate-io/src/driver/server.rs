@@ -661,10 +661,15 @@ fn place_into_dir(root: &Root, mut ev: Event) -> Event {
 
 /// Opens the temp file for an upload. With `wait`, a temp file another process still holds
 /// (the far side of a killed copy, not yet gone) is waited for briefly.
-fn open_part(root: &Root, path: &str, size: u64, wait: bool) -> Result<PartFile, FsError> {
+fn open_part(root: &Root, path: &str, size: u64, fl: u32, wait: bool) -> Result<PartFile, FsError> {
     let mut tries = 0;
     loop {
-        match root.create_part(path, size) {
+        let part = if fl & flags::INPLACE != 0 {
+            root.create_part_inplace(path, size)
+        } else {
+            root.create_part(path, size)
+        };
+        match part {
             Err(FsError::Busy(_)) if wait && tries < 50 => {
                 tries += 1;
                 std::thread::sleep(Duration::from_millis(100));
@@ -696,7 +701,7 @@ fn on_event(
             flags,
             hash,
         } => {
-            let part = match open_part(root, path, size, retry) {
+            let part = match open_part(root, path, size, flags, retry) {
                 Ok(p) => p,
                 Err(FsError::Busy(_)) if !retry => return Some(ev),
                 Err(e) => {
