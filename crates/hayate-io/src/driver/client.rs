@@ -497,8 +497,11 @@ fn start_download(
             let e = FsError::Io(r.local.display().to_string(), e);
             r.error = Some(e.to_string());
             conn.reject(xfer, &format!("client cannot write: {e}"));
-            if let Some(p) = a.part.take() {
-                p.abandon();
+            // Short of space, say: a temp file this run made holds nothing to resume.
+            match a.part.take() {
+                Some(p) if p.existing_len() == 0 => p.discard(),
+                Some(p) => p.abandon(),
+                None => {}
             }
             false
         }

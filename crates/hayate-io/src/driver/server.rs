@@ -967,7 +967,8 @@ fn start_upload(
         Ok(l) => l,
         Err(e) => {
             c.reject(xfer, &format!("{}: {e}", up.path));
-            part.abandon();
+            // Short of space, say: a temp file this run made holds nothing to resume.
+            drop_undecided(part);
             return;
         }
     };
