@@ -2,6 +2,7 @@
 //! `hayate-proto`; this crate moves its datagrams through sockets and its blocks through files.
 
 pub mod clock;
+pub mod delta;
 pub mod driver;
 pub mod fs;
 pub mod glob;

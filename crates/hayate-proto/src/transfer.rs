@@ -80,6 +80,10 @@ pub struct Outgoing {
     /// what is left when the transfer ends was delivered without a map saying so.
     pub sent_bytes: u64,
     pub settled_bytes: u64,
+    /// The receiver asked for leaf hashes (`WantSums`) and the driver has not started them.
+    pub sums_wanted: bool,
+    /// What the receiver compares them with ([`crate::control::basis`]), once it asked.
+    pub basis: Option<u8>,
 }
 
 /// Result of applying a loss map.
@@ -117,24 +121,35 @@ impl Outgoing {
             bytes_had: 0,
             sent_bytes: 0,
             settled_bytes: 0,
+            sums_wanted: false,
+            basis: None,
         }
     }
 
-    /// The receiver already holds these block ranges (resume): never send them.
-    pub fn mark_have(&mut self, have: &[(u64, u64)]) {
+    /// The receiver already holds these block ranges (resume, delta): never send them.
+    /// Returns the bytes of those that were sent already (with the offer, before `Ready`):
+    /// settled now, as no loss map will ever acknowledge them.
+    pub fn mark_have(&mut self, have: &[(u64, u64)]) -> u64 {
+        let mut settled = 0;
         for &(a, b) in have {
             let b = b.min(self.layout.blocks());
             if a < b {
                 for blk in a..b {
                     if !self.acked.get(blk) {
-                        self.bytes_acked += self.layout.len(blk) as u64;
-                        self.bytes_had += self.layout.len(blk) as u64;
+                        let len = self.layout.len(blk) as u64;
+                        self.bytes_acked += len;
+                        self.bytes_had += len;
+                        if blk < self.next_new {
+                            settled += len;
+                        }
                     }
                 }
                 self.acked.set_range(a, b);
             }
         }
+        self.settled_bytes += settled;
         self.advance();
+        settled
     }
 
     pub fn all_acked(&self) -> bool {
@@ -382,6 +397,11 @@ pub struct Incoming {
     /// Blocks that came with the offer, before it was accepted: written once it is.
     pub stash: BTreeMap<u64, Vec<u8>>,
     pub stash_bytes: usize,
+    /// Leaf hashes were asked for (`WantSums`); those arrived, until the driver takes them.
+    pub sums_asked: bool,
+    pub sums: Vec<(u64, Vec<crate::control::LeafHash>)>,
+    /// Leaf hashes arrived so far (at most one per leaf of the file).
+    pub sums_received: u64,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -411,6 +431,9 @@ impl Incoming {
             bytes_received: 0,
             stash: BTreeMap::new(),
             stash_bytes: 0,
+            sums_asked: false,
+            sums: Vec::new(),
+            sums_received: 0,
         }
     }
 

@@ -6,7 +6,7 @@ use std::ops::Range;
 /// 2: 4-byte cids and packet numbers in the sealed header, 6-byte block numbers.
 /// 3: `Ready` says where an `INTO_DIR` offer's file goes.
 /// 5: HelloRetry and the ClientHello's retry token; PATH_CHALLENGE / PATH_RESPONSE frames.
-pub const VERSION: u8 = 5;
+pub const VERSION: u8 = 6;
 pub const MAGIC: [u8; 3] = *b"HYT";
 pub const CLIENT_HELLO_LEN: usize = 1200;
 pub const SERVER_HELLO_LEN: usize = 120;

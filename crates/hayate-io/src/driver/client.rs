@@ -10,16 +10,20 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use hayate_proto::control::{flags, EntryKind as WireKind, MetaEntry, MetaOp};
+use hayate_proto::control::{basis, flags, EntryKind as WireKind, MetaEntry, MetaOp};
 use hayate_proto::crypto::Psk;
 use hayate_proto::wire::AddrFamily;
 use hayate_proto::{BlockSink, BlockSource, Config, Connection, Event, FileOffer, Stats, XferId};
 
 use super::engine::{self, Flow, Net, Policy};
 use super::link::{Links, StreamLink, STREAM_PEER};
-use super::resume::{resumable, save_progress};
+use super::resume::save_progress;
 use super::{dest_mode, systime, StopFlag};
-use crate::fs::{self, create_local_part, EntryKind, FsError, PartFile, Root, SourceFile};
+use crate::delta::{basis_for, pump_sums, Basis};
+use crate::fs::{
+    self, create_local_part, create_local_part_inplace, EntryKind, FsError, PartFile, Root,
+    SourceFile,
+};
 use crate::udp::UdpSocket;
 use crate::verify::{Landing, Sending, WholeHash};
 
@@ -113,10 +117,14 @@ pub struct FileResult {
     pub verified: bool,
     /// Not copied on purpose (exists with --no-clobber, identical with --update).
     pub skipped: Option<String>,
-    /// Bytes the destination already had from an interrupted copy (not sent again).
+    /// Bytes the destination already had from an interrupted copy (not sent again), as
+    /// checked against the source's leaf hashes.
     pub resumed_bytes: u64,
-    /// Bytes of this file that reached the destination in this run: neither what was
-    /// already there (resumed) nor a skipped file; for an unfinished file, what got there.
+    /// Bytes the file already at the destination had the same (delta): copied there from
+    /// it, not sent.
+    pub reused_bytes: u64,
+    /// Bytes of this file sent as data in this run: neither what was already there (resumed
+    /// or reused) nor a skipped file; for an unfinished file, what got there.
     pub moved_bytes: u64,
     pub error: Option<String>,
 }
@@ -133,9 +141,14 @@ impl FileResult {
             verified: false,
             skipped: None,
             resumed_bytes: 0,
+            reused_bytes: 0,
             moved_bytes: 0,
             error: None,
         }
+    }
+    /// Bytes not sent because the destination had them (resumed or reused).
+    pub fn kept_bytes(&self) -> u64 {
+        self.resumed_bytes + self.reused_bytes
     }
     pub fn ok(&self) -> bool {
         self.error.is_none() && (self.verified || self.skipped.is_some())
@@ -174,6 +187,10 @@ impl Report {
     }
     pub fn resumed_bytes(&self) -> u64 {
         self.files.iter().map(|f| f.resumed_bytes).sum()
+    }
+    /// What the files already at the destination had the same (delta): not sent.
+    pub fn reused_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.reused_bytes).sum()
     }
     /// What reached the destination in this run (resumed and skipped bytes not counted).
     pub fn moved_bytes(&self) -> u64 {
@@ -254,6 +271,9 @@ struct Active {
     /// A download offered with `--update` over a local file of its size: skipped if that
     /// file hashes to the far side's hash (the first), else accepted.
     compare: Option<([u8; 32], WholeHash)>,
+    /// A download compared leaf by leaf with a basis (delta, verified resume): accepted
+    /// once every leaf is.
+    basis: Option<Basis>,
 }
 
 /// An upload's source, opened: offered at once, or with `--update` once it is hashed.
@@ -278,7 +298,12 @@ struct Files {
 impl Files {
     /// Whether a whole-file hash for `--update` holds up one of the transfers.
     fn hashing(&self) -> bool {
-        !self.hashing.is_empty() || self.act.values().any(|a| a.compare.is_some())
+        !self.hashing.is_empty()
+            || self.act.values().any(|a| {
+                a.compare.is_some()
+                    || a.basis.is_some()
+                    || a.file.as_ref().is_some_and(Sending::sums_pending)
+            })
     }
 }
 
@@ -319,6 +344,13 @@ impl BlockSink for Files {
 /// rest of those whose blocks have all gone out. Returns whether one is still being hashed
 /// after its last block went out (the loop should look again soon).
 fn give_source_hashes(conn: &mut Connection, files: &mut Files) -> bool {
+    pump_sums(
+        conn,
+        files
+            .act
+            .iter_mut()
+            .filter_map(|(x, a)| Some((*x, a.file.as_mut()?))),
+    );
     let waiting = conn.sources_awaiting_hash();
     for x in &waiting {
         if let Some(s) = files.act.get_mut(x).and_then(|a| a.file.as_mut()) {
@@ -390,47 +422,110 @@ fn settle_update_hashes(
             files.act.remove(&xfer);
         }
     }
+    settle_bases(conn, files, s);
 }
 
-/// Accepts download `xfer` into a temp file (resuming what an earlier run left there), or
-/// standard output; false if that failed (said in its result: the transfer is over).
+/// Goes on with the downloads compared with a basis: the sender's leaf hashes that came are
+/// compared with the basis's, and once all are, the download is accepted with the blocks
+/// that matched.
+fn settle_bases(conn: &mut Connection, files: &mut Files, s: &mut Session<'_>) {
+    let bs = conn.block_size() as u64;
+    let done: Vec<(XferId, Vec<(u64, u64)>)> = files
+        .act
+        .iter_mut()
+        .filter_map(|(x, a)| {
+            let b = a.basis.as_mut()?;
+            for (first, leaves) in conn.take_sums(*x) {
+                b.sums(first, leaves);
+            }
+            Some((*x, b.poll(bs)?))
+        })
+        .collect();
+    for (xfer, have) in done {
+        let a = files.act.get_mut(&xfer).expect("listed");
+        let b = a.basis.take().expect("listed");
+        let kind = b.kind;
+        if !start_download(conn, s, xfer, a, &have, kind, b.into_copy_source()) {
+            files.act.remove(&xfer);
+        }
+    }
+}
+
+/// Accepts download `xfer` into a temp file or standard output: at once, or, when there is
+/// a basis (what an earlier run left there, or the file at the destination), once the far
+/// side's leaf hashes are compared with it (`settle_bases`). False if that failed (said in
+/// its result: the transfer is over).
 fn accept_download(
     conn: &mut Connection,
     s: &mut Session<'_>,
     xfer: XferId,
     a: &mut Active,
 ) -> bool {
-    let stdout = s.stdout;
     let r = &mut s.results[a.idx];
-    let bs = conn.block_size() as u64;
-    let (size, mtime) = (a.size, a.mtime);
-    let part = if stdout {
+    let size = a.size;
+    let part = if s.stdout {
         PartFile::stdout(size)
+    } else if s.opts_flags & flags::INPLACE != 0 {
+        create_local_part_inplace(&r.local, size)
     } else {
         create_local_part(&r.local, size)
     };
-    let started = part.and_then(|mut p| {
-        let have = resumable(&p, size, mtime, bs);
-        match Landing::start(&mut p, size, &have, bs) {
-            Ok(landing) => Ok((p, have, landing)),
-            Err(e) => {
-                // Short of space, say (the reserve failed): what this run made goes.
-                p.drop_unstarted();
-                Err(FsError::Io(r.local.display().to_string(), e))
-            }
-        }
-    });
-    match started {
-        Ok((p, have, landing)) => {
-            r.resumed_bytes = have_bytes(&have, bs, size);
-            a.part = Some(p);
-            a.landing = Some(landing);
-            conn.accept(xfer, &have);
-            true
-        }
+    let mut p = match part {
+        Ok(p) => p,
         Err(e) => {
             r.error = Some(e.to_string());
             conn.reject(xfer, &format!("client cannot write: {e}"));
+            return false;
+        }
+    };
+    let fl = s.opts_flags & flags::WHOLE_FILE;
+    let basis = basis_for(&mut p, size, fl);
+    a.part = Some(p);
+    match basis {
+        Some(b) => {
+            conn.want_sums(xfer, b.kind);
+            a.basis = Some(b);
+            true
+        }
+        None => start_download(conn, s, xfer, a, &[], basis::RESUME, None),
+    }
+}
+
+/// Accepts download `xfer` into its temp file (in `a`), which holds the blocks in `have`
+/// already (`kind` says from what) or gets them copied from `copy`.
+fn start_download(
+    conn: &mut Connection,
+    s: &mut Session<'_>,
+    xfer: XferId,
+    a: &mut Active,
+    have: &[(u64, u64)],
+    kind: u8,
+    copy: Option<File>,
+) -> bool {
+    let r = &mut s.results[a.idx];
+    let bs = conn.block_size() as u64;
+    let size = a.size;
+    let p = a.part.as_mut().expect("opened");
+    match Landing::start_copied(p, size, have, bs, copy) {
+        Ok(landing) => {
+            let kept = have_bytes(have, bs, size);
+            if kind == basis::DEST {
+                r.reused_bytes = kept;
+            } else {
+                r.resumed_bytes = kept;
+            }
+            a.landing = Some(landing);
+            conn.accept(xfer, have);
+            true
+        }
+        Err(e) => {
+            let e = FsError::Io(r.local.display().to_string(), e);
+            r.error = Some(e.to_string());
+            conn.reject(xfer, &format!("client cannot write: {e}"));
+            // Short of space, say (the reserve failed): what this run made goes.
+            if let Some(p) = a.part.take() {
+                p.drop_unstarted();
+            }
             false
         }
     }
@@ -465,7 +560,7 @@ fn settle_downloads(conn: &mut Connection, files: &mut Files, s: &mut Session<'_
             Ok(h) => {
                 r.verified = true;
                 r.blake3 = Some(hex(h));
-                r.moved_bytes = a.size.saturating_sub(r.resumed_bytes);
+                r.moved_bytes = a.size.saturating_sub(r.kept_bytes());
                 s.finished_bytes += a.size;
             }
             Err(e) => r.error = Some(e.clone()),
@@ -613,6 +708,7 @@ impl<'a> Session<'a> {
         r.verified = false;
         r.blake3 = None;
         r.resumed_bytes = 0;
+        r.reused_bytes = 0;
         r.moved_bytes = 0;
         self.queue.push_front(i);
         true
@@ -1208,6 +1304,7 @@ impl<'a> Session<'a> {
                     no_space: false,
                     write_error: None,
                     compare: None,
+                    basis: None,
                 },
             );
         }
@@ -1253,6 +1350,7 @@ impl<'a> Session<'a> {
                 no_space: false,
                 write_error: None,
                 compare: None,
+                basis: None,
             },
         ))
     }
@@ -1296,6 +1394,17 @@ fn in_flight_done(conn: &Connection, xfer: XferId, a: &Active) -> u64 {
         conn.incoming_progress(xfer)
             .map(|(got, n)| (a.size * got).checked_div(n).unwrap_or(0))
             .unwrap_or(0)
+    }
+}
+
+/// Resume or delta credit of an upload: what the receiver said it had, and from what.
+fn credit_upload(conn: &Connection, xfer: XferId, r: &mut FileResult) {
+    if let Some(b) = conn.outgoing_skipped_bytes(xfer) {
+        if conn.outgoing_basis(xfer) == Some(basis::DEST) {
+            r.reused_bytes = b;
+        } else {
+            r.resumed_bytes = b;
+        }
     }
 }
 
@@ -1442,7 +1551,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
             save_download_state(conn, xfer, &mut a);
         }
         let r = &mut s.results[a.idx];
-        r.moved_bytes = in_flight_done(conn, xfer, &a).saturating_sub(r.resumed_bytes);
+        r.moved_bytes = in_flight_done(conn, xfer, &a).saturating_sub(r.kept_bytes());
         let detail = if a.upload {
             let acked = conn.outgoing_acked_bytes(xfer).unwrap_or(0);
             format!(
@@ -1506,9 +1615,7 @@ impl Client<'_, '_> {
     fn credit_resumed(&mut self, conn: &Connection, files: &Files, only: Option<XferId>) {
         for (x, a) in files.act.iter() {
             if a.upload && only.is_none_or(|o| o == *x) {
-                if let Some(b) = conn.outgoing_skipped_bytes(*x) {
-                    self.s.results[a.idx].resumed_bytes = b;
-                }
+                credit_upload(conn, *x, &mut self.s.results[a.idx]);
             }
         }
     }
@@ -1524,9 +1631,7 @@ impl Client<'_, '_> {
         let active_moved: u64 = files
             .act
             .iter()
-            .map(|(x, a)| {
-                in_flight_done(conn, *x, a).saturating_sub(s.results[a.idx].resumed_bytes)
-            })
+            .map(|(x, a)| in_flight_done(conn, *x, a).saturating_sub(s.results[a.idx].kept_bytes()))
             .sum();
         let finished_moved: u64 = s.results.iter().map(|r| r.moved_bytes).sum();
         let files_total = s.results.iter().filter(|r| r.kind == Kind::File).count();
@@ -1702,7 +1807,7 @@ impl Policy for Client<'_, '_> {
                         (Ok(h), None) => {
                             r.verified = true;
                             r.blake3 = Some(hex(&h));
-                            r.moved_bytes = a.size.saturating_sub(r.resumed_bytes);
+                            r.moved_bytes = a.size.saturating_sub(r.kept_bytes());
                             s.finished_bytes += a.size;
                         }
                         (Err(e), None) => r.error = Some(format!("far side: {e}")),

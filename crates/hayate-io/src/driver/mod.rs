@@ -7,7 +7,7 @@ pub mod client;
 mod engine;
 pub mod link;
 pub mod mem;
-mod resume;
+pub(crate) mod resume;
 pub mod server;
 
 use std::sync::atomic::{AtomicBool, Ordering};
