@@ -325,12 +325,21 @@ impl Outgoing {
                 self.check_lost(b, &is_lost, &tagged, &mut out);
             }
         }
-        // Blocks sent beyond the receiver's highest: lost if overtaken by later packets.
+        // Blocks sent beyond the receiver's highest: lost if overtaken by later packets. At
+        // most `budget` are declared per map; blocks declared before and still waiting in
+        // the retransmission queue are passed over without counting: counted, they used up
+        // every later map's budget, and when the in-flight cap held the retransmissions
+        // back, the blocks beyond them were never declared lost, so what was in flight
+        // never fell under the cap (a sender stalled for good, pinging).
         let mut b = lm.top.max(self.base);
         let mut budget = 4096;
         while b < self.next_new && budget > 0 {
             let pn = self.last_pn(b);
-            if pn != UNSENT && pn != QUEUED && !is_lost(pn) {
+            if pn == QUEUED || self.acked.get(b) {
+                b += 1;
+                continue;
+            }
+            if pn != UNSENT && !is_lost(pn) {
                 break;
             }
             self.check_lost(b, &is_lost, &tagged, &mut out);
@@ -604,5 +613,30 @@ mod tests {
         let o = tx.on_loss_map(&lm, |pn| pn < 50, |_| false);
         assert_eq!(o.lost_blocks, 4);
         assert_eq!(o.lost_bytes, 40);
+    }
+
+    #[test]
+    fn every_block_sent_beyond_the_receivers_top_is_declared_lost_in_a_few_maps() {
+        // 20 000 blocks out, the receiver has the first 100 only, and nothing can be resent
+        // meanwhile (the in-flight cap holds the retransmissions back): later maps must go
+        // on past the blocks already queued, not stop at them.
+        let n = 20_000u64;
+        let layout = Layout::new(n * 10, 10);
+        let mut rx = Incoming::new(1, "f".into(), layout, 0o644, 0);
+        rx.allocate();
+        let mut tx = Outgoing::new(1, "f".into(), layout);
+        tx.ready = true;
+        for b in 0..n {
+            tx.on_sent(b, b);
+        }
+        for b in 0..100 {
+            rx.on_written(b, 10);
+        }
+        let mut lost = 0;
+        for _ in 0..8 {
+            let lm = rx.loss_map(64);
+            lost += tx.on_loss_map(&lm, |_| true, |_| false).lost_blocks;
+        }
+        assert_eq!(lost, n - 100);
     }
 }
