@@ -38,23 +38,36 @@ pub const STATE_SUFFIX: &str = ".hayate-state";
 /// Largest state sidecar [`PartFile::load_state`] reads.
 const MAX_STATE: u64 = 16 << 20;
 
+/// Why a path could not be used. Each carries the path as the client named it (never the
+/// server's root), sometimes with a detail; the messages are sent to remote clients.
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
+    /// A confined root: the path is absolute, climbs above it with `..`, or resolves
+    /// outside it (a symlink, `EXDEV` from `openat2`).
     #[error("path escapes the served root: {0}")]
     Escapes(String),
+    /// Malformed or unusable: empty, a NUL byte, no file name, a reserved `.hayate-part` /
+    /// `.hayate-state` name, a component that is no directory, a name too long, a link loop.
     #[error("invalid path: {0}")]
     InvalidPath(String),
+    /// Nothing there (`ENOENT`), or the parent directory, a home directory or user is missing.
     #[error("no such file or directory: {0}")]
     NotFound(String),
     /// A directory named before a `..` does not exist (`nodir` of `nodir/../x`).
     #[error("{0}: no such directory")]
     NoSuchDir(String),
+    /// Something other than the regular file needed (a device, FIFO, directory where a file
+    /// is written), or the file changed under the open.
     #[error("not a regular file: {0}")]
     NotAFile(String),
+    /// A file to be sent is a directory (a client asked for one without `-r`).
     #[error("is a directory: {0}")]
     IsADirectory(String),
+    /// `EACCES`/`EPERM`, or a read-only file system.
     #[error("permission denied: {0}")]
     PermissionDenied(String),
+    /// The temp file is locked (`flock`) by another open [`PartFile`], in this process or
+    /// another: the server tries again for a while.
     #[error("{0}: another transfer is writing this file right now")]
     Busy(String),
     /// A FIFO destination that nobody has open for reading (yet): [`Root::create_part`]
@@ -66,11 +79,16 @@ pub enum FsError {
     Io(String, io::Error),
 }
 
+/// What an [`Entry`] is, from its `lstat` file type (links are not followed).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum EntryKind {
+    /// A regular file.
     File,
+    /// A directory.
     Dir,
+    /// A symbolic link; its target is in [`Entry::target`].
     Symlink,
+    /// A device, FIFO or socket: listed, never copied.
     Other,
 }
 
@@ -79,12 +97,15 @@ pub enum EntryKind {
 pub struct Entry {
     /// Relative to the listed path, components joined with `/`; `""` for the path itself.
     pub path: String,
+    /// File, directory, link or other.
     pub kind: EntryKind,
     /// Length of a regular file; 0 for everything else.
     pub size: u64,
     /// Permission bits (`st_mode & 0o7777`).
     pub mode: u32,
+    /// Modification time, seconds since the epoch (negative before it); what `-p` keeps.
     pub mtime: i64,
+    /// Nanoseconds within `mtime`'s second (0..1e9); not carried on the wire.
     pub mtime_nsec: u32,
     /// A symlink's target, verbatim; empty for everything else.
     pub target: String,

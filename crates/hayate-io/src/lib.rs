@@ -1,3 +1,5 @@
+#![warn(missing_docs)]
+
 //! I/O shell of hayate: the parts that touch the OS. The protocol itself lives in
 //! `hayate-proto`; this crate moves its datagrams through sockets and its blocks through files.
 

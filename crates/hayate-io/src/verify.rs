@@ -710,6 +710,8 @@ impl Landing {
 /// sender's reads pass it (the bytes are then in the page cache), and all at once for what
 /// the sender skips (blocks a resumed receiver already has). The protocol loop never hashes.
 pub struct Sending {
+    /// The source being read for sending; the driver asks it whether it failed or changed
+    /// ([`SourceFile::check`](crate::fs::SourceFile::check)) once the receiver's verdict is in.
     pub file: crate::fs::SourceFile,
     hash: StreamHash,
     /// Subtrees before this one were handed to the workers (or are with them already).
@@ -723,6 +725,8 @@ pub struct Sending {
 }
 
 impl Sending {
+    /// Starts sending `file`: its read-ahead chunks are kept for the workers to hash, and a
+    /// second handle on it is opened for them (the only error: that handle failed).
     pub fn new(mut file: crate::fs::SourceFile) -> std::io::Result<Self> {
         let hash = StreamHash::new(file.try_clone_file()?, file.size());
         file.keep_chunks(true);

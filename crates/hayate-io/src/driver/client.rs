@@ -42,15 +42,27 @@ pub enum Transport {
     Stream(StreamLink),
     /// UDP first; the stream if no UDP answer came within `after`.
     UdpThenStream {
+        /// The far side's UDP address: its banner's port, at the banner's address or else
+        /// the host name resolved here.
         addr: SocketAddr,
+        /// The ssh channel, held in reserve until UDP answers or the fallback is taken.
         stream: StreamLink,
+        /// How long after the start UDP may stay without a handshake answer before the
+        /// session starts again on `stream` (sooner if the UDP session gives up).
         after: Duration,
     },
 }
 
+/// How [`run`] reaches the far side and the user's options for the whole job.
 pub struct ClientOptions {
+    /// How datagrams reach the far side: UDP, the ssh channel, or UDP with the channel as
+    /// fallback.
     pub path: Transport,
+    /// The key both sides hold: the far side's fresh session key from its ssh banner, or
+    /// the key file's key for a `hayate://` daemon.
     pub psk: Psk,
+    /// Protocol settings asked of the server (MTU, rate, timeouts); on the ssh channel the
+    /// MTU is replaced by the stream's 16 KiB.
     pub proto: Config,
     /// [`flags`]: PRESERVE (`-p`), NO_CLOBBER, UPDATE.
     pub flags: u32,
@@ -91,25 +103,55 @@ pub const STDIO: &str = "-";
 #[derive(Debug, Clone)]
 pub enum Job {
     /// Local sources to a remote destination ("" = the far side's home / root).
-    Upload { sources: Vec<PathBuf>, dest: String },
+    Upload {
+        /// Local files, directories (with `-r`) or links as the user named them; [`STDIO`]
+        /// for standard input ([`ClientOptions::stdin`]).
+        sources: Vec<PathBuf>,
+        /// Path on the far side as the user typed it (relative to its home or `--root`); a
+        /// directory there, or ending in `/`, receives the sources under their own names.
+        dest: String,
+    },
     /// Remote sources to a local destination.
-    Download { sources: Vec<String>, dest: PathBuf },
+    Download {
+        /// Paths on the far side as the user typed them (relative to its home or
+        /// `--root`); the last component may be a glob the far side matches.
+        sources: Vec<String>,
+        /// Local file or directory to write to (a directory when there are several
+        /// sources or a pattern); [`STDIO`] with [`ClientOptions::stdout`].
+        dest: PathBuf,
+    },
 }
 
+/// What a [`FileResult`] is about (`"file"`, `"dir"`, `"symlink"` in the JSON summary).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
+    /// A file, its content sent and verified; also a named source that is a link (followed)
+    /// and an entry that is no file, directory or link (skipped or failed).
     File,
+    /// A directory created at the destination (`-r`: a tree's directories, and a missing
+    /// destination directory).
     Dir,
+    /// A symbolic link recreated at the destination with the same target (`-r` trees).
     Symlink,
 }
 
+/// The outcome of one entry of the job (one file, directory or link), as the report and the
+/// JSON summary show it.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct FileResult {
+    /// Whether this is a file, a directory or a link.
     pub kind: Kind,
+    /// True when it went from here to the far side, false for a download.
     pub upload: bool,
+    /// The local side: an upload's source or a download's destination; [`STDIO`] for
+    /// standard input or output; empty for a remote directory made for an upload.
     pub local: PathBuf,
+    /// Path on the far side as sent to it (relative to its home or `--root`): an upload's
+    /// destination or a download's source.
     pub remote: String,
+    /// Size of the file in bytes (as listed or offered, then as opened); 0 for directories,
+    /// links and files that failed before their size was known.
     pub bytes: u64,
     /// BLAKE3 of the whole file, hex, when verified.
     pub blake3: Option<String>,
@@ -126,6 +168,8 @@ pub struct FileResult {
     /// Bytes of this file sent as data in this run: neither what was already there (resumed
     /// or reused) nor a skipped file; for an unfinished file, what got there.
     pub moved_bytes: u64,
+    /// Why it failed, for the user; None when it succeeded or was skipped. Files left
+    /// unfinished by a session failure get that failure and what is missing.
     pub error: Option<String>,
 }
 
@@ -150,6 +194,8 @@ impl FileResult {
     pub fn kept_bytes(&self) -> u64 {
         self.resumed_bytes + self.reused_bytes
     }
+    /// Succeeded: no error, and verified (files), created (directories, links) or skipped on
+    /// purpose.
     pub fn ok(&self) -> bool {
         self.error.is_none() && (self.verified || self.skipped.is_some())
     }
@@ -163,10 +209,15 @@ impl FileResult {
     }
 }
 
+/// What [`run`] did: every entry's outcome and the session's.
 #[derive(Debug)]
 pub struct Report {
+    /// One result per file, directory and link of the job, in the order they were planned.
     pub files: Vec<FileResult>,
+    /// Wall-clock seconds from the start of [`run`] to its end (ssh startup not included).
     pub seconds: f64,
+    /// The session's counters at the end (after a fallback, those of the session on the
+    /// ssh channel).
     pub stats: Stats,
     /// Session-level failure (no server, wrong key, interrupted, peer vanished).
     pub error: Option<String>,
@@ -175,9 +226,12 @@ pub struct Report {
 }
 
 impl Report {
+    /// No session-level error and every result [`ok`](FileResult::ok): the copy fully
+    /// succeeded.
     pub fn all_verified(&self) -> bool {
         self.error.is_none() && self.files.iter().all(|f| f.ok())
     }
+    /// Total size of the files verified at the destination (skipped ones not counted).
     pub fn bytes_verified(&self) -> u64 {
         self.files
             .iter()
@@ -185,6 +239,7 @@ impl Report {
             .map(|f| f.bytes)
             .sum()
     }
+    /// What interrupted copies already held at the destination (checked, not sent again).
     pub fn resumed_bytes(&self) -> u64 {
         self.files.iter().map(|f| f.resumed_bytes).sum()
     }
@@ -204,6 +259,7 @@ impl Report {
             .map(|f| f.bytes)
             .sum()
     }
+    /// Number of file results (directories and links not counted), whatever their outcome.
     pub fn file_count(&self) -> usize {
         self.files.iter().filter(|f| f.kind == Kind::File).count()
     }
@@ -211,15 +267,22 @@ impl Report {
 
 /// A snapshot for progress bars and stats lines.
 pub struct Progress<'a> {
+    /// Time since [`run`] started.
     pub elapsed: Duration,
     /// Done so far, counting what was already there (resumed) and skipped files.
     pub bytes_done: u64,
     /// What reached the destination in this run: what a rate is computed from.
     pub bytes_moved: u64,
+    /// Size of every file planned so far; grows as listings of trees arrive and is
+    /// corrected to each file's size when it is opened or offered.
     pub bytes_total: u64,
+    /// Files (not directories or links) that have ended, verified, skipped or failed.
     pub files_done: usize,
+    /// Files (not directories or links) planned so far.
     pub files_total: usize,
+    /// The session's counters now ([`Connection::stats`]).
     pub stats: &'a Stats,
+    /// The handshake has completed; until then nothing moves (and a UI may stay quiet).
     pub connected: bool,
     /// What the copy waits for while no bytes move, if it does.
     pub waiting: Option<Waiting>,
@@ -249,6 +312,8 @@ impl std::fmt::Display for Waiting {
 
 /// What the driver tells the user while it runs.
 pub trait Ui {
+    /// A progress snapshot, about every 100 ms while the session runs (on the loop's thread:
+    /// return quickly).
     fn progress(&mut self, p: &Progress<'_>);
     /// A one-line notice (e.g. the switch to the ssh channel).
     fn note(&mut self, msg: &str);

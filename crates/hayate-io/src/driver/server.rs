@@ -36,6 +36,7 @@ const BUSY_POLL: Duration = Duration::from_millis(100);
 /// How often the resume state of running receives is written down.
 const STATE_EVERY: Duration = Duration::from_millis(500);
 
+/// Which files a server's clients reach.
 pub enum Scope {
     /// `--root DIR`: nothing outside it.
     Confined(PathBuf),
@@ -43,10 +44,15 @@ pub enum Scope {
     WholeFs(PathBuf),
 }
 
+/// What [`serve`] runs with.
 pub struct ServerOptions {
+    /// UDP address to bind and serve on.
     pub listen: SocketAddr,
+    /// Which files clients reach: `--root` for `serve`, the whole file system for `--stdio`.
     pub scope: Scope,
+    /// The key every client must hold (the key file's; a fresh one under `--stdio`).
     pub psk: Psk,
+    /// What the server allows clients (largest MTU, rates) and its timeouts.
     pub proto: Config,
 }
 
