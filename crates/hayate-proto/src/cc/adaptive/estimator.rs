@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use super::params::*;
+use super::params::Params;
 use super::{Adaptive, Feedback, State};
 
 /// The delivery-rate estimator's state: this round's delivery samples, the window of per-round rates, what was sent.
@@ -71,10 +71,10 @@ impl Estimator {
 /// most of it, and what arrives then is still what the path carries (left out, startup
 /// grew faster than its cap lets the queue grow, and lost twice as much on a short
 /// buffer).
-fn sender_limited(fb: &Feedback, rx: u64, gap: bool) -> bool {
+fn sender_limited(p: &Params, fb: &Feedback, rx: u64, gap: bool) -> bool {
     let bytes = rx as f64 * fb.rx_interval_us as f64 / 1e6;
     let idle = if gap { fb.send_idle_bytes } else { 0 };
-    (fb.send_stall_bytes + idle) as f64 > SENDER_LIMITED * bytes
+    (fb.send_stall_bytes + idle) as f64 > p.sender_limited * bytes
 }
 
 /// Delivery samples over the latest stretch of receiver time: what the path carries now.
@@ -170,7 +170,9 @@ impl Adaptive {
     /// The most a probing round's deliveries (and the share a yield reads off them) can be
     /// (see `round_sample`).
     pub(super) fn pace_ceiling(&self) -> u64 {
-        self.est.round_pace.saturating_add(self.est.round_pace / 4)
+        self.est
+            .round_pace
+            .saturating_add(self.est.round_pace / self.p.sample_headroom_div)
     }
 
     /// Nothing gets through faster than it is sent for long: more than the pacing rate, or
@@ -179,9 +181,10 @@ impl Adaptive {
     /// catch-up after a stall), and taken as the bottleneck while searching it would set
     /// the rate several times too high.
     pub(super) fn sample_cap(&self) -> u64 {
-        let mut cap = self.rate + self.rate / 4;
+        let d = self.p.sample_headroom_div;
+        let mut cap = self.rate + self.rate / d;
         if self.state == State::Startup && self.est.prev_sent_rate > 0 {
-            cap = cap.min(self.est.prev_sent_rate / 4 * 5);
+            cap = cap.min(self.est.prev_sent_rate / d * (d + 1));
         }
         cap
     }
@@ -202,7 +205,8 @@ impl Adaptive {
     /// The most startup believes arrives: a quarter over the pace, half over what it sent.
     pub(super) fn startup_cap(&self) -> u64 {
         let sent = self.sent_rate();
-        (self.rate + self.rate / 4).min(sent + sent / 2)
+        (self.rate + self.rate / self.p.sample_headroom_div)
+            .min(sent + sent / self.p.startup_sent_headroom_div)
     }
 
     /// This round's mean delivery rate (loss-compensated while no queue stood), bytes/s.
@@ -215,9 +219,9 @@ impl Adaptive {
     /// next.
     pub(super) fn is_gap(&self, rx: u64, w: f64) -> bool {
         self.in_probe_bw()
-            && self.est.round_rx_n >= GAP_MIN_SAMPLES
-            && w > GAP_INTERVALS * self.est.round_rx_w / self.est.round_rx_n as f64
-            && (rx as f64) < GAP_RATE * self.bottleneck() as f64
+            && self.est.round_rx_n >= self.p.gap_min_samples
+            && w > self.p.gap_intervals * self.est.round_rx_w / self.est.round_rx_n as f64
+            && (rx as f64) < self.p.gap_rate * self.bottleneck() as f64
     }
 
     /// Adds a delivery sample (rate × µs, loss-compensated and raw, and µs) to this round's.
@@ -228,10 +232,10 @@ impl Adaptive {
         self.est.round_rx_n += 1;
     }
 
-    /// Remembers a round's delivery rate among the last `BW_WINDOW`.
+    /// Remembers a round's delivery rate among the last `Params::bw_window`.
     pub(super) fn push_bw_round(&mut self, rate: u64) {
         self.est.bw_rounds.push(rate);
-        if self.est.bw_rounds.len() > BW_WINDOW {
+        if self.est.bw_rounds.len() > self.p.bw_window {
             self.est.bw_rounds.remove(0);
         }
     }
@@ -246,10 +250,13 @@ impl Adaptive {
     ) -> Option<(f64, f64, f64)> {
         let mut carried = None;
         let gap = |rx: u64| {
-            self.queue.path_queue_us <= BUSY_QUEUE_US
-                && (rx as f64) < GAP_RATE * self.bottleneck() as f64
+            self.queue.path_queue_us <= self.p.busy_queue_us
+                && (rx as f64) < self.p.gap_rate * self.bottleneck() as f64
         };
-        if let Some(rx) = fb.rx_rate.filter(|&rx| !sender_limited(fb, rx, gap(rx))) {
+        if let Some(rx) = fb
+            .rx_rate
+            .filter(|&rx| !sender_limited(&self.p, fb, rx, gap(rx)))
+        {
             let queue_empty = self.queue.queue_delay_us <= self.queue_target_us();
             // Random loss took its share before the receiver saw the data; the path itself
             // carried more. Here the recent loss ratio (a flow that overfills a short
@@ -264,7 +271,7 @@ impl Adaptive {
                 self.loss
                     .loss_ewma
                     .min(self.random_loss().unwrap_or(1.0))
-                    .min(MAX_LOSS_COMPENSATION)
+                    .min(self.p.max_loss_compensation)
             } else {
                 0.0
             };
@@ -288,7 +295,8 @@ impl Adaptive {
                 self.add_to_round(part);
             }
             if self.state == State::Startup {
-                let span = (self.min_rtt_us / 4).max(4_000) as f64;
+                let span = (self.min_rtt_us / self.p.startup_recent_rtt_div)
+                    .max(self.p.startup_recent_min_us) as f64;
                 self.est.recent.push(w, sample as f64, span);
                 if self.queue.queued_samples > 0 {
                     self.est.queued_rx.0 += sample as f64 * w;

@@ -2,7 +2,7 @@
 //! (a buffer overflowing). The pacer's own catch-up bursts are told apart by the pacer
 //! (`pacer.rs`) and reported in `Feedback::catch_up_*`.
 
-use super::params::*;
+use super::params::Params;
 use super::{Adaptive, State};
 
 /// The loss classifier's state: this round's fates, the recent and the random loss.
@@ -21,7 +21,7 @@ pub(super) struct LossClassifier {
     pub(super) loss_ewma: f64,
     /// The path's random loss: lost over settled (delivered or lost) bytes reported in rounds
     /// after calm rounds (sending at most the estimate, so nothing of theirs overflowed a
-    /// queue), each older round weighing `RANDOM_LOSS_DECAY` less. Of what the pacer sent
+    /// queue), each older round weighing `Params::random_loss_decay` less. Of what the pacer sent
     /// at its rate only, not its catch-ups (see `end_round`).
     pub(super) random_lost: f64,
     pub(super) random_settled: f64,
@@ -51,10 +51,10 @@ impl LossClassifier {
     }
 }
 
-/// `settled` bytes are enough datagrams (`GROW_STEP` is one datagram's bytes) for a loss
+/// `settled` bytes are enough datagrams (`Params::grow_step` is one datagram's bytes) for a loss
 /// ratio to say anything: too few do not (the last blocks of a transfer, one lost of two).
-pub(super) fn enough_datagrams(settled: u64) -> bool {
-    settled as f64 / GROW_STEP >= OVERFLOW_MIN_DATAGRAMS
+pub(super) fn enough_datagrams(p: &Params, settled: u64) -> bool {
+    settled as f64 / p.grow_step >= p.overflow_min_datagrams
 }
 
 impl Adaptive {
@@ -80,14 +80,14 @@ impl Adaptive {
         let Some(p) = self.random_loss() else {
             return false;
         };
-        if !enough_datagrams(settled) {
+        if !enough_datagrams(&self.p, settled) {
             return false;
         }
-        let n = settled as f64 / GROW_STEP;
+        let n = settled as f64 / self.p.grow_step;
         let loss = lost as f64 / settled as f64;
-        loss > OVERFLOW_RATIO * p
-            + OVERFLOW_SIGMAS * (p.max(OVERFLOW_MARGIN) / n).sqrt()
-            + OVERFLOW_MARGIN
+        loss > self.p.overflow_ratio * p
+            + self.p.overflow_sigmas * (p.max(self.p.overflow_margin) / n).sqrt()
+            + self.p.overflow_margin
     }
 
     /// At the end of a round: its loss ratio, and whether its losses were another flow
@@ -111,15 +111,18 @@ impl Adaptive {
         let paced_loss = paced_lost as f64 / paced_settled.max(1) as f64;
         // A search round that loses far more than the path did so far is its overshoot
         // overflowing a short buffer (see `startup_still_growing`), not the path's loss.
-        let overshoot =
-            self.state == State::Startup && loss > (3.0 * self.loss.loss_ewma).max(0.05);
+        let overshoot = self.state == State::Startup
+            && loss
+                > (self.p.startup_overshoot_loss_ratio * self.loss.loss_ewma)
+                    .max(self.p.startup_overshoot_min_loss);
         if paced_settled > 0 && !overshoot {
-            self.loss.loss_ewma = 0.75 * self.loss.loss_ewma + 0.25 * paced_loss;
+            let g = self.p.loss_ewma_gain;
+            self.loss.loss_ewma = (1.0 - g) * self.loss.loss_ewma + g * paced_loss;
         }
         // What was paced at the estimate alone (a calm round) lost more than random loss
         // explains, on a buffer known to be short, and not at the receiver: another flow
         // overflowed the buffer. A newcomer's search does that where the buffer is too
-        // short for the queue that makes flows yield on a deep one (`BIG_QUEUE`); taken
+        // short for the queue that makes flows yield on a deep one (`Params::big_queue`); taken
         // for random loss, it left the newcomer with what its search found (the
         // simulator, 100 Mbit/s, 100 ms, 0.1 BDP: a fifth to a third of the link, Jain
         // 0.82-0.89 over four starts).
@@ -128,12 +131,14 @@ impl Adaptive {
             && self.loss.last_round_calm
             && self.loss.round_rx_drops == 0
             && paced_settled > 0
-            && now_us > self.loss.foreign_overflow_us + FOREIGN_OVERFLOW_RTTS * self.min_rtt_us
+            && now_us
+                > self.loss.foreign_overflow_us + self.p.foreign_overflow_rtts * self.min_rtt_us
             && self.loss_over_random(paced_lost, paced_settled);
         if self.loss.last_round_calm && paced_settled > 0 && !foreign {
-            self.loss.random_lost = RANDOM_LOSS_DECAY * self.loss.random_lost + paced_lost as f64;
+            self.loss.random_lost =
+                self.p.random_loss_decay * self.loss.random_lost + paced_lost as f64;
             self.loss.random_settled =
-                RANDOM_LOSS_DECAY * self.loss.random_settled + paced_settled as f64;
+                self.p.random_loss_decay * self.loss.random_settled + paced_settled as f64;
         }
         (loss, foreign)
     }

@@ -62,7 +62,7 @@ mod tests;
 use super::{Feedback, RateControl};
 use estimator::Estimator;
 use loss::LossClassifier;
-use params::*;
+pub use params::Params;
 use queue::QueueSignal;
 pub use state::Mode;
 use state::{Phase, State};
@@ -75,8 +75,8 @@ fn bytes_in(bw: u64, us: u64) -> u64 {
 /// Past startup, in flight up to twice the bandwidth-delay product (plus room for bursts)
 /// keeps the pipe full through ACK jitter. Of the base RTT, not the smoothed one: a standing
 /// queue must not widen it.
-fn congestion_cap(bw: u64, min_rtt_us: u64) -> u64 {
-    2 * bytes_in(bw, min_rtt_us.max(1_000)) + 256 * 1024
+fn congestion_cap(p: &Params, bw: u64, min_rtt_us: u64) -> u64 {
+    p.congestion_cap_bdps * bytes_in(bw, min_rtt_us.max(p.rtt_floor_us)) + p.cap_burst_bytes
 }
 
 /// The adaptive rate controller: finds the path's rate from delivery rates, RTT and losses
@@ -113,7 +113,7 @@ pub struct Adaptive {
     /// then (see `pacing_rate_with`).
     drained_in_flight: u64,
     drained_rate: u64,
-    /// Startup: RTT samples in a row showing our queue begin (see `STARTUP_HOLD_QUEUE_US`),
+    /// Startup: RTT samples in a row showing our queue begin (see `Params::startup_hold_queue_us`),
     /// and what was in flight when it showed (the cap while it does).
     hold_samples: u32,
     hold_in_flight: Option<u64>,
@@ -121,11 +121,18 @@ pub struct Adaptive {
     est: Estimator,
     queue: QueueSignal,
     loss: LossClassifier,
+    /// The tunables.
+    p: Params,
 }
 
 impl Adaptive {
     /// A controller that stays within `[min_rate, max_rate]` bytes/s (`None`: no cap).
     pub fn new(max_rate: Option<u64>, min_rate: u64) -> Self {
+        Self::with_params(max_rate, min_rate, Params::default())
+    }
+
+    /// The same with other tunables than the defaults.
+    pub fn with_params(max_rate: Option<u64>, min_rate: u64, p: Params) -> Self {
         let mut a = Adaptive {
             max_rate,
             min_rate,
@@ -139,26 +146,27 @@ impl Adaptive {
             drain_rounds: 0,
             shares: Vec::new(),
             congestion_cap: u64::MAX,
-            blind_rate: INITIAL_RATE,
+            blind_rate: p.initial_rate,
             min_rtt_us: 0,
             srtt_us: 0,
-            rate: INITIAL_RATE,
-            drain_gain: MAX_QUEUE_DRAIN_GAIN,
+            rate: p.initial_rate,
+            drain_gain: p.max_queue_drain_gain,
             drained_in_flight: 0,
-            drained_rate: INITIAL_RATE,
+            drained_rate: p.initial_rate,
             hold_samples: 0,
             hold_in_flight: None,
             startup_rounds: 0,
             est: Estimator::new(),
             queue: QueueSignal::new(),
             loss: LossClassifier::new(),
+            p,
         };
-        a.rate = a.clamp(INITIAL_RATE as f64);
+        a.rate = a.clamp(a.p.initial_rate as f64);
         a
     }
 
     fn clamp(&self, r: f64) -> u64 {
-        let mut r = r.max(MIN_RATE as f64) as u64;
+        let mut r = r.max(self.p.min_rate as f64) as u64;
         if let Some(m) = self.max_rate {
             r = r.min(m);
         }
@@ -166,7 +174,7 @@ impl Adaptive {
     }
 
     fn round_len_us(&self) -> u64 {
-        self.srtt_us.max(2_000)
+        self.srtt_us.max(self.p.min_round_us)
     }
 
     /// Clears this round's tallies for the next one, from `now_us`.
@@ -232,7 +240,7 @@ impl RateControl for Adaptive {
 
     fn on_feedback(&mut self, fb: &Feedback) {
         self.now_us = fb.now_us;
-        self.queue.rx_room = (fb.rx_buffer as f64 * RX_BUFFER_PAYLOAD) as u64;
+        self.queue.rx_room = (fb.rx_buffer as f64 * self.p.rx_buffer_payload) as u64;
         self.min_rtt_us = fb.min_rtt_us;
         self.srtt_us = fb.srtt_us;
         if let Some(rtt) = fb.rtt_us {
@@ -283,17 +291,21 @@ impl RateControl for Adaptive {
             // ends on it), and our data waits in it too. A newcomer behind flows keeping 30-40
             // ms of queue on a 100 ms path, capped by the base RTT alone, could not double:
             // its deliveries stopped growing and its search ended at 30-50 of 300 Mbit/s.
-            let bw = self.bottleneck().max(INITIAL_RATE);
-            let rtt = self.min_rtt_us.max(1_000) + self.queue.last_round_min_path_queue_us;
-            let cap = STARTUP_IN_FLIGHT_BDPS * bytes_in(bw, rtt) as f64;
-            let cap = cap as u64 + 256 * 1024;
+            let bw = self.bottleneck().max(self.p.initial_rate);
+            let rtt =
+                self.min_rtt_us.max(self.p.rtt_floor_us) + self.queue.last_round_min_path_queue_us;
+            let cap = self.p.startup_in_flight_bdps * bytes_in(bw, rtt) as f64;
+            let cap = cap as u64 + self.p.cap_burst_bytes;
             return Some(self.hold_in_flight.map_or(cap, |h| h.min(cap)));
         }
         let bw = self.bottleneck().max(self.rate);
-        let cap = congestion_cap(bw, self.min_rtt_us);
+        let cap = congestion_cap(&self.p, bw, self.min_rtt_us);
         // A receiver that stops for a while holds what comes meanwhile in its buffer (what
         // is in flight is on the path or there): as much as that holds, within reason.
-        let room = self.queue.rx_room.min(cap + bytes_in(bw, RX_STALL_ROOM_US));
+        let room = self
+            .queue
+            .rx_room
+            .min(cap + bytes_in(bw, self.p.rx_stall_room_us));
         Some(cap.max(room))
     }
 

@@ -1,151 +1,320 @@
-//! The controller's tunables.
+//! Every tunable of the adaptive controller, with its unit and the reason for its value.
+//! The reasons are what the simulator and the WAN harness showed; `Default` holds the
+//! values the controller runs with.
 
-/// Pacing gain while searching for the bottleneck: the rate doubles per round trip, so the
-/// round that finds the limit overfills the queue by at most one BDP.
-pub(super) const STARTUP_GAIN: f64 = 2.0;
-pub(super) const DRAIN_GAIN: f64 = 0.75;
-/// Startup's in-flight cap, in BDPs of what gets delivered: past the bottleneck it bounds the
-/// queue the search leaves to half a BDP (1.75 lost 3.5 % on a 0.1-BDP buffer, 2 overflowed a
-/// 1-BDP one). Doubling the rate every round trip takes about 1.44 of them when the rate
-/// rises smoothly with the deliveries (see `RecentRate`), more when it steps once a round:
-/// that held the ramp to 1.5 times per round trip.
-pub(super) const STARTUP_IN_FLIGHT_BDPS: f64 = 1.5;
-/// Startup holds what it has in flight once its own queue begins: this much over the last
-/// round's least, on this many RTT samples in a row (see `hold_at_queue`), and from this
-/// many rounds in (a newcomer's first rounds read flat while it only sends its first guess).
-pub(super) const STARTUP_HOLD_QUEUE_US: u64 = 500;
-pub(super) const STARTUP_HOLD_SAMPLES: u32 = 2;
-pub(super) const STARTUP_HOLD_ROUNDS: u32 = 3;
-/// ... and no less than this share of what the path carries over the base RTT meanwhile.
-pub(super) const HOLD_CARRIED: f64 = 0.9;
-/// Leaving a queue behind: at most this many rounds.
-pub(super) const MAX_DRAIN_ROUNDS: u32 = 3;
-/// Pacing gain (of the share just found) while a queue found by growing drains: one minus
-/// the queueing delay over the path's minimum RTT, within these bounds.
-pub(super) const MIN_QUEUE_DRAIN_GAIN: f64 = 0.7;
-pub(super) const MAX_QUEUE_DRAIN_GAIN: f64 = 0.95;
-/// ... over at least this long, µs. The drain ends when an RTT sample shows the queue gone,
-/// about a round trip after it went: meanwhile the link runs under-filled by the drain's
-/// depth. On a short path the queue at which growing stops (3 ms) is a third of a 10 ms
-/// round trip, so draining it in one round trip paces 30 % under the link for that last
-/// round trip: 10 ms paths lost 4-8 points of the link on the harness. Draining over 30 ms
-/// there costs a third as much (the simulator: +0.8 to +2 points at 10 ms, two-flow Jain at
-/// 10-20 ms over 12 start offsets 0.924 -> 0.945 on average); a longer drain than a round trip
-/// on long paths kept them fuller too but lowered their two-flow fairness.
-pub(super) const MIN_DRAIN_SPAN_US: u64 = 30_000;
-/// A queue under this share of the queue target is (nearly) gone: a drain stops as soon as an
-/// RTT sample shows one, and delivery samples count as a share only over it.
-/// Not 0: the sample is half a round trip old, the drain went on meanwhile.
-/// Not higher: a queue left standing inflates the minimum RTT a newcomer measures, and it
-/// takes more than its share (at 1.0 two flows on a 50 ms path got Jain 0.959).
-pub(super) const DRAIN_FLOOR: f64 = 0.5;
-/// The grow phase's first increment: one datagram per round trip, bytes.
-pub(super) const GROW_STEP: f64 = 1500.0;
-/// The increment is at most this share of the estimate (past it, growth is startup's job).
-pub(super) const MAX_GROW: f64 = 0.25;
-/// Growing stops when the queue exceeds this many times the queue target, on this many RTT
-/// samples in a row.
-pub(super) const GROW_QUEUE: f64 = 1.5;
-pub(super) const GROW_QUEUE_SAMPLES: u32 = 3;
-/// On a buffer short of this many queue targets the target is this share of it (growing
-/// then stops at half of it, a round trip before it overflows: see `advance_growth`), but
-/// at least `MIN_SHALLOW_TARGET_US`: a real host's ACK timing wobbles by a few hundred µs,
-/// and at 300 a 1 ms buffer on the harness's 10 ms path held 89 % of the link where 450
-/// held 91-92 % (retransmitting 1.6-2.0 %, 2.7-5.3 % without a learnt buffer).
-pub(super) const SHALLOW_TARGETS: u64 = 3;
-pub(super) const MIN_SHALLOW_TARGET_US: u64 = 450;
-/// A buffer found short is taken for longer when a longer queue stands, and forgotten this
-/// long after it overflowed, µs: growing then finds it again by overflowing it, which on a
-/// 1 Gbit/s, 100 ms path with 10 ms of buffer lost 1-3 MB each time (at 5 s, the simulator
-/// with host stalls retransmitted 0.05-0.07 points more of a 1 GiB file).
-pub(super) const SHALLOW_MEMORY_US: u64 = 20_000_000;
-/// ... and for at least this fraction of the path's minimum RTT (see `grow_queue_persist_us`).
-pub(super) const GROW_QUEUE_PERSIST_RTT_DIV: u64 = 4;
-/// Growing stops, too, when this much more is sent than gets through without any queue
-/// building (a policer, or a receiver that drops silently).
-pub(super) const GROW_UNDELIVERED: f64 = 1.1;
-/// The estimate after a queue was found: this much of the share found. The room left is
-/// what every flow then regains by the same increments: the AIMD that evens shares out (at
-/// 1.0 it works too, but far more slowly). A lone flow pays for it until the increments make
-/// it up: 0.97 kept a simulated 1 Gbit/s, 100 ms path at 98.1 %, 0.985 at 98.9 %, 0.99 at
-/// 99.3 %, 0.995 at 99.5 %. Two flows (5 paths × 6 start offsets in the simulator) ended as
-/// even at 0.99 as at 0.985 (mean Jain 0.963 vs 0.940), less so behind stalling senders at
-/// 0.995 (0.82 vs 0.93). Shares that are far apart yield `CONVERGE_GAIN` instead, so evening
-/// out stays quick.
-pub(super) const SHARE_GAIN: f64 = 0.99;
-/// A share this much under or over a recent one: the flow yields `CONVERGE_GAIN`.
-pub(super) const SHARE_MOVING: f64 = 0.9;
-pub(super) const CONVERGE_GAIN: f64 = 0.95;
-/// Shares remembered for that, one per drain.
-pub(super) const SHARE_HISTORY: usize = 4;
-/// Shares are moving when this many remembered ones are that far from the new one.
-pub(super) const SHARES_APART: usize = 2;
-/// A queue over this fraction of the path's minimum RTT, and over `BIG_QUEUE_TARGETS` queue
-/// targets (on a short path the target's floor is a fifth of the RTT, and growing stops only
-/// past 1.5 of it: a third of the RTT there is an ordinary probe, and yielding 0.7 to it
-/// kept a 10 ms path at 81 %): every flow yields `BIG_QUEUE_GAIN`.
-pub(super) const BIG_QUEUE: f64 = 1.0 / 3.0;
-pub(super) const BIG_QUEUE_TARGETS: f64 = 4.0;
-pub(super) const BIG_QUEUE_GAIN: f64 = 0.7;
-/// Another flow's overflow of a short buffer is answered once per this many minimum RTTs
-/// (a search overflows it for a round or two).
-pub(super) const FOREIGN_OVERFLOW_RTTS: u64 = 4;
-/// Rounds over which the maximum delivery rate is remembered.
-pub(super) const BW_WINDOW: usize = 10;
-/// Starting guess: 32 Mbit/s, a rate most paths carry for one round trip.
-pub(super) const INITIAL_RATE: u64 = 4_000_000;
-pub(super) const MIN_RATE: u64 = 50_000;
-/// The receiver's lag (its backlog: how long the newest datagram it acknowledges waited
-/// for it) up to this counts as ordinary (ACKs are delayed up to 5 ms by design); past it,
-/// as a queue the sender keeps filling. When the receiver does not say how full its socket
-/// buffer is.
-pub(super) const RX_LAG_ALLOWANCE_US: u64 = 5_000;
-/// When it does: only the backlog over this share of its buffer counts. A busy host's
-/// receiver falls tens of ms behind and catches up (on the harness at 1 Gbit/s, a third of
-/// all ACKs waited over 20 ms in a 128 MiB buffer); draining that as a queue kept a 100 ms
-/// path at 82-89 % of the link, where a sender at a fixed pace got 95 %. A receiver slower
-/// than the link fills its buffer past this, and is followed as before.
-/// Linux's count runs ahead while a backlog is read: it releases what a UDP reader took only
-/// a quarter of the buffer at a time (`udp_rmem_release`), so a quarter can be all read.
-pub(super) const RX_BUFFER_CALM: f64 = 0.25;
-/// The share when the buffer holds all the congestion cap lets into flight (the receiver's
-/// backlog is part of what is in flight, so it cannot overflow): on the harness a receiver
-/// its host held back for 200 ms came back to 40 MB counted in 134 MB, and the yield that
-/// followed took 0.3 of the pace for 50 ms and more on a 10 ms path.
-pub(super) const RX_BUFFER_CALM_ROOMY: f64 = 0.5;
-/// What a receiver's buffer holds of data, per byte of the kernel's accounting, which counts
-/// each datagram with its overhead: 1430 bytes took 2304 on loopback (0.62). A session-15
-/// reading of 12.3 MB in 33 MB had the batched release in it.
-pub(super) const RX_BUFFER_PAYLOAD: f64 = 0.5;
-/// In flight past the congestion cap, while the receiver's buffer has room for it: this
-/// long at the estimate, µs. A receiver whose host stops it for a while (150-300 ms on the
-/// harness) finds data waiting when it resumes, where a cap of two round trips of data
-/// stopped the sender after 20 ms on a 10 ms path and left the link idle.
-pub(super) const RX_STALL_ROOM_US: u64 = 250_000;
+/// The adaptive controller's tunables. Rates are bytes/s, times µs, shares and gains plain
+/// ratios; "a `_div` of n" means one n-th (integer division, as the rules compute it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Params {
+    // ---- Rates --------------------------------------------------------------------------
+    /// The first pacing rate, bytes/s (32 Mbit/s): a rate most paths carry for one round trip.
+    pub initial_rate: u64,
+    /// The lowest pacing rate, bytes/s, whatever the estimate says.
+    pub min_rate: u64,
+    /// Rounds over which the largest delivery rate is the estimate (BBR's max filter).
+    pub bw_window: usize,
+    /// A round lasts the smoothed RTT, but no less than this, µs.
+    pub min_round_us: u64,
+    /// The minimum RTT is taken as at least this in the rate and cap rules, µs (a path
+    /// under a millisecond would make increments and caps explode or vanish).
+    pub rtt_floor_us: u64,
 
-/// Random loss larger than this is not compensated (it is too much to be noise).
-pub(super) const MAX_LOSS_COMPENSATION: f64 = 0.25;
-/// Weight each calm round's loss keeps in the path's random-loss estimate per newer calm round.
-pub(super) const RANDOM_LOSS_DECAY: f64 = 0.9;
-/// A growing round loses more than random loss when its loss ratio is over
-/// `OVERFLOW_RATIO` × the random loss plus `OVERFLOW_SIGMAS` standard deviations of that
-/// loss over the round's datagrams plus `OVERFLOW_MARGIN`: a buffer too short for the queue
-/// target (a tenth of a BDP on a short path) overflows before the delay shows anything.
-pub(super) const OVERFLOW_RATIO: f64 = 1.25;
-pub(super) const OVERFLOW_SIGMAS: f64 = 4.0;
-pub(super) const OVERFLOW_MARGIN: f64 = 0.002;
-pub(super) const OVERFLOW_MIN_DATAGRAMS: f64 = 50.0;
+    // ---- Startup ------------------------------------------------------------------------
+    /// Pacing gain while searching: the rate doubles per round trip, so the round that finds
+    /// the limit overfills the queue by at most one BDP.
+    pub startup_gain: f64,
+    /// Startup's in-flight cap, in BDPs of what gets delivered: past the bottleneck it bounds
+    /// the queue the search leaves to half a BDP (1.75 lost 3.5 % on a 0.1-BDP buffer, 2
+    /// overflowed a 1-BDP one); doubling per round trip needs about 1.44 of them when the
+    /// rate rises smoothly with the deliveries.
+    pub startup_in_flight_bdps: f64,
+    /// Room for bursts on top of every in-flight cap, bytes.
+    pub cap_burst_bytes: u64,
+    /// Startup's delivery rate is read over the latest `1/startup_recent_rtt_div` of the
+    /// minimum RTT (a quarter round), so its pace rises smoothly with what gets through ...
+    pub startup_recent_rtt_div: u64,
+    /// ... and over at least this, µs.
+    pub startup_recent_min_us: u64,
+    /// Startup believes at most `1/startup_sent_headroom_div` over what it sent (half):
+    /// more is the receiver's timestamps bunching.
+    pub startup_sent_headroom_div: u64,
+    /// The search goes on while the estimate grows by this factor per round (BBR's
+    /// full-pipe test: 25 %) ...
+    pub startup_full_growth: f64,
+    /// ... and ends after this many rounds without that growth.
+    pub startup_full_rounds: u32,
+    /// ... or when this round's deliveries so far are this many times the last round's
+    /// estimate (a newcomer the flows already there yield to).
+    pub startup_round_growth: f64,
+    /// A search round that loses more than this share ends the search: a burst of loss is a
+    /// short buffer overflowing (random loss is lower).
+    pub startup_exit_loss: f64,
+    /// A search round losing over this many times the recent loss ...
+    pub startup_overshoot_loss_ratio: f64,
+    /// ... and over this share is its own overshoot: it does not count as the path's loss,
+    /// nor as deliveries still growing.
+    pub startup_overshoot_min_loss: f64,
+    /// RTT samples in a row over the queue target (standing `grow_queue_persist`) that end
+    /// the search: fewer are a host stall's late ACKs.
+    pub startup_exit_samples: u32,
+    /// Startup holds its flight once its own queue shows this much over the last round's
+    /// least, µs (over a real host's timestamp jitter) ...
+    pub startup_hold_queue_us: u64,
+    /// ... on this many RTT samples in a row ...
+    pub startup_hold_samples: u32,
+    /// ... from this many rounds in (a newcomer's first rounds read flat while it only sends
+    /// its first guess).
+    pub startup_hold_rounds: u32,
+    /// The held flight is no less than this share of what the path carries over the base
+    /// RTT: all of it overflowed short buffers, much less left the search short.
+    pub hold_carried: f64,
 
-/// A delivery sample covers a stall when it is this many times longer than the round's
-/// samples on average (after this many), and under this share of the estimate.
-pub(super) const GAP_INTERVALS: f64 = 4.0;
-pub(super) const GAP_MIN_SAMPLES: u32 = 3;
-pub(super) const GAP_RATE: f64 = 0.5;
+    // ---- Drain (after Startup) ----------------------------------------------------------
+    /// Pacing gain while startup's queue drains (BBR's is its inverse gain; 0.75 empties the
+    /// queue one doubling left within a few rounds).
+    pub drain_gain: f64,
+    /// Drain, and ProbeBw's Down phase, last at most this many rounds.
+    pub max_drain_rounds: u32,
 
-/// A delivery sample is the sender's, not the path's, when the sender's host took over this
-/// share of the sample's bytes in sending time from it while it sent them, or it had nothing
-/// to send or no room in flight for that long (it sent under three quarters of its pace).
-pub(super) const SENDER_LIMITED: f64 = 1.0 / 3.0;
-/// A path queue of more than this keeps the bottleneck busy while the sender waits, µs
-/// (over the jitter of a real host's timestamps).
-pub(super) const BUSY_QUEUE_US: u64 = 500;
+    // ---- ProbeBw: Up ---------------------------------------------------------------------
+    /// Up's first increment, bytes per round trip (one datagram); it doubles every minimum
+    /// RTT, the same for every flow whatever its rate, so shares converge (additive increase).
+    pub grow_step: f64,
+    /// The increment is at most this share of the estimate (past it, growth is Startup's
+    /// job).
+    pub max_grow: f64,
+    /// The increment doubles at most this many times (keeps `2^n` finite).
+    pub max_grow_doublings: f64,
+    /// Up ends when the path's queue exceeds this many queue targets ...
+    pub grow_queue: f64,
+    /// ... on this many RTT samples in a row ...
+    pub grow_queue_samples: u32,
+    /// ... standing for `1/grow_queue_persist_rtt_div` of the minimum RTT (a host's stall
+    /// is shorter; the queue grows by at most a quarter meanwhile) ...
+    pub grow_queue_persist_rtt_div: u64,
+    /// ... but at least this, µs ...
+    pub grow_queue_persist_min_us: u64,
+    /// ... and at most this, µs.
+    pub grow_queue_persist_max_us: u64,
+    /// Up starts over (at Refill) when it sends this many times what gets through and no
+    /// queue builds (a policer, or a receiver dropping silently).
+    pub grow_undelivered: f64,
+    /// ... once it has grown this many rounds.
+    pub grow_undelivered_rounds: u32,
+
+    // ---- Queue target -------------------------------------------------------------------
+    /// The queue target is `1/queue_target_rtt_div` of the minimum RTT ...
+    pub queue_target_rtt_div: u64,
+    /// ... at least this, µs: a real host wakes the sender up to a millisecond late, and
+    /// the pacer's catch-up burst queues for as long; a lower target reads those bursts as
+    /// congestion ...
+    pub queue_target_min_us: u64,
+    /// ... and at most this, µs.
+    pub queue_target_max_us: u64,
+    /// A queue under this share of the target is (nearly) gone: Drain and Down end on it,
+    /// and delivery samples count as a share only over it. Not 0 (the sample is half a round
+    /// trip old, the drain went on meanwhile); not higher (a queue left standing inflates a
+    /// newcomer's minimum RTT, and it takes more than its share).
+    pub drain_floor: f64,
+    /// A buffer that overflowed holding less than this many queue targets is "short" ...
+    pub shallow_targets: u64,
+    /// ... and the target is then a third of it (Up stops at half of it, a round trip before
+    /// it overflows), but at least this, µs: a real host's ACK timing wobbles by a few
+    /// hundred µs.
+    pub min_shallow_target_us: u64,
+    /// A buffer learnt short is forgotten this long after it last overflowed, µs: Up finds
+    /// it again only by overflowing it, which costs megabytes on a long fast path.
+    pub shallow_memory_us: u64,
+
+    // ---- ProbeBw: Down (yield) ----------------------------------------------------------
+    /// The estimate after a queue was found: this much of the share found. The room left is
+    /// what every flow regains by equal increments, the AIMD that evens shares out; a lone
+    /// flow pays for it until the increments make it up (0.99: about 99 % of the link).
+    pub share_gain: f64,
+    /// A share this much under or over a remembered one is "moving" ...
+    pub share_moving: f64,
+    /// ... and when it is apart from this many remembered shares (one odd reading is a host's
+    /// hiccup, not shares moving) ...
+    pub shares_apart: usize,
+    /// ... the flow yields this deeper gain instead, so uneven shares even out quickly.
+    pub converge_gain: f64,
+    /// Shares remembered for that, one per yield.
+    pub share_history: usize,
+    /// A share is read off this many delivery samples of the two rounds the queue built in
+    /// at least (fewer: a host stall's single sample).
+    pub share_min_samples: u32,
+    /// One yield cuts the estimate by at most `1/share_floor_div` of it (half): a receiver
+    /// that fell behind once must not throw the rate away; a path that really got slower
+    /// shows its queue again and is halved again.
+    pub share_floor_div: u64,
+    /// A queue over this share of the minimum RTT ...
+    pub big_queue: f64,
+    /// ... and over this many queue targets (an ordinary Up on a short path reaches a third
+    /// of the RTT) is a newcomer's search or a slower path ...
+    pub big_queue_targets: f64,
+    /// ... and every flow yields this gain to it.
+    pub big_queue_gain: f64,
+    /// Down paces at the share times one minus the queueing delay over the minimum RTT (so
+    /// the queue empties in about a round trip), at least this ...
+    pub min_queue_drain_gain: f64,
+    /// ... at most this (also the gain before any queue was found) ...
+    pub max_queue_drain_gain: f64,
+    /// ... with the queue spread over at least this, µs: on a short path draining in one
+    /// round trip left the link under-filled by the drain's depth.
+    pub min_drain_span_us: u64,
+    /// Another flow's overflow of a short buffer is answered once per this many minimum RTTs
+    /// (a search overflows it for a round or two).
+    pub foreign_overflow_rtts: u64,
+
+    // ---- Delivery samples ---------------------------------------------------------------
+    /// Deliveries count at most `1/sample_headroom_div` (a quarter) over the pace as the
+    /// round began (or the rate): more is the receiver's timestamps bunching or a host's
+    /// catch-up; less kept a smaller flow from growing to its share.
+    pub sample_headroom_div: u64,
+    /// A sample is the sender's, not the path's, when the sender's host took, or it had
+    /// nothing to send for, over this share of the sample's bytes in sending time.
+    pub sender_limited: f64,
+    /// A sample covers a stall when it is this many times longer than the round's samples
+    /// on average ...
+    pub gap_intervals: f64,
+    /// ... after this many samples ...
+    pub gap_min_samples: u32,
+    /// ... and under this share of the estimate (also the "far under" of a waiting sender).
+    pub gap_rate: f64,
+    /// A path queue over this keeps the bottleneck busy while the sender waits, µs (over a
+    /// real host's timestamp jitter).
+    pub busy_queue_us: u64,
+
+    // ---- Loss ---------------------------------------------------------------------------
+    /// Weight of the newest round in the recent loss ratio (an EWMA).
+    pub loss_ewma_gain: f64,
+    /// Weight each calm round's loss keeps in the random-loss estimate per newer calm round.
+    pub random_loss_decay: f64,
+    /// Random loss over this is not compensated (too much to be noise).
+    pub max_loss_compensation: f64,
+    /// A round loses more than random loss when its ratio is over this many times the
+    /// random loss ...
+    pub overflow_ratio: f64,
+    /// ... plus this many standard deviations of that loss over the round's datagrams ...
+    pub overflow_sigmas: f64,
+    /// ... plus this: a buffer too short for the queue target overflows before any delay
+    /// shows, and this is how Up finds it.
+    pub overflow_margin: f64,
+    /// A loss ratio says something only over this many datagrams (`grow_step` bytes each).
+    pub overflow_min_datagrams: f64,
+
+    // ---- The receiver -------------------------------------------------------------------
+    /// The receiver's lag (its backlog plus deliberate ACK delay, up to 5 ms by design)
+    /// counts as queue only over this, µs, when it does not say how full its buffer is.
+    pub rx_lag_allowance_us: u64,
+    /// When it does: only the backlog over this share of its buffer counts. A busy host's
+    /// receiver falls tens of ms behind and catches up; Linux releases what a UDP reader
+    /// took a quarter of the buffer at a time, so a quarter can be all read.
+    pub rx_buffer_calm: f64,
+    /// The share when the buffer holds all the congestion cap lets into flight (it cannot
+    /// overflow then).
+    pub rx_buffer_calm_roomy: f64,
+    /// What a receiver's buffer holds of data per byte of the kernel's accounting, which
+    /// counts each datagram with its overhead (about 0.62 measured on loopback).
+    pub rx_buffer_payload: f64,
+    /// In flight past the congestion cap while the receiver's buffer has room: this long at
+    /// the estimate, µs. A receiver whose host stops it for 150-300 ms finds data waiting
+    /// when it resumes, instead of an idle link.
+    pub rx_stall_room_us: u64,
+    /// After the receiver dropped datagrams without a rate sample, it took
+    /// `1/rx_drop_guess_div` of the pace (half).
+    pub rx_drop_guess_div: u64,
+    /// Past Startup, in flight up to this many BDPs (of the base RTT, so a standing queue
+    /// does not widen it) keeps the pipe full through ACK jitter.
+    pub congestion_cap_bdps: u64,
+}
+
+impl Default for Params {
+    fn default() -> Self {
+        Params {
+            initial_rate: 4_000_000,
+            min_rate: 50_000,
+            bw_window: 10,
+            min_round_us: 2_000,
+            rtt_floor_us: 1_000,
+
+            startup_gain: 2.0,
+            startup_in_flight_bdps: 1.5,
+            cap_burst_bytes: 256 * 1024,
+            startup_recent_rtt_div: 4,
+            startup_recent_min_us: 4_000,
+            startup_sent_headroom_div: 2,
+            startup_full_growth: 1.25,
+            startup_full_rounds: 3,
+            startup_round_growth: 1.5,
+            startup_exit_loss: 0.15,
+            startup_overshoot_loss_ratio: 3.0,
+            startup_overshoot_min_loss: 0.05,
+            startup_exit_samples: 3,
+            startup_hold_queue_us: 500,
+            startup_hold_samples: 2,
+            startup_hold_rounds: 3,
+            hold_carried: 0.9,
+
+            drain_gain: 0.75,
+            max_drain_rounds: 3,
+
+            grow_step: 1500.0,
+            max_grow: 0.25,
+            max_grow_doublings: 40.0,
+            grow_queue: 1.5,
+            grow_queue_samples: 3,
+            grow_queue_persist_rtt_div: 4,
+            grow_queue_persist_min_us: 2_000,
+            grow_queue_persist_max_us: 25_000,
+            grow_undelivered: 1.1,
+            grow_undelivered_rounds: 2,
+
+            queue_target_rtt_div: 20,
+            queue_target_min_us: 2_000,
+            queue_target_max_us: 25_000,
+            drain_floor: 0.5,
+            shallow_targets: 3,
+            min_shallow_target_us: 450,
+            shallow_memory_us: 20_000_000,
+
+            share_gain: 0.99,
+            share_moving: 0.9,
+            shares_apart: 2,
+            converge_gain: 0.95,
+            share_history: 4,
+            share_min_samples: 3,
+            share_floor_div: 2,
+            big_queue: 1.0 / 3.0,
+            big_queue_targets: 4.0,
+            big_queue_gain: 0.7,
+            min_queue_drain_gain: 0.7,
+            max_queue_drain_gain: 0.95,
+            min_drain_span_us: 30_000,
+            foreign_overflow_rtts: 4,
+
+            sample_headroom_div: 4,
+            sender_limited: 1.0 / 3.0,
+            gap_intervals: 4.0,
+            gap_min_samples: 3,
+            gap_rate: 0.5,
+            busy_queue_us: 500,
+
+            loss_ewma_gain: 0.25,
+            random_loss_decay: 0.9,
+            max_loss_compensation: 0.25,
+            overflow_ratio: 1.25,
+            overflow_sigmas: 4.0,
+            overflow_margin: 0.002,
+            overflow_min_datagrams: 50.0,
+
+            rx_lag_allowance_us: 5_000,
+            rx_buffer_calm: 0.25,
+            rx_buffer_calm_roomy: 0.5,
+            rx_buffer_payload: 0.5,
+            rx_stall_room_us: 250_000,
+            rx_drop_guess_div: 2,
+            congestion_cap_bdps: 2,
+        }
+    }
+}

@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use super::params::*;
+use super::params::Params;
 use super::{Adaptive, Feedback};
 
 /// The queue signal's state: queueing delay on the path and at the receiver, per round and standing, and the bottleneck buffer learnt short.
@@ -25,7 +25,7 @@ pub(super) struct QueueSignal {
     pub(super) last_round_max_path_queue_us: u64,
     pub(super) standing: StandingQueue,
     /// The bottleneck's buffer, µs: the largest queue that stood in the rounds in which
-    /// growing last overflowed it, when that is under `SHALLOW_TARGETS` queue targets
+    /// growing last overflowed it, when that is under `Params::shallow_targets` queue targets
     /// (`u64::MAX`: not known to be that short), and when that was. See `queue_target_us`.
     pub(super) shallow_buffer_us: u64,
     pub(super) shallow_since_us: u64,
@@ -74,11 +74,11 @@ impl QueueSignal {
     }
 }
 
-/// How much of the receiver's lag counts as queue, µs (see `RX_BUFFER_CALM`): the lag
+/// How much of the receiver's lag counts as queue, µs (see `Params::rx_buffer_calm`): the lag
 /// scales with the bytes waiting, so the part of it over the `calm` share.
-fn receiver_queue_us(fb: &Feedback, calm: f64) -> u64 {
+fn receiver_queue_us(p: &Params, fb: &Feedback, calm: f64) -> u64 {
     if fb.rx_buffer == 0 {
-        return fb.rx_lag_us.saturating_sub(RX_LAG_ALLOWANCE_US);
+        return fb.rx_lag_us.saturating_sub(p.rx_lag_allowance_us);
     }
     let over = fb.rx_buffered as f64 - calm * fb.rx_buffer as f64;
     if over <= 0.0 {
@@ -136,17 +136,19 @@ impl Adaptive {
     /// holds less than 3 targets (see `shallow_buffer_us`) overflows before the queue shows
     /// over the target: there a third of it, so that growing stops at half of it.
     pub(super) fn queue_target_us(&self) -> u64 {
-        let shallow = (self.queue.shallow_buffer_us / SHALLOW_TARGETS).max(MIN_SHALLOW_TARGET_US);
+        let shallow = (self.queue.shallow_buffer_us / self.p.shallow_targets)
+            .max(self.p.min_shallow_target_us);
         self.deep_target_us().min(shallow)
     }
 
     pub(super) fn deep_target_us(&self) -> u64 {
-        (self.min_rtt_us / 20).clamp(2_000, 25_000)
+        (self.min_rtt_us / self.p.queue_target_rtt_div)
+            .clamp(self.p.queue_target_min_us, self.p.queue_target_max_us)
     }
 
     /// The bottleneck's buffer is known to be too short for the usual queue target.
     pub(super) fn shallow(&self) -> bool {
-        self.queue.shallow_buffer_us / SHALLOW_TARGETS < self.deep_target_us()
+        self.queue.shallow_buffer_us / self.p.shallow_targets < self.deep_target_us()
     }
 
     /// The receiver's backlog is well under its peak of this round: its host stalled (for
@@ -157,18 +159,21 @@ impl Adaptive {
         self.queue.lag_us + self.queue_target_us() < self.queue.round_max_lag_us
     }
 
-    /// A queue of `q_us` is (nearly) gone (see `DRAIN_FLOOR`).
+    /// A queue of `q_us` is (nearly) gone (see `Params::drain_floor`).
     pub(super) fn queue_gone(&self, q_us: u64) -> bool {
-        q_us as f64 <= DRAIN_FLOOR * self.queue_target_us() as f64
+        q_us as f64 <= self.p.drain_floor * self.queue_target_us() as f64
     }
 
     /// How long the queue must stay over the grow phase's limit before it counts. A host or
     /// path that stalls for a few ms and then catches up delays the packets of the stall
     /// too, but their ACKs come back bunched within a fraction of the stall, and the delay
     /// falls back; a queue the flow builds stays until it drains it. Waiting this long lets
-    /// that queue grow by at most a quarter of it (the increment is at most `MAX_GROW`).
+    /// that queue grow by at most a quarter of it (the increment is at most `Params::max_grow`).
     pub(super) fn grow_queue_persist_us(&self) -> u64 {
-        (self.min_rtt_us / GROW_QUEUE_PERSIST_RTT_DIV).clamp(2_000, 25_000)
+        (self.min_rtt_us / self.p.grow_queue_persist_rtt_div).clamp(
+            self.p.grow_queue_persist_min_us,
+            self.p.grow_queue_persist_max_us,
+        )
     }
 
     /// The least queues (on the path; with the receiver's backlog) this round so far.
@@ -182,13 +187,13 @@ impl Adaptive {
     }
 
     /// The buffer overflowed with at most the queue that stood this round and the last: if
-    /// that is under `SHALLOW_TARGETS` queue targets, it is the buffer's depth.
+    /// that is under `Params::shallow_targets` queue targets, it is the buffer's depth.
     pub(super) fn learn_buffer(&mut self, now_us: u64) {
         let full = self
             .queue
             .round_max_path_queue_us
             .max(self.queue.last_round_max_path_queue_us);
-        if full / SHALLOW_TARGETS < self.deep_target_us() {
+        if full / self.p.shallow_targets < self.deep_target_us() {
             self.queue.shallow_buffer_us = full;
             self.queue.shallow_since_us = now_us;
         }
@@ -200,11 +205,11 @@ impl Adaptive {
     pub(super) fn on_rtt_sample(&mut self, fb: &Feedback, rtt: u64) {
         self.queue.path_queue_us = rtt.saturating_sub(fb.min_rtt_us);
         let calm = if self.queue.rx_room >= self.congestion_cap {
-            RX_BUFFER_CALM_ROOMY
+            self.p.rx_buffer_calm_roomy
         } else {
-            RX_BUFFER_CALM
+            self.p.rx_buffer_calm
         };
-        self.queue.queue_delay_us = self.queue.path_queue_us + receiver_queue_us(fb, calm);
+        self.queue.queue_delay_us = self.queue.path_queue_us + receiver_queue_us(&self.p, fb, calm);
         self.queue.round_min_queue_us =
             self.queue.round_min_queue_us.min(self.queue.queue_delay_us);
         self.queue.round_min_path_queue_us = self
@@ -221,7 +226,7 @@ impl Adaptive {
             // The buffer holds more than we thought.
             self.queue.shallow_buffer_us = stood;
         }
-        if fb.now_us > self.queue.shallow_since_us + SHALLOW_MEMORY_US {
+        if fb.now_us > self.queue.shallow_since_us + self.p.shallow_memory_us {
             self.queue.shallow_buffer_us = u64::MAX;
         }
         self.queue.lag_us = fb.rx_lag_us;
@@ -241,7 +246,7 @@ impl Adaptive {
             self.queue.queued_samples = 0;
             self.est.queued_rx = (0.0, 0.0);
         }
-        if self.queue.path_queue_us as f64 > GROW_QUEUE * target as f64 {
+        if self.queue.path_queue_us as f64 > self.p.grow_queue * target as f64 {
             if self.queue.grow_queued_samples == 0 {
                 self.queue.grow_queued_since_us = fb.now_us;
                 self.queue.grow_queued_floor_us = (u64::MAX, u64::MAX);

@@ -2,7 +2,6 @@
 //! them and the pacing rate each state sets.
 
 use super::loss::enough_datagrams;
-use super::params::*;
 use super::{bytes_in, congestion_cap, Adaptive, Feedback};
 
 //STATE
@@ -74,11 +73,16 @@ impl Adaptive {
         // Over enough datagrams to say: one random loss among the first 14 of a round read
         // as 7 % and ended a newcomer's search at its first 30 Mbit/s (the simulator, 300
         // Mbit/s, 100 ms, 1 % loss).
-        if enough_datagrams(settled) && lost > (3.0 * self.loss.loss_ewma).max(0.05) {
+        if enough_datagrams(&self.p, settled)
+            && lost
+                > (self.p.startup_overshoot_loss_ratio * self.loss.loss_ewma)
+                    .max(self.p.startup_overshoot_min_loss)
+        {
             return false;
         }
         let last = self.est.bw_rounds.last().copied().unwrap_or(0);
-        self.plateau_rounds == 0 || (last > 0 && self.round_sample() as f64 >= 1.5 * last as f64)
+        self.plateau_rounds == 0
+            || (last > 0 && self.round_sample() as f64 >= self.p.startup_round_growth * last as f64)
     }
 
     /// The grow phase's increment in round `k`, bytes/s: the same for every flow on the path,
@@ -90,8 +94,8 @@ impl Adaptive {
         if k == 0 {
             return 0.0;
         }
-        let rtt = self.min_rtt_us.max(1_000) as f64 / 1e6;
-        GROW_STEP * 2f64.powf(self.grow_doublings.min(40.0)) / rtt
+        let rtt = self.min_rtt_us.max(self.p.rtt_floor_us) as f64 / 1e6;
+        self.p.grow_step * 2f64.powf(self.grow_doublings.min(self.p.max_grow_doublings)) / rtt
     }
 
     /// Moves the increment's doubling on to `now_us` (see `grow_doublings`).
@@ -110,7 +114,7 @@ impl Adaptive {
         if self.shallow() && !self.queue_gone(self.queue.path_queue_us) {
             return;
         }
-        self.grow_doublings += dt as f64 / self.min_rtt_us.max(1_000) as f64;
+        self.grow_doublings += dt as f64 / self.min_rtt_us.max(self.p.rtt_floor_us) as f64;
     }
 
     /// The queue built: what we were delivered meanwhile is our share of the bottleneck (less
@@ -132,7 +136,7 @@ impl Adaptive {
         // (300 Mbit/s, 50 ms, 2 cores), 0.58-0.77 in the simulator with senders held 20 ms
         // every 200 ms. What a sender sent while its host held it is left out already
         // (`sender_limited`).
-        let mut share = if self.est.round_rx_n + self.est.last_round_n >= 3 {
+        let mut share = if self.est.round_rx_n + self.est.last_round_n >= self.p.share_min_samples {
             ((self.est.round_raw_sum + self.est.last_round_sum) / w.max(1.0)) as u64
         } else if self.est.round_max > 0 {
             self.est.round_max
@@ -144,7 +148,7 @@ impl Adaptive {
         // shows its queue again at once, and the next drain halves again. A receiver that
         // fell behind once read as 5-7 % of a 1 Gbit/s link on the harness, and the flow
         // took 2-3 s to grow back.
-        share = share.max(self.bottleneck() / 2);
+        share = share.max(self.bottleneck() / self.p.share_floor_div);
         // Nor more than was paced (see `round_sample`): a host stall's bunched receiver
         // timestamps read 3.9 Gbit/s on the harness's 1 Gbit/s path, and the yield set the
         // estimate to twice the link.
@@ -153,25 +157,25 @@ impl Adaptive {
         // recent loss ratio would include what overflowed a short buffer, and make the share
         // what was sent (a flow at 1.4 times the link lost a quarter of it that way).
         let l = self.random_loss().unwrap_or(self.loss.loss_ewma);
-        share = (share as f64 / (1.0 - l.min(MAX_LOSS_COMPENSATION))) as u64;
+        share = (share as f64 / (1.0 - l.min(self.p.max_loss_compensation))) as u64;
         let mut gain = self.share_gain(share);
-        let big = (self.min_rtt_us as f64 * BIG_QUEUE)
-            .max(self.queue_target_us() as f64 * BIG_QUEUE_TARGETS);
+        let big = (self.min_rtt_us as f64 * self.p.big_queue)
+            .max(self.queue_target_us() as f64 * self.p.big_queue_targets);
         if path_q_us as f64 > big || overrun {
-            gain = BIG_QUEUE_GAIN;
+            gain = self.p.big_queue_gain;
         }
         self.shares.push(share);
-        if self.shares.len() > SHARE_HISTORY {
+        if self.shares.len() > self.p.share_history {
             self.shares.remove(0);
         }
         self.est.bw_rounds.clear();
         self.est.bw_rounds.push((share as f64 * gain) as u64);
         self.state = State::ProbeBw(Phase::Down(0));
         // Under it by as much as the queue holds, so that it empties in about a round trip
-        // (not more: a queue drained too far leaves the link idle), or `MIN_DRAIN_SPAN_US`.
-        let span = self.min_rtt_us.max(MIN_DRAIN_SPAN_US) as f64;
-        self.drain_gain =
-            (1.0 - q_us as f64 / span).clamp(MIN_QUEUE_DRAIN_GAIN, MAX_QUEUE_DRAIN_GAIN);
+        // (not more: a queue drained too far leaves the link idle), or `Params::min_drain_span_us`.
+        let span = self.min_rtt_us.max(self.p.min_drain_span_us) as f64;
+        self.drain_gain = (1.0 - q_us as f64 / span)
+            .clamp(self.p.min_queue_drain_gain, self.p.max_queue_drain_gain);
     }
 
     /// What of a share just found becomes the estimate. Shares that keep moving mean flows
@@ -180,19 +184,19 @@ impl Adaptive {
     /// larger). Steady shares, a lone flow's or flows already even, keep the shallow cut and
     /// the link full. Moving means apart from more than one remembered share: one odd
     /// reading (a host's hiccup while the queue stood) would otherwise make the next
-    /// `SHARE_HISTORY` cuts deep too (a lone flow on the harness's 100 ms path then spent
+    /// `Params::share_history` cuts deep too (a lone flow on the harness's 100 ms path then spent
     /// most drains at 0.95 of the link).
     pub(super) fn share_gain(&self, share: u64) -> f64 {
         let s = share as f64;
         let apart = self
             .shares
             .iter()
-            .filter(|&&h| s < SHARE_MOVING * h as f64 || SHARE_MOVING * s > h as f64)
+            .filter(|&&h| s < self.p.share_moving * h as f64 || self.p.share_moving * s > h as f64)
             .count();
-        if !self.shares.is_empty() && apart >= SHARES_APART.min(self.shares.len()) {
-            CONVERGE_GAIN
+        if !self.shares.is_empty() && apart >= self.p.shares_apart.min(self.shares.len()) {
+            self.p.converge_gain
         } else {
-            SHARE_GAIN
+            self.p.share_gain
         }
     }
 
@@ -230,16 +234,16 @@ impl Adaptive {
             .queue
             .path_queue_us
             .saturating_sub(self.queue.last_round_min_path_queue_us);
-        let over = q > STARTUP_HOLD_QUEUE_US
+        let over = q > self.p.startup_hold_queue_us
             && (self.hold_in_flight.is_some() || q <= self.deep_target_us())
-            && self.queue.last_round_min_path_queue_us <= STARTUP_HOLD_QUEUE_US
-            && self.startup_rounds >= STARTUP_HOLD_ROUNDS;
+            && self.queue.last_round_min_path_queue_us <= self.p.startup_hold_queue_us
+            && self.startup_rounds >= self.p.startup_hold_rounds;
         if over == self.hold_in_flight.is_some() {
             self.hold_samples = 0;
             return;
         }
         self.hold_samples += 1;
-        if self.hold_samples < STARTUP_HOLD_SAMPLES {
+        if self.hold_samples < self.p.startup_hold_samples {
             return;
         }
         self.hold_samples = 0;
@@ -268,14 +272,14 @@ impl Adaptive {
             _ => true,
         };
         self.rate = self.clamp(match self.state {
-            State::Startup => bw * STARTUP_GAIN,
-            State::Drain => bw * DRAIN_GAIN,
+            State::Startup => bw * self.p.startup_gain,
+            State::Drain => bw * self.p.drain_gain,
             State::ProbeBw(Phase::Down(_)) => bw * self.drain_gain,
             // No increment: `bw + 0.0`.
             State::ProbeBw(Phase::Refill) => bw,
-            State::ProbeBw(Phase::Up(k)) => bw + self.increment(k).min(bw * MAX_GROW),
+            State::ProbeBw(Phase::Up(k)) => bw + self.increment(k).min(bw * self.p.max_grow),
         });
-        self.congestion_cap = congestion_cap(est.max(self.rate), self.min_rtt_us);
+        self.congestion_cap = congestion_cap(&self.p, est.max(self.rate), self.min_rtt_us);
         self.drained_rate = self.clamp(bw);
         self.blind_rate = self.rate.min(self.drained_rate);
         self.drained_in_flight = bytes_in(est, self.min_rtt_us);
@@ -292,7 +296,7 @@ impl Adaptive {
         match self.state {
             State::Startup => {
                 self.startup_rounds += 1;
-                if bw as f64 >= self.plateau_bw as f64 * 1.25 {
+                if bw as f64 >= self.plateau_bw as f64 * self.p.startup_full_growth {
                     self.plateau_bw = bw;
                     self.plateau_rounds = 0;
                 } else if self.est.round_rx_n > 0 {
@@ -301,13 +305,15 @@ impl Adaptive {
                     self.plateau_rounds += 1;
                 }
                 // A burst of loss is the shallow buffer overflowing (random loss is lower).
-                if self.plateau_rounds >= 3 || loss > 0.15 {
+                if self.plateau_rounds >= self.p.startup_full_rounds
+                    || loss > self.p.startup_exit_loss
+                {
                     self.leave_startup();
                 }
             }
             State::Drain => {
                 self.drain_rounds += 1;
-                if !queue_building || self.drain_rounds >= MAX_DRAIN_ROUNDS {
+                if !queue_building || self.drain_rounds >= self.p.max_drain_rounds {
                     self.state = State::ProbeBw(Phase::Refill);
                 }
             }
@@ -330,8 +336,9 @@ impl Adaptive {
                 let next = match phase {
                     Phase::Refill | Phase::Up(_)
                         if standing
-                            && self.queue.round_samples >= GROW_QUEUE_SAMPLES
-                            && self.est.round_rx_n + self.est.last_round_n >= 3 =>
+                            && self.queue.round_samples >= self.p.grow_queue_samples
+                            && self.est.round_rx_n + self.est.last_round_n
+                                >= self.p.share_min_samples =>
                     {
                         // A queue stood all round: the path got slower, or another flow grew.
                         // Not on a round or two of samples: after a host stall of 20 ms the
@@ -348,10 +355,10 @@ impl Adaptive {
                         Phase::Down(1)
                     }
                     Phase::Up(k)
-                        if k >= 2
+                        if k >= self.p.grow_undelivered_rounds
                             && self.est.round_rx_n > 0
                             && self.est.prev_sent_rate as f64
-                                > GROW_UNDELIVERED * self.rx_mean() =>
+                                > self.p.grow_undelivered * self.rx_mean() =>
                     {
                         // Sending more got nothing more through, and no queue says why:
                         // start over from the estimate.
@@ -361,7 +368,7 @@ impl Adaptive {
                     Phase::Up(k) => Phase::Up(k + 1),
                     // The round the queue was found in is not a whole round of draining.
                     Phase::Down(0) => Phase::Down(1),
-                    Phase::Down(n) if standing && n < MAX_DRAIN_ROUNDS => Phase::Down(n + 1),
+                    Phase::Down(n) if standing && n < self.p.max_drain_rounds => Phase::Down(n + 1),
                     Phase::Down(_) => Phase::Refill,
                 };
                 self.state = State::ProbeBw(next);
@@ -396,14 +403,14 @@ impl Adaptive {
             self.hold_at_queue(fb.in_flight);
         }
         if self.state == State::Startup
-            && self.queue.queued_samples >= 3
+            && self.queue.queued_samples >= self.p.startup_exit_samples
             && fb.now_us - self.queue.queued_since_us >= self.grow_queue_persist_us()
             && !self.startup_still_growing()
         {
             self.leave_startup();
         }
         if matches!(self.state, State::ProbeBw(Phase::Up(_)))
-            && self.queue.grow_queued_samples >= GROW_QUEUE_SAMPLES
+            && self.queue.grow_queued_samples >= self.p.grow_queue_samples
             && fb.now_us - self.queue.grow_queued_since_us >= self.grow_queue_persist_us()
         {
             self.queue_found(self.queue.grow_queued_floor_us, false);
@@ -435,7 +442,7 @@ impl Adaptive {
     pub(super) fn hold_no_less_than_carried(&mut self) {
         if self.state == State::Startup
             && self.hold_in_flight.is_some()
-            && self.queue.path_queue_us > STARTUP_HOLD_QUEUE_US
+            && self.queue.path_queue_us > self.p.startup_hold_queue_us
         {
             // While a queue stands what arrives is what the path carries: hold no less than
             // most of that over the base RTT. The flight is short when the queue first shows
@@ -444,7 +451,8 @@ impl Adaptive {
             // Not all of it: on a short buffer a flight a little under it is what keeps the
             // overshoot's queue from overflowing (raised to all of it, the simulator's
             // shallow row with stalls lost 0.1 point more).
-            let carried = HOLD_CARRIED * bytes_in(self.round_sample(), self.min_rtt_us) as f64;
+            let carried =
+                self.p.hold_carried * bytes_in(self.round_sample(), self.min_rtt_us) as f64;
             let carried = carried as u64;
             if let Some(h) = &mut self.hold_in_flight {
                 *h = (*h).max(carried);
@@ -457,7 +465,10 @@ impl Adaptive {
     pub(super) fn on_receiver_drops(&mut self, fb: &Feedback) {
         // The receiver could not keep up: believe only what it took in, which is less
         // than we send (a sample above that is its timestamps bunching).
-        let took = fb.rx_rate.unwrap_or(self.rate / 2).min(self.rate);
+        let took = fb
+            .rx_rate
+            .unwrap_or(self.rate / self.p.rx_drop_guess_div)
+            .min(self.rate);
         self.est.bw_rounds.clear();
         self.est.round_max = took;
         self.est.round_rx_sum = took as f64;

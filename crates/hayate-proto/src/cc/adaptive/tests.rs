@@ -316,15 +316,15 @@ fn a_burst_of_late_acks_does_not_end_startup() {
 fn one_odd_share_is_not_shares_moving() {
     let mut a = Adaptive::new(None, 0);
     a.shares = vec![60_000_000, 60_000_000, 52_000_000, 60_000_000];
-    assert_eq!(a.share_gain(60_000_000), SHARE_GAIN);
+    assert_eq!(a.share_gain(60_000_000), Params::default().share_gain);
     a.shares = vec![60_000_000; 4];
-    assert_eq!(a.share_gain(52_000_000), CONVERGE_GAIN);
+    assert_eq!(a.share_gain(52_000_000), Params::default().converge_gain);
     a.shares = vec![100, 92, 85, 78];
-    assert_eq!(a.share_gain(72), CONVERGE_GAIN);
+    assert_eq!(a.share_gain(72), Params::default().converge_gain);
     a.shares = vec![50];
-    assert_eq!(a.share_gain(60), CONVERGE_GAIN);
+    assert_eq!(a.share_gain(60), Params::default().converge_gain);
     a.shares.clear();
-    assert_eq!(a.share_gain(60), SHARE_GAIN);
+    assert_eq!(a.share_gain(60), Params::default().share_gain);
 }
 
 /// A flow growing (a few rounds in) from an estimate of `cap` bytes/s, at the start of a
