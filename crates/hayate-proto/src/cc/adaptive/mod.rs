@@ -1,55 +1,91 @@
-//! Adaptive rate: find the bottleneck from what the receiver actually takes in, hold it with
-//! a short queue, shrug off random loss, back off when the queue or the receiver says so,
-//! and share a bottleneck fairly with other flows.
+//! The adaptive rate controller: BBR's model with a queue-delay signal and a loss classifier.
 //!
-//! Searching (startup) is BBR's: the pacing rate doubles per round trip until the queue
-//! builds (and stays: a host stall's held ACKs come in together, late), then the queue of
-//! that overshoot is drained (BBR's way too: until no more than a BDP is in flight; then at
-//! the estimate until an RTT sample shows the queue gone). The rate follows the latest
-//! quarter round's deliveries, so it rises smoothly rather than once a round. From the first
-//! signs of its own queue it sends no more than it has in flight (a short buffer overflows
-//! before the queue stands long enough to end the search). The delivery
-//! rate is measured by the receiver's clock (ACK `rx_bytes`/`rx_time_us`), so it is exact
-//! even when ACKs are delayed or bunched. Each round's rate is bytes over time (samples
-//! weighted by the time they cover, so a stall and the burst that catches it up cancel out),
-//! and the largest of recent rounds is the estimate.
+//! **The model.** The path is a bottleneck of rate `bw` behind a FIFO buffer, with a base
+//! round trip `min_rtt`. The controller estimates `bw` from what the receiver says it took in
+//! (the `estimator`), watches the queue it keeps in front of the bottleneck as RTT over
+//! `min_rtt` plus the receiver's backlog (the `queue` signal), and tells random loss, which it
+//! compensates and otherwise ignores, from a buffer overflowing, which it treats like a queue
+//! (the `loss` classifier). The `state` machine paces at the estimate times a gain, searches
+//! upward by doubling (Startup) and then by an additive increment (ProbeBw's Up), and yields
+//! (Drain, ProbeBw's Down) when a queue stands. All tunables are in [`Params`].
 //!
-//! Then the controller cycles between two phases:
-//! - **grow**: pace at the estimate plus an increment that starts at one datagram per round trip
-//!   and doubles every round, until the queue builds (RTT samples above a small target over
-//!   the path's minimum RTT for a quarter of it: a host's stall is shorter), or until
-//!   sending more visibly gets nothing more through without any queue (a policer): then it
-//!   starts over from the estimate;
-//! - **drain**: the estimate becomes (a little under) what this flow was delivered over the
-//!   two rounds the queue built in, which under a FIFO queue is its share of the bottleneck,
-//!   and pacing under
-//!   that by as much as the queue holds empties the queue in about a round trip; growing
-//!   starts again as soon as an RTT sample shows the queue (nearly) gone.
+//! ```text
+//!                   deliveries stop growing, a round loses a lot,
+//!   +---------+     a queue stands and is not someone else's,      +-------+
+//!   | Startup | ------ or the receiver drops ------------------->  | Drain |
+//!   +---------+                                                    +-------+
+//!   pace 2 x bw, in flight <= 1.5 BDP                          pace 0.75 x bw
+//!                                                                  |
+//!                   queue gone (an RTT sample), no queue most of   |
+//!                   a round, or 3 rounds                           |
+//!   +-------------------------- ProbeBw ---------------------------|------+
+//!   |                                                              v      |
+//!   |   +---------+  queue gone, or no queue / 3 rounds      +--------+   |
+//!   |   | Down(n) | ---------------------------------------> | Refill |   |
+//!   |   +---------+                                          +--------+   |
+//!   |   pace share x gain   ^    ^                      round end |  ^    |
+//!   |                       |    |   sent 1.1 x what arrived,     v  |    |
+//!   |   queue over 1.5      |    |   no queue (round end, k>=2) +-------+ |
+//!   |   targets stood, or   |    |  <-------------------------- | Up(k) | |
+//!   |   overflow loss ------+----+----------------------------- +-------+ |
+//!   |   (Refill too, at round end)                  pace bw + increment(k) |
+//!   +---------------------------------------------------------------------+
+//! ```
 //!
-//! A lone flow thus holds its bottleneck with a queue of a few milliseconds. Flows sharing one
-//! get the same increments, whatever their rates: the smaller flow gains relatively more each
-//! cycle and the drain takes back in proportion, so shares converge (additive increase,
-//! multiplicative decrease, with the queue as the signal instead of loss). While shares keep
-//! moving every flow yields a little more; a queue far above the target (a newcomer's startup,
-//! or a path that got slower) makes every flow yield more. Delivery samples past startup count
-//! at most what the flow sends, so the burst a draining queue delivers does not undo a yield.
+//! | state | condition | next state | what changes |
+//! |---|---|---|---|
+//! | Startup | RTT samples show our own queue beginning (not another flow's, not a host stall's late ACKs) | Startup | the in-flight cap holds at what was in flight (`hold_at_queue`), until the queue goes |
+//! | Startup | `startup_exit_samples` RTT samples over the queue target, standing `grow_queue_persist`, and deliveries no longer growing | Drain | estimate = deliveries of the latest quarter round, or since the queue began if more (`leave_startup`) |
+//! | Startup | round end: `startup_full_rounds` rounds without `startup_full_growth`, or the round lost over `startup_exit_loss` | Drain | as above |
+//! | Startup | the receiver's OS dropped datagrams | Drain | estimate = what the receiver took in |
+//! | Drain | an RTT sample shows the queue gone (`drain_floor` of the target) | ProbeBw(Refill) | a new round starts |
+//! | Drain | round end: most RTT samples under the target, or `max_drain_rounds` rounds | ProbeBw(Refill) | |
+//! | ProbeBw(Refill) | round end: a queue stood all round, or the round lost more than random loss | ProbeBw(Down(1)) | estimate = the share found × gain (`queue_found`); an overflow learns the buffer's depth |
+//! | ProbeBw(Refill) | round end, otherwise | ProbeBw(Up(1)) | the increment starts doubling |
+//! | ProbeBw(Up(k)) | an RTT sample: the path's queue over `grow_queue` targets on `grow_queue_samples` samples, standing `grow_queue_persist` | ProbeBw(Down(0)) | estimate = share × gain, sized by the least queue meanwhile |
+//! | ProbeBw(Up(k)) | round end: as for Refill | ProbeBw(Down(1)) | as for Refill |
+//! | ProbeBw(Up(k)) | round end: k ≥ `grow_undelivered_rounds`, sent over `grow_undelivered` × what arrived, no queue (a policer) | ProbeBw(Refill) | the increment starts over |
+//! | ProbeBw(Up(k)) | round end, otherwise | ProbeBw(Up(k+1)) | |
+//! | ProbeBw(any) | round end: a calm round lost more than random loss on a short buffer, not at the receiver (another flow overflowed it; at most once per `foreign_overflow_rtts`) | ProbeBw(Down(1)) | yield as to a big queue (`big_queue_gain`) |
+//! | ProbeBw(Down(n)) | an RTT sample shows the queue gone | ProbeBw(Refill) | a new round starts; the rounds of the drain are no one's share |
+//! | ProbeBw(Down(n)) | round end: n = 0, or a queue still stands and n < `max_drain_rounds` | ProbeBw(Down(n+1)) | |
+//! | ProbeBw(Down(n)) | round end, otherwise | ProbeBw(Refill) | |
+//! | ProbeBw(any) | the receiver's OS dropped datagrams | ProbeBw(Refill) | estimate = what the receiver took in |
 //!
-//! A newcomer's startup does not stop at the queue the flows already there keep: while its
-//! deliveries still grow by a quarter per round trip the path is still taking more, and it
-//! keeps doubling (the others yield to the queue it adds) until that stops.
+//! A round lasts the smoothed RTT; it ends with the first feedback after that. There is no
+//! ProbeRtt: the minimum RTT comes from the connection's `RttEstimator` (its own window), and
+//! the controller keeps the queue short instead of emptying it periodically. Trace names (the
+//! `state` column of `HAYATE_CC_TRACE`, parsed by `bench/wan` and the tests, so kept):
+//! `startup`, `drain`, `probe` (Refill and Up), `yield` (Down).
 //!
-//! What the sender sent while its host held it (a busy VM stops it for tens of ms) arrives
-//! as a trickle a round trip later: those delivery samples are the sender's, not the path's,
-//! and are left out (BBR's application-limited samples).
+//! **The estimate.** The delivery rate is measured by the receiver's clock, so it is exact
+//! even when ACKs are delayed or bunched. A round's rate is bytes over time (samples weighted
+//! by the time they cover, so a stall and the burst that catches it up cancel out), at most a
+//! quarter over the pace (more is timestamps bunching), and the largest of the last
+//! `bw_window` rounds is the estimate. Samples the sender's host held back (a busy VM stops it
+//! for tens of ms), or sent after it had nothing to send, are the sender's, not the path's,
+//! and are left out (BBR's application-limited samples). Startup's rate follows the latest
+//! quarter round's deliveries, so it rises smoothly rather than once a round.
 //!
-//! Random loss does not count as congestion: it is taken out of the delivery rate (scaled back
-//! up by the recent loss ratio, at most the random loss) and never shrinks the estimate by
-//! itself. What the pacer sent catching up after its host held it is left out of both
-//! ratios: a burst over the rate overflows a short buffer by itself. Loss over the random
-//! loss of calm rounds (those that sent at most the estimate) while growing does: a buffer
-//! shorter than the queue target overflows before any delay shows, and the grow phase stops
-//! there as it stops at a queue. The receiver's OS dropping datagrams means the receiver
-//! (disk, CPU) is the bottleneck: the estimate is cut to what it took in.
+//! **Sharing.** Flows on one bottleneck get the same increments whatever their rates: the
+//! smaller flow gains relatively more each cycle and Down takes back in proportion, so shares
+//! converge (additive increase, multiplicative decrease, with the queue as the signal instead
+//! of loss). Down's estimate is what this flow was delivered over the two rounds the queue
+//! built in (its share of a FIFO bottleneck) times `share_gain`; while shares keep moving,
+//! `converge_gain`; a queue far over the target (a newcomer's search, a slower path),
+//! `big_queue_gain`. Past Startup, samples count at most what the flow sends, so the burst a
+//! draining queue delivers does not undo a yield. A newcomer's Startup does not stop at the
+//! queue the flows already there keep: while its deliveries still grow by a quarter per round
+//! trip the path is taking more, and it keeps doubling.
+//!
+//! **Loss.** Random loss is taken out of the delivery rate (scaled back up by the recent loss
+//! ratio, at most the random loss) and never shrinks the estimate by itself. The random loss
+//! is learnt from calm rounds (those that sent at most the estimate); loss over it after a
+//! round that grew is a buffer overflowing (a buffer shorter than the queue target overflows
+//! before any delay shows), and ends Up as a queue does. What the pacer sent catching up
+//! after its host held it is left out of both ratios (the pacer, `pacer.rs`, has its own test
+//! of those bursts' losses, `Pacer::on_fates`). The receiver's OS dropping datagrams means
+//! the receiver (disk, CPU) is the bottleneck: the estimate is cut to what it took in.
 
 mod estimator;
 mod loss;
