@@ -43,8 +43,8 @@ pub struct Params {
     pub startup_full_growth: f64,
     /// ... and ends after this many rounds without that growth.
     pub startup_full_rounds: u32,
-    /// ... or when this round's deliveries so far are this many times the last round's
-    /// estimate (a newcomer the flows already there yield to).
+    /// ... or while this round's deliveries so far are this many times the last round's
+    /// rate (a newcomer the flows already there yield to).
     pub startup_round_growth: f64,
     /// A search round that loses more than this share ends the search: a burst of loss is a
     /// short buffer overflowing (random loss is lower).
@@ -70,8 +70,9 @@ pub struct Params {
     pub hold_carried: f64,
 
     // ---- Drain (after Startup) ----------------------------------------------------------
-    /// Pacing gain while startup's queue drains (BBR's is its inverse gain; 0.75 empties the
-    /// queue one doubling left within a few rounds).
+    /// Pacing gain while startup's queue drains, until no more than a BDP is in flight (then
+    /// Drain paces at the estimate until an RTT sample shows the queue gone: three quarters
+    /// of the link for that last round trip left it a quarter empty).
     pub drain_gain: f64,
     /// Drain, and ProbeBw's Down phase, last at most this many rounds.
     pub max_drain_rounds: u32,
