@@ -4,7 +4,7 @@
 mod adaptive;
 mod fixed;
 
-pub use adaptive::{Adaptive, Mode as AdaptiveMode};
+pub use adaptive::{Adaptive, Mode as AdaptiveMode, Params as AdaptiveParams};
 pub use fixed::Fixed;
 
 /// What one ACK (with its loss maps) told the sender.

@@ -1,0 +1,356 @@
+//! The adaptive rate controller: BBR's model with a queue-delay signal and a loss classifier.
+//!
+//! **The model.** The path is a bottleneck of rate `bw` behind a FIFO buffer, with a base
+//! round trip `min_rtt`. The controller estimates `bw` from what the receiver says it took in
+//! (the `estimator`), watches the queue it keeps in front of the bottleneck as RTT over
+//! `min_rtt` plus the receiver's backlog (the `queue` signal), and tells random loss, which it
+//! compensates and otherwise ignores, from a buffer overflowing, which it treats like a queue
+//! (the `loss` classifier). The `state` machine paces at the estimate times a gain, searches
+//! upward by doubling (Startup) and then by an additive increment (ProbeBw's Up), and yields
+//! (Drain, ProbeBw's Down) when a queue stands. All tunables are in [`Params`].
+//!
+//! ```text
+//!                   deliveries stop growing, a round loses a lot,
+//!   +---------+     a queue stands and is not someone else's,      +-------+
+//!   | Startup | ------ or the receiver drops ------------------->  | Drain |
+//!   +---------+                                                    +-------+
+//!   pace 2 x bw, in flight <= 1.5 BDP                          pace 0.75 x bw
+//!                                                                  |
+//!                   queue gone (an RTT sample), no queue most of   |
+//!                   a round, or 3 rounds                           |
+//!   +-------------------------- ProbeBw ---------------------------|------+
+//!   |                                                              v      |
+//!   |   +---------+  queue gone, or no queue / 3 rounds      +--------+   |
+//!   |   | Down(n) | ---------------------------------------> | Refill |   |
+//!   |   +---------+                                          +--------+   |
+//!   |   pace share x gain   ^    ^                      round end |  ^    |
+//!   |                       |    |   sent 1.1 x what arrived,     v  |    |
+//!   |   queue over 1.5      |    |   no queue (round end, k>=2) +-------+ |
+//!   |   targets stood, or   |    |  <-------------------------- | Up(k) | |
+//!   |   overflow loss ------+----+----------------------------- +-------+ |
+//!   |   (Refill too, at round end)                  pace bw + increment(k) |
+//!   +---------------------------------------------------------------------+
+//! ```
+//!
+//! | state | condition | next state | what changes |
+//! |---|---|---|---|
+//! | Startup | RTT samples show our own queue beginning (not another flow's, not a host stall's late ACKs) | Startup | the in-flight cap holds at what was in flight (`hold_at_queue`), until the queue goes |
+//! | Startup | `startup_exit_samples` RTT samples over the queue target, standing `grow_queue_persist`, and deliveries no longer growing | Drain | estimate = deliveries of the latest quarter round, or since the queue began if more (`leave_startup`) |
+//! | Startup | round end: `startup_full_rounds` rounds without `startup_full_growth`, or the round lost over `startup_exit_loss` | Drain | as above |
+//! | Startup | the receiver's OS dropped datagrams | Drain | estimate = what the receiver took in |
+//! | Drain | an RTT sample shows the queue gone (`drain_floor` of the target) | ProbeBw(Refill) | a new round starts |
+//! | Drain | round end: most RTT samples under the target, or `max_drain_rounds` rounds | ProbeBw(Refill) | |
+//! | ProbeBw(Refill) | round end: a queue stood all round, or the round lost more than random loss | ProbeBw(Down(1)) | estimate = the share found × gain (`queue_found`); an overflow learns the buffer's depth |
+//! | ProbeBw(Refill) | round end, otherwise | ProbeBw(Up(1)) | the increment starts doubling |
+//! | ProbeBw(Up(k)) | an RTT sample: the path's queue over `grow_queue` targets on `grow_queue_samples` samples, standing `grow_queue_persist` | ProbeBw(Down(0)) | estimate = share × gain, sized by the least queue meanwhile |
+//! | ProbeBw(Up(k)) | round end: as for Refill | ProbeBw(Down(1)) | as for Refill |
+//! | ProbeBw(Up(k)) | round end: k ≥ `grow_undelivered_rounds`, sent over `grow_undelivered` × what arrived, no queue (a policer) | ProbeBw(Refill) | the increment starts over |
+//! | ProbeBw(Up(k)) | round end, otherwise | ProbeBw(Up(k+1)) | |
+//! | ProbeBw(any) | round end: a calm round lost more than random loss on a short buffer, not at the receiver (another flow overflowed it; at most once per `foreign_overflow_rtts`) | ProbeBw(Down(1)) | yield as to a big queue (`big_queue_gain`) |
+//! | ProbeBw(Down(n)) | an RTT sample shows the queue gone | ProbeBw(Refill) | a new round starts; the rounds of the drain are no one's share |
+//! | ProbeBw(Down(n)) | round end: n = 0, or a queue still stands and n < `max_drain_rounds` | ProbeBw(Down(n+1)) | |
+//! | ProbeBw(Down(n)) | round end, otherwise | ProbeBw(Refill) | |
+//! | ProbeBw(any) | the receiver's OS dropped datagrams | ProbeBw(Refill) | estimate = what the receiver took in |
+//!
+//! A round lasts the smoothed RTT; it ends with the first feedback after that. There is no
+//! ProbeRtt: the minimum RTT comes from the connection's `RttEstimator` (its own window), and
+//! the controller keeps the queue short instead of emptying it periodically. Trace names (the
+//! `state` column of `HAYATE_CC_TRACE`, parsed by `bench/wan` and the tests, so kept):
+//! `startup`, `drain`, `probe` (Refill and Up), `yield` (Down).
+//!
+//! **The estimate.** The delivery rate is measured by the receiver's clock, so it is exact
+//! even when ACKs are delayed or bunched. A round's rate is bytes over time (samples weighted
+//! by the time they cover, so a stall and the burst that catches it up cancel out), at most a
+//! quarter over the pace (more is timestamps bunching), and the largest of the last
+//! `bw_window` rounds is the estimate. Samples the sender's host held back (a busy VM stops it
+//! for tens of ms), or sent after it had nothing to send, are the sender's, not the path's,
+//! and are left out (BBR's application-limited samples). Startup's rate follows the latest
+//! quarter round's deliveries, so it rises smoothly rather than once a round.
+//!
+//! **Sharing.** Flows on one bottleneck get the same increments whatever their rates: the
+//! smaller flow gains relatively more each cycle and Down takes back in proportion, so shares
+//! converge (additive increase, multiplicative decrease, with the queue as the signal instead
+//! of loss). Down's estimate is what this flow was delivered over the two rounds the queue
+//! built in (its share of a FIFO bottleneck) times `share_gain`; while shares keep moving,
+//! `converge_gain`; a queue far over the target (a newcomer's search, a slower path),
+//! `big_queue_gain`. Past Startup, samples count at most what the flow sends, so the burst a
+//! draining queue delivers does not undo a yield. A newcomer's Startup does not stop at the
+//! queue the flows already there keep: while its deliveries still grow by a quarter per round
+//! trip the path is taking more, and it keeps doubling.
+//!
+//! **Loss.** Random loss is taken out of the delivery rate (scaled back up by the recent loss
+//! ratio, at most the random loss) and never shrinks the estimate by itself. The random loss
+//! is learnt from calm rounds (those that sent at most the estimate); loss over it after a
+//! round that grew is a buffer overflowing (a buffer shorter than the queue target overflows
+//! before any delay shows), and ends Up as a queue does. What the pacer sent catching up
+//! after its host held it is left out of both ratios (the pacer, `pacer.rs`, has its own test
+//! of those bursts' losses, `Pacer::on_fates`). The receiver's OS dropping datagrams means
+//! the receiver (disk, CPU) is the bottleneck: the estimate is cut to what it took in.
+
+mod estimator;
+mod loss;
+mod params;
+mod queue;
+mod state;
+#[cfg(test)]
+mod tests;
+
+use super::{Feedback, RateControl};
+use estimator::Estimator;
+use loss::LossClassifier;
+pub use params::Params;
+use queue::QueueSignal;
+pub use state::Mode;
+use state::{Phase, State};
+
+/// Bytes sent at `bw` bytes/s over `us`.
+fn bytes_in(bw: u64, us: u64) -> u64 {
+    (bw as u128 * us as u128 / 1_000_000) as u64
+}
+
+/// Past startup, in flight up to twice the bandwidth-delay product (plus room for bursts)
+/// keeps the pipe full through ACK jitter. Of the base RTT, not the smoothed one: a standing
+/// queue must not widen it.
+fn congestion_cap(p: &Params, bw: u64, min_rtt_us: u64) -> u64 {
+    p.congestion_cap_bdps * bytes_in(bw, min_rtt_us.max(p.rtt_floor_us)) + p.cap_burst_bytes
+}
+
+/// The adaptive rate controller: finds the path's rate from delivery rates, RTT and losses
+/// (BBR-like search, a hold when a queue stands, a fair share beside other flows).
+#[derive(Debug, Clone)]
+pub struct Adaptive {
+    max_rate: Option<u64>,
+    min_rate: u64,
+    /// Where the state machine is (see the module doc).
+    state: State,
+    round_start_us: u64,
+    /// The latest feedback's time.
+    now_us: u64,
+    /// How often the grow phase's increment has doubled since it began (one per minimum
+    /// RTT), and when that was last brought up to date.
+    grow_doublings: f64,
+    grow_since_us: u64,
+    /// Startup: rounds without 25 % growth.
+    plateau_rounds: u32,
+    plateau_bw: u64,
+    drain_rounds: u32,
+    /// Our shares at the last drains, newest last.
+    shares: Vec<u64>,
+    /// As of the latest feedback: the congestion cap, and the pacing rate past it (see
+    /// `pacing_rate_with`; asked per datagram, so not worked out each time).
+    congestion_cap: u64,
+    blind_rate: u64,
+    min_rtt_us: u64,
+    srtt_us: u64,
+    rate: u64,
+    /// Pacing gain while a queue found by growing drains.
+    drain_gain: f64,
+    /// Startup's drain: in flight at most this, the queue is out; pace at `drained_rate`
+    /// then (see `pacing_rate_with`).
+    drained_in_flight: u64,
+    drained_rate: u64,
+    /// Startup: RTT samples in a row showing our queue begin (see `Params::startup_hold_queue_us`),
+    /// and what was in flight when it showed (the cap while it does).
+    hold_samples: u32,
+    hold_in_flight: Option<u64>,
+    startup_rounds: u32,
+    est: Estimator,
+    queue: QueueSignal,
+    loss: LossClassifier,
+    /// The tunables.
+    p: Params,
+}
+
+impl Adaptive {
+    /// A controller that stays within `[min_rate, max_rate]` bytes/s (`None`: no cap).
+    pub fn new(max_rate: Option<u64>, min_rate: u64) -> Self {
+        Self::with_params(max_rate, min_rate, Params::default())
+    }
+
+    /// The same with other tunables than the defaults.
+    pub fn with_params(max_rate: Option<u64>, min_rate: u64, p: Params) -> Self {
+        let mut a = Adaptive {
+            max_rate,
+            min_rate,
+            state: State::Startup,
+            round_start_us: 0,
+            now_us: 0,
+            grow_doublings: 0.0,
+            grow_since_us: 0,
+            plateau_rounds: 0,
+            plateau_bw: 0,
+            drain_rounds: 0,
+            shares: Vec::new(),
+            congestion_cap: u64::MAX,
+            blind_rate: p.initial_rate,
+            min_rtt_us: 0,
+            srtt_us: 0,
+            rate: p.initial_rate,
+            drain_gain: p.max_queue_drain_gain,
+            drained_in_flight: 0,
+            drained_rate: p.initial_rate,
+            hold_samples: 0,
+            hold_in_flight: None,
+            startup_rounds: 0,
+            est: Estimator::new(),
+            queue: QueueSignal::new(),
+            loss: LossClassifier::new(),
+            p,
+        };
+        a.rate = a.clamp(a.p.initial_rate as f64);
+        a
+    }
+
+    fn clamp(&self, r: f64) -> u64 {
+        let mut r = r.max(self.p.min_rate as f64) as u64;
+        if let Some(m) = self.max_rate {
+            r = r.min(m);
+        }
+        r.max(self.min_rate)
+    }
+
+    fn round_len_us(&self) -> u64 {
+        self.srtt_us.max(self.p.min_round_us)
+    }
+
+    /// Clears this round's tallies for the next one, from `now_us`.
+    fn start_round(&mut self, now_us: u64) {
+        // What was really sent: a sender short of CPU falls behind its pacing rate, and
+        // that shortfall is not the path refusing more.
+        let dur = now_us.saturating_sub(self.round_start_us).max(1);
+        self.est.prev_sent_rate = (self.est.round_sent as u128 * 1_000_000 / dur as u128) as u64;
+        self.est.round_pace = self
+            .rate
+            .max(self.est.bw_rounds.iter().copied().max().unwrap_or(0));
+        self.est.round_max = 0;
+        self.est.round_rx_sum = 0.0;
+        self.est.round_rx_w = 0.0;
+        self.est.round_rx_n = 0;
+        self.est.round_raw_sum = 0.0;
+        self.est.round_sent = 0;
+        self.loss.round_lost = 0;
+        self.loss.round_delivered = 0;
+        self.loss.round_catch_up_lost = 0;
+        self.loss.round_catch_up_delivered = 0;
+        self.loss.round_rx_drops = 0;
+        self.queue.round_queue_hits = 0;
+        self.queue.round_samples = 0;
+        self.queue.round_min_queue_us = u64::MAX;
+        self.queue.round_min_path_queue_us = u64::MAX;
+        self.queue.round_max_lag_us = 0;
+        self.queue.round_max_path_queue_us = 0;
+        self.round_start_us = now_us;
+        self.loss.round_calm = true;
+    }
+}
+
+impl RateControl for Adaptive {
+    fn pacing_rate(&self) -> Option<u64> {
+        Some(self.rate)
+    }
+
+    fn pacing_rate_with(&self, in_flight: u64) -> Option<u64> {
+        // Past the congestion cap only what the receiver's buffer can take lets the sender
+        // on: its feedback is overdue (it stopped a while), so nothing says whether the
+        // path takes more. No probing then: a grow phase's increment kept up blind for 50
+        // ms overflowed a 10 ms path's buffer on the harness.
+        if self.in_probe_bw() && in_flight > self.congestion_cap {
+            return Some(self.blind_rate);
+        }
+        // Startup's drain: with a BDP or less in flight the queue is out (what is still on
+        // its way left at the drain's pace), but the RTT samples that say so come a round
+        // trip later, and three quarters of the link meanwhile left it a quarter empty for
+        // that round trip (the simulator, 250 ms: 100 ms buckets at 75 %, 0.6 points of a
+        // transfer's steady rate). Pace at the estimate until they do. Where the bottleneck
+        // is far from the sender this comes early and holds some of the queue instead: the
+        // grow phase then finds it standing and yields.
+        if self.state == State::Drain && in_flight <= self.drained_in_flight {
+            return Some(self.drained_rate);
+        }
+        Some(self.rate)
+    }
+
+    fn on_sent(&mut self, _now_us: u64, bytes: u64) {
+        self.est.round_sent += bytes;
+    }
+
+    fn on_feedback(&mut self, fb: &Feedback) {
+        self.now_us = fb.now_us;
+        self.queue.rx_room = (fb.rx_buffer as f64 * self.p.rx_buffer_payload) as u64;
+        self.min_rtt_us = fb.min_rtt_us;
+        self.srtt_us = fb.srtt_us;
+        if let Some(rtt) = fb.rtt_us {
+            self.on_rtt_sample(fb, rtt);
+            self.on_queue_sample(fb);
+        }
+        self.exit_drain_when_queue_gone(fb);
+        let ends_round = fb.now_us >= self.round_start_us + self.round_len_us();
+        self.loss.round_lost += fb.lost_bytes;
+        self.loss.round_delivered += fb.delivered;
+        self.loss.round_catch_up_lost += fb.catch_up_lost_bytes;
+        self.loss.round_catch_up_delivered += fb.catch_up_delivered;
+        if let Some(h) = &mut self.hold_in_flight {
+            // What the held flight lost is not sent again into the queue that lost it.
+            *h = h.saturating_sub(fb.lost_bytes);
+        }
+        let mut carried = self.on_delivery_sample(fb, ends_round);
+        self.hold_no_less_than_carried();
+        self.loss.round_rx_drops += fb.rx_drops;
+        if fb.rx_drops > 0 {
+            self.on_receiver_drops(fb);
+            carried = None;
+        }
+        self.advance_growth(fb.now_us);
+        if ends_round {
+            self.end_round(fb.now_us);
+            if let Some(part) = carried {
+                self.add_to_round(part);
+            }
+        }
+        self.update_rate();
+    }
+
+    fn in_flight_cap(&self) -> Option<u64> {
+        // Bounded so a stalled receiver is not flooded: by the congestion cap, or by what
+        // the receiver's buffer is known to hold.
+        // None before the first sample: the first flight (data sent with an offer, before
+        // any ACK) is bounded by the pacing rate and the connection's eager limit.
+        if self.min_rtt_us == 0 {
+            return None;
+        }
+        if self.state == State::Startup {
+            // While searching, the round that finds the limit sends at twice what the path
+            // carries: a cap on what was delivered bounds the queue that round leaves, so a
+            // 1-BDP buffer does not overflow before the signal gets back. Of the base RTT
+            // (see `congestion_cap`), plus a queue that stood all last round: that one is
+            // other flows' (ours builds within the round that finds the limit, and startup
+            // ends on it), and our data waits in it too. A newcomer behind flows keeping 30-40
+            // ms of queue on a 100 ms path, capped by the base RTT alone, could not double:
+            // its deliveries stopped growing and its search ended at 30-50 of 300 Mbit/s.
+            let bw = self.bottleneck().max(self.p.initial_rate);
+            let rtt =
+                self.min_rtt_us.max(self.p.rtt_floor_us) + self.queue.last_round_min_path_queue_us;
+            let cap = self.p.startup_in_flight_bdps * bytes_in(bw, rtt) as f64;
+            let cap = cap as u64 + self.p.cap_burst_bytes;
+            return Some(self.hold_in_flight.map_or(cap, |h| h.min(cap)));
+        }
+        let bw = self.bottleneck().max(self.rate);
+        let cap = congestion_cap(&self.p, bw, self.min_rtt_us);
+        // A receiver that stops for a while holds what comes meanwhile in its buffer (what
+        // is in flight is on the path or there): as much as that holds, within reason.
+        let room = self
+            .queue
+            .rx_room
+            .min(cap + bytes_in(bw, self.p.rx_stall_room_us));
+        Some(cap.max(room))
+    }
+
+    fn name(&self) -> &'static str {
+        match self.state {
+            State::Startup => "startup",
+            State::Drain => "drain",
+            State::ProbeBw(Phase::Refill | Phase::Up(_)) => "probe",
+            State::ProbeBw(Phase::Down(_)) => "yield",
+        }
+    }
+}
