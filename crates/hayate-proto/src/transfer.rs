@@ -499,6 +499,14 @@ impl Incoming {
     pub fn missing_ranges(&self) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
         let n = self.layout.blocks();
+        if !self.accepted {
+            // Not accepted yet (a delta's receiver still comparing leaves): nothing written,
+            // and no map of blocks allocated to look into.
+            if n > 0 {
+                out.push((0, n));
+            }
+            return out;
+        }
         let mut i = self.received.next_zero(0);
         while i < n {
             let j = self.received.next_one(i);
@@ -638,5 +646,20 @@ mod tests {
             lost += tx.on_loss_map(&lm, |_| true, |_| false).lost_blocks;
         }
         assert_eq!(lost, n - 100);
+    }
+
+    #[test]
+    fn an_offer_not_yet_accepted_misses_everything() {
+        // Its block map is not allocated until it is accepted: asking what is missing must
+        // not walk an empty map for ever (a delta's receiver saves its resume state while it
+        // still compares leaves).
+        let layout = Layout::new(1000 * 10 + 3, 10);
+        let mut rx = Incoming::new(1, "f".into(), layout, 0o644, 0);
+        assert_eq!(rx.missing_ranges(), vec![(0, 1001)]);
+        rx.allocate();
+        rx.accepted = true;
+        rx.on_written(0, 10);
+        rx.on_written(7, 10);
+        assert_eq!(rx.missing_ranges(), vec![(1, 7), (8, 1001)]);
     }
 }
