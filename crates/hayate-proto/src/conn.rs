@@ -999,6 +999,7 @@ impl Connection {
                 Frame::PathResponse(token) => {
                     self.path_response_rx = Some(token);
                 }
+                Frame::Stream { .. } | Frame::StreamAck(_) => {}
                 Frame::Close { code, reason } => {
                     let error = (code != 0).then(|| format!("peer closed the session: {reason}"));
                     self.state = State::Draining {
@@ -1491,6 +1492,7 @@ impl Connection {
                     self.close(now, 0, "bye");
                 }
             }
+            Ctrl::Tunnel { .. } | Ctrl::TunnelReply { .. } => {}
         }
     }
 

@@ -72,6 +72,17 @@ pub enum Ctrl {
         result: Result<Vec<MetaEntry>, String>,
         more: bool,
     },
+    /// Client: connect the session's byte stream (`crate::stream`) to `host:port` as the
+    /// server itself sees it (`hayate tunnel`). Stream bytes may follow at once.
+    Tunnel {
+        host: String,
+        port: u16,
+    },
+    /// Server: the answer to `Tunnel`: connected, or why not (`"connection refused"`, or
+    /// "this server opens no tunnels").
+    TunnelReply {
+        result: Result<(), String>,
+    },
 }
 
 /// Bits of `Offer.flags` / `Get.flags`.

@@ -20,6 +20,7 @@ pub mod retry;
 pub mod rng;
 pub mod rtt;
 pub mod sim;
+pub mod stream;
 pub mod transfer;
 pub mod wire;
 
