@@ -18,6 +18,8 @@ use crate::rtt::RttEstimator;
 use crate::transfer::{DataVerdict, Incoming, Layout, Outgoing, XferId, REORDER_PACKETS};
 use crate::wire::{self, AckFrame, AddrFamily, Cid, Frame, Writer};
 
+mod tunnel;
+
 /// Where outgoing file data comes from.
 pub trait BlockSource {
     /// Fill `buf` with the file bytes of transfer `xfer` at `offset` (exactly `buf.len()`).
@@ -139,6 +141,11 @@ pub enum Event {
         xfer: XferId,
         result: Result<[u8; 32], String>,
     },
+    /// Server: the client asks for a tunnel to `host:port` (`hayate tunnel`); answer with
+    /// [`Connection::answer_tunnel`].
+    TunnelRequested { host: String, port: u16 },
+    /// Client: the server's answer to [`Connection::open_tunnel`].
+    TunnelAnswered { result: Result<(), String> },
     /// Server: the client has no more requests.
     Bye,
     /// The session is over; `error` is None for a normal close.
@@ -284,6 +291,8 @@ pub struct Connection {
 
     ctrl_tx: CtrlSend,
     ctrl_rx: CtrlRecv,
+    /// `hayate tunnel`'s byte stream, once asked for (see `conn/tunnel.rs`).
+    tunnel: Option<Box<tunnel::Tunnel>>,
     outgoing: BTreeMap<XferId, Outgoing>,
     incoming: BTreeMap<XferId, Incoming>,
     pending_gets: BTreeMap<XferId, String>,
@@ -398,6 +407,7 @@ impl Connection {
             keep_alive_us: 0,
             ctrl_tx: CtrlSend::default(),
             ctrl_rx: CtrlRecv::default(),
+            tunnel: None,
             outgoing: BTreeMap::new(),
             incoming: BTreeMap::new(),
             pending_gets: BTreeMap::new(),
@@ -999,7 +1009,21 @@ impl Connection {
                 Frame::PathResponse(token) => {
                     self.path_response_rx = Some(token);
                 }
-                Frame::Stream { .. } | Frame::StreamAck(_) => {}
+                Frame::Stream { offset, fin, data } => {
+                    eliciting = true;
+                    has_data = true;
+                    if let Err(e) = self.on_stream(rx_at_us, offset, fin, data) {
+                        self.close(now, 2, &format!("protocol error: {e}"));
+                        return true;
+                    }
+                }
+                Frame::StreamAck(a) => {
+                    let fb = fb.get_or_insert_with(|| Feedback {
+                        now_us,
+                        ..Default::default()
+                    });
+                    self.on_stream_ack(&a, fb);
+                }
                 Frame::Close { code, reason } => {
                     let error = (code != 0).then(|| format!("peer closed the session: {reason}"));
                     self.state = State::Draining {
@@ -1492,7 +1516,7 @@ impl Connection {
                     self.close(now, 0, "bye");
                 }
             }
-            Ctrl::Tunnel { .. } | Ctrl::TunnelReply { .. } => {}
+            m @ (Ctrl::Tunnel { .. } | Ctrl::TunnelReply { .. }) => self.on_tunnel_ctrl(now, m),
         }
     }
 
@@ -1563,6 +1587,7 @@ impl Connection {
     /// Something sent is still awaiting an answer from the peer.
     fn outstanding(&self) -> bool {
         self.ctrl_tx.has_unacked()
+            || self.stream_outstanding()
             || self
                 .outgoing
                 .values()
@@ -1578,10 +1603,11 @@ impl Connection {
 
     fn has_data_to_send(&self) -> bool {
         !self.window_full()
-            && self.outgoing.values().any(|o| {
-                (o.ready && o.has_retx())
-                    || ((o.ready || (o.eager && self.eager_room())) && o.peek_new().is_some())
-            })
+            && (self.stream_sendable()
+                || self.outgoing.values().any(|o| {
+                    (o.ready && o.has_retx())
+                        || ((o.ready || (o.eager && self.eager_room())) && o.peek_new().is_some())
+                }))
     }
 
     /// Offered files not yet answered may take more data: under `EAGER_BYTES` went out so far.
@@ -1753,6 +1779,7 @@ impl Connection {
         let mut w = Writer::new(&mut scratch);
         if with_ack {
             self.write_ack(now_us, &mut w);
+            self.write_stream_ack(&mut w);
             self.write_loss_maps(&mut w);
         }
         if ping {
@@ -1836,6 +1863,10 @@ impl Connection {
         buf: &mut [u8],
         src: &mut dyn BlockSource,
     ) -> Option<usize> {
+        // The tunnel's stream first: a keystroke does not wait behind a file.
+        if self.stream_sendable() {
+            return self.send_stream(now_us, buf);
+        }
         // Retransmissions first, then new blocks, in transfer order.
         let mut pick: Option<(XferId, u64, bool)> = None;
         let mut again = false;

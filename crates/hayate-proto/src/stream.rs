@@ -629,6 +629,11 @@ impl StreamRecv {
         self.limit() >= self.advertised + self.window / 4
     }
 
+    /// Only the map up to `end` went out: the next one goes on from there.
+    pub fn resume_ack_at(&mut self, end: u64) {
+        self.cursor = end;
+    }
+
     /// The acknowledgement to send: the limit and a loss map over positions describing at
     /// most `max_gaps` gaps (a longer one is told in parts, as a transfer's loss map).
     pub fn ack(&mut self, max_gaps: usize) -> StreamAckFrame {

@@ -9,6 +9,7 @@ pub mod link;
 pub mod mem;
 mod resume;
 pub mod server;
+pub mod tunnel;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
