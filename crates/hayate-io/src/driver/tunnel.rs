@@ -378,7 +378,7 @@ impl Policy for TunnelClient {
             net.transmit(cid);
             return Flow::Stop;
         }
-        if !self.connected && now.duration_since(self.start) >= self.udp_timeout {
+        if self.no_udp || (!self.connected && now.duration_since(self.start) >= self.udp_timeout) {
             self.no_udp = true;
             return Flow::Stop;
         }
@@ -405,6 +405,10 @@ impl Policy for TunnelClient {
             Event::TunnelAnswered { result: Err(e) } => {
                 self.refused.get_or_insert(e);
                 s.conn.close(Instant::now(), 0, "tunnel refused");
+            }
+            Event::Closed { error: Some(_) } if !self.connected => {
+                // No handshake answer: UDP does not get through.
+                self.no_udp = true;
             }
             Event::Closed { error: Some(e) } => {
                 if self.refused.is_none() {
@@ -524,6 +528,23 @@ pub fn run(
     (out, stats)
 }
 
+/// Copies `r` to `w` until `r` ends; plain reads and writes (no splice: either may be a
+/// terminal or a pipe another process shares).
+fn copy_all(r: &mut dyn io::Read, w: &mut dyn io::Write) -> io::Result<u64> {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut n = 0u64;
+    loop {
+        let k = match r.read(&mut buf) {
+            Ok(0) => return Ok(n),
+            Ok(k) => k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        w.write_all(&buf[..k])?;
+        n += k as u64;
+    }
+}
+
 /// The fallback when UDP does not get through: the stream straight over TCP to `addr`
 /// (HOST:PORT as this host reaches it), both directions copied until both ended.
 pub fn run_tcp(
@@ -540,17 +561,15 @@ pub fn run_tcp(
         .name("tunnel-up".into())
         .spawn(move || {
             let mut r = std::fs::File::from(stdin);
-            let mut w = &up;
-            let _ = io::copy(&mut r, &mut w);
+            let _ = copy_all(&mut r, &mut &up);
             let _ = up.shutdown(std::net::Shutdown::Write);
         })?;
     let mut w = std::fs::File::from(stdout);
-    let mut r = &down;
-    let res = io::copy(&mut r, &mut w).map(|_| ());
+    let res = copy_all(&mut &down, &mut w);
     drop(w);
     // The other direction ends with standard input, or with us.
     while !t.is_finished() && !stop.is_stopped() {
         std::thread::sleep(Duration::from_millis(20));
     }
-    res
+    res.map(|_| ())
 }
