@@ -57,6 +57,10 @@ pub enum FsError {
     PermissionDenied(String),
     #[error("{0}: another transfer is writing this file right now")]
     Busy(String),
+    /// A FIFO destination that nobody has open for reading (yet): [`Root::create_part`]
+    /// does not wait for one; its caller may try again.
+    #[error("{0}: nothing reads from this FIFO")]
+    NoReader(String),
     /// The cause is in the message only (see `KeyFileWriteError::Io`).
     #[error("{0}: {1}")]
     Io(String, io::Error),
@@ -196,6 +200,7 @@ impl Root {
         })?;
         let lookup = Lookup {
             base: self.dir.as_fd(),
+            wait_for_reader: false,
             resolve: self.resolve_flags(),
             dir_path: Some(dir_path.clone()),
         };
@@ -1172,6 +1177,15 @@ impl PartFile {
         }
     }
 
+    /// Has `f` see every write of this file from now on, once it is in the file (see
+    /// [`Queue::observe`](crate::writeback::Queue::observe)); nothing for a destination
+    /// written in order.
+    pub fn observe_writes(&mut self, f: crate::writeback::Observer) {
+        if let Some(q) = &mut self.behind {
+            q.observe(f);
+        }
+    }
+
     /// Runs `f` (on the writer thread) once everything written so far is in the file, or
     /// at once when nothing is written behind. The protocol loop does not wait.
     pub fn after_writes(&mut self, f: impl FnOnce() + Send + 'static) -> io::Result<()> {
@@ -1344,6 +1358,8 @@ pub fn create_local_part(dest: &Path, size: u64) -> Result<PartFile, FsError> {
     // program opening the name would.
     let lookup = Lookup {
         base: rfs::CWD,
+        // The client's own download: its one session has nothing else to serve meanwhile.
+        wait_for_reader: true,
         resolve: ResolveFlags::empty(),
         dir_path: parent.to_str().map(str::to_string),
     };
@@ -1354,6 +1370,9 @@ pub fn create_local_part(dest: &Path, size: u64) -> Result<PartFile, FsError> {
 /// root's `RESOLVE_BENEATH` keeps a followed link beneath it).
 struct Lookup<'a> {
     base: BorrowedFd<'a>,
+    /// A FIFO without a reader is waited for (up to [`FIFO_READER_WAIT`]); else
+    /// [`FsError::NoReader`] at once.
+    wait_for_reader: bool,
     resolve: ResolveFlags,
     /// The destination's directory as a path from `base` (None: not valid UTF-8, and then
     /// no relative link target can be followed).
@@ -1433,7 +1452,7 @@ fn find_dest(
                 name = tname.to_string();
             }
             _ => {
-                let out = open_special(&dir, &name, shown)?;
+                let out = open_special(&dir, &name, shown, l.wait_for_reader)?;
                 return Ok((Found::Special(out, dir, name), link));
             }
         }
@@ -1443,13 +1462,14 @@ fn find_dest(
     )))
 }
 
-/// How long a FIFO destination may have no reader before the copy gives up on it (the far
-/// side waits this long without serving its session).
-const FIFO_READER_WAIT: Duration = Duration::from_secs(5);
+/// How long a FIFO destination may have no reader before the copy gives up on it (a client
+/// waits this long for its own download; a server tries again on later turns).
+pub const FIFO_READER_WAIT: Duration = Duration::from_secs(5);
 
 /// Opens the device or FIFO `name` for writing, as it is (no O_TRUNC, never created). A FIFO
-/// without a reader is waited for, briefly. Writes then block as they would for any writer.
-fn open_special(dir: &OwnedFd, name: &str, shown: &str) -> Result<File, FsError> {
+/// without a reader is waited for briefly if `wait`, else refused as [`FsError::NoReader`].
+/// Writes then block as they would for any writer.
+fn open_special(dir: &OwnedFd, name: &str, shown: &str, wait: bool) -> Result<File, FsError> {
     let until = Instant::now() + FIFO_READER_WAIT;
     let fd = loop {
         match rfs::openat(
@@ -1459,6 +1479,7 @@ fn open_special(dir: &OwnedFd, name: &str, shown: &str) -> Result<File, FsError>
             Mode::empty(),
         ) {
             Ok(fd) => break fd,
+            Err(Errno::NXIO) if !wait => return Err(FsError::NoReader(shown.to_string())),
             Err(Errno::NXIO) if Instant::now() < until => {
                 std::thread::sleep(Duration::from_millis(20))
             }
@@ -1688,10 +1709,13 @@ pub const CHANGED_WHILE_SENT: &str = "changed while being sent";
 pub struct SourceFile {
     file: File,
     size: u64,
-    ahead: Vec<u8>,
+    ahead: Arc<Vec<u8>>,
     /// File offset of `ahead[0]`, and how many bytes of `ahead` hold the file's.
     start: u64,
     len: usize,
+    keep_chunks: bool,
+    /// Chunks read whole, for [`take_chunks`](Self::take_chunks).
+    chunks: Vec<(u64, Arc<Vec<u8>>)>,
     /// The file as it was opened.
     was: Ident,
     locate: Option<Locate>,
@@ -1725,8 +1749,9 @@ impl Ident {
 }
 
 impl SourceFile {
-    /// Bytes read ahead at a time (less for a smaller file).
-    pub const CHUNK: usize = 256 * 1024;
+    /// Bytes read ahead at a time, aligned (less at the end of the file): one hashing
+    /// subtree, so a chunk read for sending is hashed as it is (`verify::Sending`).
+    pub const CHUNK: usize = crate::verify::SUBTREE_LEN as usize;
 
     /// `size`: the file's length as offered (the file as it is now is what later reads
     /// are checked against).
@@ -1740,9 +1765,11 @@ impl SourceFile {
         SourceFile {
             file,
             size,
-            ahead: Vec::new(),
+            ahead: Arc::new(Vec::new()),
             start: 0,
             len: 0,
+            keep_chunks: false,
+            chunks: Vec::new(),
             was,
             locate: None,
             failure: None,
@@ -1803,41 +1830,81 @@ impl SourceFile {
 
     fn read_checked(&mut self, offset: u64, out: &mut [u8]) -> Result<(), String> {
         let end = offset + out.len() as u64;
-        let held = self.start + self.len as u64;
-        if offset >= self.start && end <= held {
-            let from = (offset - self.start) as usize;
-            out.copy_from_slice(&self.ahead[from..from + out.len()]);
-            if end >= self.size {
-                // The last block: after it the hash is announced.
-                self.check()?;
+        if end > self.size {
+            return Err(format!(
+                "read of bytes {offset}..{end} past the end of the file as offered ({} bytes)",
+                self.size
+            ));
+        }
+        let mut pos = offset;
+        let mut done = 0;
+        while done < out.len() {
+            let held = self.start + self.len as u64;
+            if pos >= self.start && pos < held {
+                let from = (pos - self.start) as usize;
+                let k = (self.len - from).min(out.len() - done);
+                out[done..done + k].copy_from_slice(&self.ahead[from..from + k]);
+                done += k;
+                pos += k as u64;
+                continue;
+            }
+            // Going forward (in order, or past what the receiver already has): the aligned
+            // chunk that holds `pos` is read whole. Going back (a retransmission): only the
+            // bytes asked for.
+            if self.len == 0 || pos >= held {
+                self.read_ahead(pos)?;
+                continue;
+            }
+            let n = read_at(&self.file, pos, &mut out[done..]).map_err(|e| e.to_string())?;
+            self.check()?;
+            if n < out.len() - done {
+                return Err(format!("{CHANGED_WHILE_SENT} (it shrank)"));
             }
             return Ok(());
         }
-        let in_order = self.len == 0 || (offset >= self.start && offset <= held);
-        let n = if in_order && out.len() < Self::CHUNK {
-            if self.ahead.is_empty() {
-                let want = self.size.min(Self::CHUNK as u64) as usize;
-                self.ahead = vec![0; want.max(out.len())];
-            }
-            let want =
-                (self.size.saturating_sub(offset) as usize).clamp(out.len(), self.ahead.len());
-            self.len = 0;
-            let n =
-                read_at(&self.file, offset, &mut self.ahead[..want]).map_err(|e| e.to_string())?;
-            self.start = offset;
-            self.len = n;
-            let k = n.min(out.len());
-            out[..k].copy_from_slice(&self.ahead[..k]);
-            k
-        } else {
-            read_at(&self.file, offset, out).map_err(|e| e.to_string())?
-        };
-        self.check()?;
-        if n == out.len() {
-            Ok(())
-        } else {
-            Err(format!("{CHANGED_WHILE_SENT} (it shrank)"))
+        if end >= self.size {
+            // The last block: after it the hash is announced.
+            self.check()?;
         }
+        Ok(())
+    }
+
+    /// Reads the aligned [`CHUNK`](Self::CHUNK) that holds `pos` into a fresh buffer, and
+    /// keeps it for [`take_chunks`](Self::take_chunks) too.
+    fn read_ahead(&mut self, pos: u64) -> Result<(), String> {
+        let start = pos - pos % Self::CHUNK as u64;
+        let want = (self.size - start).min(Self::CHUNK as u64) as usize;
+        // The previous buffer is reused unless a hash job still holds it.
+        let mut buf = match Arc::get_mut(&mut self.ahead) {
+            Some(b) if b.len() == want => std::mem::take(b),
+            _ => vec![0; want],
+        };
+        self.len = 0;
+        let n = read_at(&self.file, start, &mut buf).map_err(|e| e.to_string())?;
+        self.check()?;
+        if n < want {
+            return Err(format!("{CHANGED_WHILE_SENT} (it shrank)"));
+        }
+        self.ahead = Arc::new(buf);
+        self.start = start;
+        self.len = n;
+        if self.keep_chunks {
+            self.chunks.push((start, self.ahead.clone()));
+        }
+        Ok(())
+    }
+
+    /// The whole chunks read since the last call, with their offsets (only with
+    /// [`keep_chunks`](Self::keep_chunks)): the sender's hash is taken from them, not by
+    /// reading the file a second time.
+    pub fn take_chunks(&mut self) -> Vec<(u64, Arc<Vec<u8>>)> {
+        std::mem::take(&mut self.chunks)
+    }
+
+    /// Whether [`take_chunks`](Self::take_chunks) gets the chunks read.
+    pub fn keep_chunks(&mut self, on: bool) {
+        self.keep_chunks = on;
+        self.chunks.clear();
     }
 }
 

@@ -12,6 +12,7 @@
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -32,10 +33,14 @@ struct Shared {
     single: Option<blake3::Hash>,
     outstanding: usize,
     error: Option<String>,
+    /// Subtrees hashed from the bytes as they were written (`Feed`), not read back.
+    fed: usize,
 }
 
 struct Job {
     file: Arc<File>,
+    /// The subtree's bytes as the sender read them for sending; `None`: read from `file`.
+    data: Option<Held>,
     index: usize,
     offset: u64,
     len: usize,
@@ -74,8 +79,20 @@ fn worker(rx: &Mutex<Receiver<Job>>) {
             Ok(j) => j,
             Err(_) => return,
         };
-        let data = &mut buf[..job.len];
-        let read = job.file.read_exact_at(data, job.offset);
+        if job.data.is_none() && job.shared.lock().expect("hash state").cvs[job.index].is_some() {
+            // Hashed already from the bytes as they were written (`Feed`): this job was
+            // queued behind those writes, so the feed is done with them.
+            job.shared.lock().expect("hash state").outstanding -= 1;
+            continue;
+        }
+        let (data, read) = match &job.data {
+            Some(held) => (&held.0[..job.len], Ok(())),
+            None => {
+                let data = &mut buf[..job.len];
+                let read = job.file.read_exact_at(data, job.offset);
+                (&*data, read)
+            }
+        };
         let mut s = job.shared.lock().expect("hash state");
         s.outstanding -= 1;
         match read {
@@ -171,6 +188,7 @@ impl StreamHash {
                 .iter()
                 .map(|&index| Job {
                     file: self.file.clone(),
+                    data: None,
                     index,
                     offset: index as u64 * SUBTREE_LEN,
                     len: self.subtree_len(index) as usize,
@@ -179,6 +197,28 @@ impl StreamHash {
                 })
                 .collect(),
         ))
+    }
+
+    /// Hands subtree `index` to the workers with its bytes, already read (`data`, at least
+    /// the subtree's length). False if too many bytes are held so already: the caller
+    /// submits the subtree later, to be read back.
+    pub fn submit_read(&self, index: usize, data: Arc<Vec<u8>>) -> bool {
+        let len = self.subtree_len(index) as usize;
+        let Some(held) = Held::new(data, len) else {
+            return false;
+        };
+        self.shared.lock().expect("hash state").outstanding += 1;
+        Jobs(vec![Job {
+            file: self.file.clone(),
+            data: Some(held),
+            index,
+            offset: index as u64 * SUBTREE_LEN,
+            len,
+            single: self.filled.len() == 1,
+            shared: self.shared.clone(),
+        }])
+        .send();
+        true
     }
 
     /// Subtrees still being hashed.
@@ -213,6 +253,85 @@ impl StreamHash {
     /// verified resume).
     pub fn subtree_cvs(&self) -> Vec<Option<ChainingValue>> {
         self.shared.lock().expect("hash state").cvs.clone()
+    }
+}
+
+/// Bytes of all files that wait with the workers in memory (`StreamHash::submit_read`), at
+/// most [`MAX_HELD`]: beyond it, subtrees are read back from their files instead.
+static HELD: AtomicUsize = AtomicUsize::new(0);
+/// See [`HELD`].
+const MAX_HELD: usize = 64 << 20;
+
+/// A subtree's bytes with the workers, counted in [`HELD`] until dropped.
+struct Held(Arc<Vec<u8>>);
+
+impl Held {
+    fn new(data: Arc<Vec<u8>>, len: usize) -> Option<Held> {
+        if data.len() < len {
+            return None;
+        }
+        let n = data.len();
+        if HELD.fetch_add(n, Ordering::Relaxed) + n > MAX_HELD {
+            HELD.fetch_sub(n, Ordering::Relaxed);
+            return None;
+        }
+        Some(Held(data))
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        HELD.fetch_sub(self.0.len(), Ordering::Relaxed);
+    }
+}
+
+/// The receiver's in-order hashing: each positional write is seen once it is in the file
+/// (on the writer thread, `writeback::Queue::observe`), and a subtree whose bytes all came
+/// in order, run after run, gets its chaining value from them, so its job need not read
+/// it back. A write out of order (a retransmission, a resumed file's gap) drops the
+/// subtree in progress: it is read back as before.
+struct Feed {
+    shared: Arc<Mutex<Shared>>,
+    size: u64,
+    /// Where the next in-order write starts.
+    next: u64,
+    /// The subtree being hashed, and its hasher.
+    cur: Option<(usize, blake3::Hasher)>,
+}
+
+impl Feed {
+    fn wrote(&mut self, at: u64, mut data: &[u8]) {
+        if at != self.next {
+            self.cur = None;
+        }
+        let mut pos = at;
+        while !data.is_empty() && pos < self.size {
+            let i = (pos / SUBTREE_LEN) as usize;
+            let start = i as u64 * SUBTREE_LEN;
+            let end = (start + SUBTREE_LEN).min(self.size);
+            let take = ((end - pos) as usize).min(data.len());
+            if self.cur.is_none() && pos == start {
+                let mut h = blake3::Hasher::new();
+                h.set_input_offset(start);
+                self.cur = Some((i, h));
+            }
+            if let Some((_, h)) = &mut self.cur {
+                h.update(&data[..take]);
+            }
+            pos += take as u64;
+            data = &data[take..];
+            if pos == end {
+                if let Some((i, h)) = self.cur.take() {
+                    let cv = h.finalize_non_root();
+                    let mut s = self.shared.lock().expect("hash state");
+                    if s.cvs[i].is_none() {
+                        s.cvs[i] = Some(cv);
+                        s.fed += 1;
+                    }
+                }
+            }
+        }
+        self.next = pos;
     }
 }
 
@@ -328,6 +447,18 @@ impl Landing {
             });
         }
         let mut hash = StreamHash::new(part.file()?.try_clone()?, size);
+        if hash.filled.len() > 1 {
+            // A file of one subtree hashes to its root directly, from the file.
+            let mut feed = Feed {
+                shared: hash.shared.clone(),
+                size,
+                next: u64::MAX,
+                cur: None,
+            };
+            part.observe_writes(Arc::new(Mutex::new(move |at: u64, data: &[u8]| {
+                feed.wrote(at, data)
+            })));
+        }
         let mut whole = Vec::new();
         for &(a, b) in have {
             let (start, end) = ((a * block).min(size), (b * block).min(size));
@@ -396,15 +527,19 @@ impl Landing {
 pub struct Sending {
     pub file: crate::fs::SourceFile,
     hash: StreamHash,
-    /// Subtrees before this one were handed to the workers.
+    /// Subtrees before this one were handed to the workers (or are with them already).
     next: usize,
+    /// Subtrees handed over with the bytes read for sending (not to be read again).
+    submitted: Vec<bool>,
     given: bool,
 }
 
 impl Sending {
-    pub fn new(file: crate::fs::SourceFile) -> std::io::Result<Self> {
+    pub fn new(mut file: crate::fs::SourceFile) -> std::io::Result<Self> {
         let hash = StreamHash::new(file.try_clone_file()?, file.size());
+        file.keep_chunks(true);
         Ok(Sending {
+            submitted: vec![false; hash.filled.len()],
             file,
             hash,
             next: 0,
@@ -413,8 +548,17 @@ impl Sending {
     }
 
     /// Reads a block for sending (see [`SourceFile::read_block`](crate::fs::SourceFile)).
+    /// The aligned chunks the file reads ahead go to the workers as they are: the file is
+    /// not read a second time to be hashed.
     pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), String> {
-        self.file.read_block(offset, buf)?;
+        let r = self.file.read_block(offset, buf);
+        for (start, data) in self.file.take_chunks() {
+            let i = (start / SUBTREE_LEN) as usize;
+            if i >= self.next && !self.submitted[i] && self.hash.submit_read(i, data) {
+                self.submitted[i] = true;
+            }
+        }
+        r?;
         self.reached(offset + buf.len() as u64);
         Ok(())
     }
@@ -427,7 +571,7 @@ impl Sending {
         while self.next < n && ((self.next as u64 + 1) * SUBTREE_LEN).min(size) <= end {
             self.next += 1;
         }
-        let batch: Vec<usize> = (from..self.next).collect();
+        let batch: Vec<usize> = (from..self.next).filter(|&i| !self.submitted[i]).collect();
         self.hash.submit(&batch);
     }
 
@@ -616,5 +760,95 @@ mod tests {
         };
         assert_eq!(h, *blake3::hash(&d).as_bytes());
         assert!(s.hash_ready().is_none(), "given once");
+    }
+
+    #[test]
+    fn a_sent_file_is_hashed_from_the_chunks_read_for_sending() {
+        // Blocks of an odd size straddle every chunk boundary; some are read again (as
+        // retransmissions are) after later ones.
+        let len = 4 * SUBTREE_LEN as usize + 777;
+        let d = data(len);
+        let mut f = tempfile::tempfile().unwrap();
+        f.write_all(&d).unwrap();
+        let src = crate::fs::SourceFile::new(f, len as u64);
+        let mut s = Sending::new(src).unwrap();
+        let block = 1371;
+        let mut off = 0;
+        let mut n = 0;
+        while off < len {
+            let k = block.min(len - off);
+            let mut buf = vec![0u8; k];
+            s.read(off as u64, &mut buf).unwrap();
+            assert_eq!(buf, d[off..off + k], "bytes at {off}");
+            n += 1;
+            if n % 97 == 0 && off > 5 * block {
+                let back = off - 5 * block;
+                let mut again = vec![0u8; block];
+                s.read(back as u64, &mut again).unwrap();
+                assert_eq!(again, d[back..back + block], "bytes again at {back}");
+            }
+            off += k;
+        }
+        assert!(
+            s.submitted.iter().all(|&b| b),
+            "every subtree went to the workers with the bytes read for sending"
+        );
+        s.finish();
+        let until = Instant::now() + Duration::from_secs(20);
+        let h = loop {
+            if let Some(r) = s.hash_ready() {
+                break r.unwrap();
+            }
+            assert!(Instant::now() < until);
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!(h, *blake3::hash(&d).as_bytes());
+    }
+
+    #[test]
+    fn a_received_file_is_hashed_from_its_in_order_writes_and_gaps_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = crate::fs::Root::open(dir.path()).unwrap();
+        let len = 6 * SUBTREE_LEN as usize + 999;
+        let d = data(len);
+        let mut part = root.create_part("f", len as u64).unwrap();
+        let block = 1400usize;
+        let mut landing = Landing::start(&mut part, len as u64, &[], block as u64).unwrap();
+        // Blocks in order, but a few "lost" in subtree 2 that come at the end.
+        let lost = |b: usize| {
+            (2 * SUBTREE_LEN as usize..3 * SUBTREE_LEN as usize).contains(&(b * block))
+                && b.is_multiple_of(50)
+        };
+        let blocks = len.div_ceil(block);
+        let write = |b: usize, part: &mut crate::fs::PartFile, l: &mut Landing| {
+            let off = b * block;
+            let end = (off + block).min(len);
+            part.write_at(off as u64, &d[off..end]).unwrap();
+            l.wrote(part, off as u64, (end - off) as u64).unwrap();
+        };
+        for b in (0..blocks).filter(|&b| !lost(b)) {
+            write(b, &mut part, &mut landing);
+        }
+        for b in (0..blocks).filter(|&b| lost(b)) {
+            write(b, &mut part, &mut landing);
+        }
+        landing.complete(*blake3::hash(&d).as_bytes());
+        let until = Instant::now() + Duration::from_secs(20);
+        let v = loop {
+            if let Some(v) = landing.verdict(&mut part) {
+                break v;
+            }
+            assert!(Instant::now() < until, "no verdict");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!(v.unwrap(), *blake3::hash(&d).as_bytes());
+        let fed = landing.tree.as_ref().unwrap().shared.lock().unwrap().fed;
+        // Subtree 2 had gaps, the last is cut short by the end of the file: at most 6 of 7
+        // came in order, and at least the 4 before and after the gaps did.
+        assert!(
+            (4..=6).contains(&fed),
+            "{fed} subtrees hashed from the writes"
+        );
+        part.discard();
     }
 }

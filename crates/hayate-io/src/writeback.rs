@@ -30,9 +30,14 @@ enum Job {
         at: Option<u64>,
         buf: Vec<u8>,
         state: Arc<Shared>,
+        observer: Option<Observer>,
     },
     Then(Box<dyn FnOnce() + Send>),
 }
+
+/// Sees each positional write once it is done, on the writer thread, in queue order (see
+/// [`Queue::observe`]).
+pub type Observer = Arc<Mutex<dyn FnMut(u64, &[u8]) + Send>>;
 
 #[derive(Default, Debug)]
 struct State {
@@ -87,11 +92,15 @@ fn run(job: Job) {
             at,
             mut buf,
             state,
+            observer,
         } => {
             let r = match at {
                 Some(at) => file.write_all_at(&buf, at),
                 None => (&*file).write_all(&buf),
             };
+            if let (Ok(()), Some(o), Some(at)) = (&r, observer, at) {
+                (o.lock().expect("write observer"))(at, &buf);
+            }
             // Before anyone learns the write is done: a drained file must be closable (its
             // lock released) once its owner drops it.
             drop(file);
@@ -126,13 +135,23 @@ enum Thread {
 }
 
 /// One file's queue on its writer thread.
-#[derive(Debug)]
 pub struct Queue {
     file: Arc<File>,
     /// Written in order at the file's current position instead of at offsets.
     append: bool,
     thread: Thread,
     shared: Arc<Shared>,
+    observer: Option<Observer>,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue")
+            .field("append", &self.append)
+            .field("thread", &self.thread)
+            .field("observed", &self.observer.is_some())
+            .finish()
+    }
 }
 
 impl Queue {
@@ -171,7 +190,15 @@ impl Queue {
             append,
             thread,
             shared: Arc::default(),
+            observer: None,
         }
+    }
+
+    /// Has `f` see every positional write queued from now on, with its offset and bytes,
+    /// once it is in the file (on the writer thread, in order; not for appending queues):
+    /// the receiver's hash takes in-order data from there instead of reading it back.
+    pub fn observe(&mut self, f: Observer) {
+        self.observer = Some(f);
     }
 
     /// Whether `len` more bytes can be queued without waiting.
@@ -207,6 +234,7 @@ impl Queue {
             at: (!self.append).then_some(at),
             buf,
             state: self.shared.clone(),
+            observer: self.observer.clone(),
         })
     }
 

@@ -1,6 +1,7 @@
 //! A fixed-size bitset with word-level range operations: loss maps cover tens of thousands of
 //! blocks per report, so marking and scanning must go 64 blocks at a time.
 
+/// A set of `len` bits, numbered from 0 (a transfer's blocks: set = received or acknowledged).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Bitset {
     /// Empty until the first bit is set: a transfer that is queued but not started (a peer
@@ -11,6 +12,7 @@ pub struct Bitset {
 }
 
 impl Bitset {
+    /// `len` bits, all clear; allocates nothing until a bit is set.
     pub fn new(len: u64) -> Self {
         Bitset {
             words: Vec::new(),
@@ -19,10 +21,12 @@ impl Bitset {
         }
     }
 
+    /// The number of bits (set or not).
     pub fn len(&self) -> u64 {
         self.len
     }
 
+    /// Whether no bit is set.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -32,10 +36,12 @@ impl Bitset {
         self.ones
     }
 
+    /// Whether every bit is set.
     pub fn is_full(&self) -> bool {
         self.ones == self.len
     }
 
+    /// Whether bit `i` is set (false beyond `len`).
     pub fn get(&self, i: u64) -> bool {
         self.word(i / 64) & (1 << (i % 64)) != 0
     }

@@ -14,23 +14,30 @@ pub const KEY_FILE_TAG: &str = "hayate-key-v1";
 #[derive(Clone, PartialEq, Eq)]
 pub struct Psk([u8; 32]);
 
+/// Why a key file could not be read.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum KeyFileError {
+    /// No key line at all.
     #[error("no `hayate-key-v1 <hex>` line found in the key file")]
     Missing,
+    /// A key line that does not have the expected shape.
     #[error("malformed key file: {0}")]
     BadFormat(&'static str),
+    /// The key has characters other than hex digits.
     #[error("the key is not hexadecimal")]
     BadHex,
+    /// The key is not 32 bytes (the count is of hex digits).
     #[error("the key has {0} hex digits, expected 64")]
     WrongLength(usize),
 }
 
 impl Psk {
+    /// The key from its 32 bytes.
     pub fn from_bytes(b: [u8; 32]) -> Self {
         Psk(b)
     }
 
+    /// The key's 32 bytes.
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
@@ -79,6 +86,7 @@ impl Psk {
         Ok(Psk(b))
     }
 
+    /// The key as a key file's contents (`hayate-key-v1 <64 hex digits>` and a newline).
     pub fn to_key_file_string(&self) -> String {
         const DIGITS: &[u8; 16] = b"0123456789abcdef";
         let mut s = String::with_capacity(100);
@@ -126,10 +134,13 @@ pub(crate) fn fill_random(buf: &mut [u8]) {
         .expect("OS random number generator failed");
 }
 
+/// Why a packet could not be opened.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum CryptoError {
+    /// Too short to hold a sealed header and a tag.
     #[error("packet shorter than header + tag")]
     TooShort,
+    /// The tag does not verify: corrupted, forged, or sealed under another key.
     #[error("packet failed to authenticate")]
     Auth,
 }
@@ -152,6 +163,7 @@ fn nonce(pn: u64) -> Nonce {
 }
 
 impl PacketKey {
+    /// The key from its 32 bytes (AES-256-GCM).
     pub fn new(key: &[u8; 32]) -> Self {
         PacketKey(LessSafeKey::new(
             UnboundKey::new(&AES_256_GCM, key).expect("32-byte key fits AES-256"),
@@ -201,7 +213,9 @@ impl PacketKey {
 /// Keys of one session, named from the owner's point of view.
 #[derive(Debug)]
 pub struct SessionKeys {
+    /// Seals what this side sends.
     pub send: PacketKey,
+    /// Opens what the peer sends.
     pub recv: PacketKey,
 }
 
@@ -235,6 +249,7 @@ impl Default for ReplayWindow {
 }
 
 impl ReplayWindow {
+    /// An empty window: every packet number is fresh.
     pub fn new() -> Self {
         ReplayWindow {
             words: Box::new([0; WORDS]),
@@ -299,6 +314,7 @@ impl ReplayWindow {
         fresh
     }
 
+    /// The highest packet number marked, if any.
     pub fn highest(&self) -> Option<u64> {
         self.highest
     }

@@ -58,25 +58,38 @@ pub enum Route {
 /// What the endpoint did with datagrams that did not simply go to a session.
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub struct EndpointStats {
+    /// ClientHellos that started a session.
     pub hellos_accepted: u64,
+    /// Repeated ClientHellos of a session already started, answered with its cached
+    /// ServerHello.
     pub hellos_repeated: u64,
+    /// ClientHellos whose MAC did not verify (another key); a reject answers them, within
+    /// its per-second cap.
     pub hellos_rejected_auth: u64,
     /// Hellos answered with a HelloRetry (over the key-exchange budget, no valid token).
     pub hellos_retried: u64,
     /// Hellos whose retry token was not ours, expired, or for another address.
     pub retry_tokens_invalid: u64,
+    /// Datagrams that did not parse.
     pub dropped_malformed: u64,
+    /// Sealed packets for a connection id no session has.
     pub dropped_unknown_cid: u64,
     /// Datagrams for a session from another address that did not open or were replays.
     pub dropped_other_path: u64,
+    /// Rejects not sent because more than the per-second cap were due.
     pub rejects_rate_limited: u64,
     /// Hellos dropped because more retries or repeated replies than the per-second cap
     /// were due.
     pub retries_rate_limited: u64,
+    /// Sessions still awaiting their client's first sealed packet, the oldest dropped to
+    /// make room for new ones (those past their time to live are not counted).
     pub half_open_evicted: u64,
+    /// Hellos dropped because the connection id drawn for them was taken (the
+    /// retransmitted hello draws anew).
     pub cid_collisions: u64,
-    /// PATH_CHALLENGEs sent to new addresses, and their bytes.
+    /// PATH_CHALLENGEs sent to new addresses.
     pub path_challenges_sent: u64,
+    /// Their bytes.
     pub path_challenge_bytes: u64,
     /// Sessions moved to a new address after it answered a challenge.
     pub paths_validated: u64,
@@ -191,10 +204,12 @@ impl Endpoint {
         }
     }
 
+    /// What the endpoint did with datagrams that did not simply go to a session.
     pub fn stats(&self) -> &EndpointStats {
         &self.stats
     }
 
+    /// The session with connection id `cid`.
     pub fn conn_mut(&mut self, cid: Cid) -> Option<&mut Connection> {
         self.conns.get_mut(&cid).map(|e| &mut e.conn)
     }
@@ -209,10 +224,12 @@ impl Endpoint {
         self.conns.keys().copied().collect()
     }
 
+    /// The number of sessions.
     pub fn len(&self) -> usize {
         self.conns.len()
     }
 
+    /// Whether there are no sessions.
     pub fn is_empty(&self) -> bool {
         self.conns.is_empty()
     }

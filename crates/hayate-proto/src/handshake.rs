@@ -24,16 +24,22 @@ const LABEL_C2S: &[u8] = b"hayate v1 c2s";
 const LABEL_S2C: &[u8] = b"hayate v1 s2c";
 const LABEL_SERVER_HELLO: &[u8] = b"hayate v1 server hello";
 
+/// Why a handshake packet was not taken.
 #[derive(Debug, thiserror::Error)]
 pub enum HandshakeError {
+    /// It does not parse.
     #[error("malformed handshake packet: {0}")]
     Malformed(WireError),
+    /// Its MAC does not verify.
     #[error("handshake MAC does not verify (peer holds another key, or forged packet)")]
     BadMac,
+    /// It speaks a protocol version we do not.
     #[error("unsupported protocol version {0}")]
     UnsupportedVersion(u8),
+    /// It is not the packet expected at this point.
     #[error("packet not expected at this point of the handshake")]
     UnexpectedPacket,
+    /// The server refused the session.
     #[error("server rejected the hello: {0:?}")]
     Rejected(RejectReason),
 }
@@ -142,7 +148,9 @@ pub struct ClientHandshake {
 /// Outcome of a successful client handshake.
 #[derive(Debug)]
 pub struct ClientEstablished {
+    /// The server's connection id: ours to put in every packet we send.
     pub server_cid: Cid,
+    /// The MTU agreed on: the least of the client's wish and the server's limit.
     pub mtu: u16,
     /// send = c2s, recv = s2c
     pub keys: SessionKeys,
@@ -213,6 +221,7 @@ impl ClientHandshake {
         &self.hello
     }
 
+    /// The client's connection id, chosen for the hello.
     pub fn client_cid(&self) -> Cid {
         self.cid
     }
@@ -282,8 +291,11 @@ impl ClientHandshake {
 /// Outcome of a verified ClientHello on the server.
 #[derive(Debug)]
 pub struct ServerAccept {
+    /// The client's connection id (the one the server puts in its packets).
     pub client_cid: Cid,
+    /// The server's connection id for this session, freshly drawn.
     pub server_cid: Cid,
+    /// The ClientHello's random, which identifies a repeated hello.
     pub client_random: [u8; 32],
     /// Negotiated: min(client's, server's limit).
     pub mtu: u16,

@@ -6,11 +6,15 @@
 //! - [`conn`]: one session (control stream, transfers, acks, pacing); [`endpoint`]: a server's
 //!   many sessions on one socket.
 //! - [`transfer`]: per-file loss map and retransmission state; [`cc`]: rate control.
-//! - [`sim`]: a simulated network to run whole transfers in milliseconds.
+//! - `sim` (cargo feature `sim`, on for this crate's tests): a simulated network to run
+//!   whole transfers in milliseconds.
+
+#![warn(missing_docs)]
 
 pub mod bitset;
 pub mod cc;
 pub mod conn;
+#[allow(missing_docs)] // Not yet documented item by item.
 pub mod control;
 pub mod crypto;
 pub mod endpoint;
@@ -19,9 +23,13 @@ pub mod pacer;
 pub mod retry;
 pub mod rng;
 pub mod rtt;
+#[cfg(feature = "sim")]
+#[allow(missing_docs)] // Not yet documented item by item.
 pub mod sim;
 pub mod stream;
+#[allow(missing_docs)] // Not yet documented item by item.
 pub mod transfer;
+#[allow(missing_docs)] // Not yet documented item by item.
 pub mod wire;
 
 pub use conn::{

@@ -26,6 +26,8 @@ const REST_KEPT: f64 = 0.9;
 /// The least share of a full catch-up kept (some, so that its fate keeps being judged).
 const MIN_ROOM: f64 = 1.0 / 16.0;
 
+/// The pacer: says when the next datagram may go at the rate set, in small bursts, and
+/// keeps the account of sending time lost to late wake-ups.
 #[derive(Debug, Clone)]
 pub struct Pacer {
     tokens: f64,
@@ -55,6 +57,7 @@ pub struct Pacer {
 }
 
 impl Pacer {
+    /// A pacer for datagrams of up to `mtu` bytes, unpaced until [`set_rate`](Self::set_rate).
     pub fn new(mtu: usize) -> Self {
         Pacer {
             tokens: 0.0,
@@ -73,10 +76,12 @@ impl Pacer {
         }
     }
 
+    /// Pace at `rate` bytes/s from now on; `None`: unpaced.
     pub fn set_rate(&mut self, rate: Option<u64>) {
         self.rate = rate.map(|r| r.max(1));
     }
 
+    /// The rate, bytes/s; `None`: unpaced.
     pub fn rate(&self) -> Option<u64> {
         self.rate
     }
@@ -222,6 +227,7 @@ impl Pacer {
         ok
     }
 
+    /// A datagram of `len` bytes went out: spends its credit.
     pub fn on_sent(&mut self, len: usize) {
         if self.rate.is_some() {
             self.tokens -= len as f64;

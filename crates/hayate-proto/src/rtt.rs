@@ -1,6 +1,8 @@
 //! Round-trip time estimation (RFC 6298 smoothing plus a windowed minimum, which the rate
 //! controller uses as the path's base RTT).
 
+/// Estimates a path's round-trip time from samples: smoothed (RFC 6298), its variation, and
+/// a windowed minimum. All times in µs.
 #[derive(Debug, Clone)]
 pub struct RttEstimator {
     srtt: Option<u64>,
@@ -40,6 +42,7 @@ impl Default for RttEstimator {
 }
 
 impl RttEstimator {
+    /// A sample of `rtt_us` taken at `now_us`.
     pub fn on_sample(&mut self, now_us: u64, rtt_us: u64) {
         let rtt = rtt_us.max(1);
         self.latest = rtt;
@@ -81,18 +84,22 @@ impl RttEstimator {
             .unwrap_or(u64::MAX);
     }
 
+    /// Whether any sample came in (before it, the figures are [`INITIAL_RTT_US`] guesses).
     pub fn has_sample(&self) -> bool {
         self.srtt.is_some()
     }
 
+    /// Smoothed RTT, µs.
     pub fn srtt(&self) -> u64 {
         self.srtt.unwrap_or(INITIAL_RTT_US)
     }
 
+    /// RTT variation (RFC 6298's RTTVAR), µs.
     pub fn rttvar(&self) -> u64 {
         self.rttvar
     }
 
+    /// The last sample, µs.
     pub fn latest(&self) -> u64 {
         self.latest
     }

@@ -31,10 +31,13 @@ pub const STREAM_ID: u32 = 0;
 /// Chunks looked at per acknowledgement when deciding losses (bounds the work per ACK).
 const LOSS_SCAN: usize = 4096;
 
+/// A peer that broke the stream's rules (the session is closed with a protocol error).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum StreamError {
+    /// Bytes beyond the limit this side advertised.
     #[error("stream data beyond the advertised limit")]
     FlowControl,
+    /// Bytes beyond the stream's end, or an end other than the one already told.
     #[error("stream data beyond its end, or two different ends")]
     BadFin,
 }
@@ -47,6 +50,7 @@ pub struct RangeSet {
 }
 
 impl RangeSet {
+    /// Adds the positions of `r`.
     pub fn insert(&mut self, r: Range<u64>) {
         if r.start >= r.end {
             return;
@@ -117,6 +121,7 @@ impl RangeSet {
         self.map.range(x..).map(|(&s, &e)| s..e)
     }
 
+    /// No position at all.
     pub fn is_empty(&self) -> bool {
         self.map.is_empty()
     }
@@ -126,6 +131,7 @@ impl RangeSet {
         self.map.iter().next_back().map(|(_, &e)| e)
     }
 
+    /// How many disjoint ranges.
     pub fn len(&self) -> usize {
         self.map.len()
     }
@@ -141,8 +147,11 @@ struct InFlight {
 /// What [`StreamSend::next_chunk`] put in the packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Chunk {
+    /// Position of its first byte.
     pub offset: u64,
+    /// Data bytes (the FIN takes none).
     pub len: usize,
+    /// It ends the stream.
     pub fin: bool,
     /// A retransmission.
     pub retx: bool,
@@ -151,10 +160,15 @@ pub struct Chunk {
 /// What one acknowledgement told the sender (as `transfer::MapOutcome` for blocks).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct AckOutcome {
+    /// Bytes acknowledged for the first time.
     pub newly_acked_bytes: u64,
+    /// Chunks declared lost (queued to be sent again).
     pub lost_chunks: u64,
+    /// Their bytes.
     pub lost_bytes: u64,
+    /// Of `newly_acked_bytes`, those sent in the pacer's catch-up.
     pub tagged_acked_bytes: u64,
+    /// Of `lost_bytes`, those sent in the pacer's catch-up.
     pub tagged_lost_bytes: u64,
 }
 
@@ -213,6 +227,7 @@ impl StreamSend {
         self.fin = true;
     }
 
+    /// [`StreamSend::finish`] was called.
     pub fn is_finished(&self) -> bool {
         self.fin
     }
@@ -483,6 +498,7 @@ impl Default for StreamRecv {
 }
 
 impl StreamRecv {
+    /// A receiver that holds at most `window` bytes its reader has not taken.
     pub fn new(window: u64) -> Self {
         StreamRecv {
             ready: VecDeque::new(),

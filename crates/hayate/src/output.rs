@@ -88,6 +88,9 @@ impl Output {
         if p.files_total > 1 {
             line.push_str(&format!("  {}/{} files", p.files_done, p.files_total));
         }
+        if let Some(w) = p.waiting {
+            line.push_str(&format!("  ({w})"));
+        }
         line
     }
 
@@ -168,6 +171,9 @@ impl Output {
         }
         if p.files_total > 1 {
             m.push_str(&format!(" {}/{} files", p.files_done, p.files_total));
+        }
+        if let Some(w) = p.waiting {
+            m.push_str(&format!(" ({w})"));
         }
         m
     }
@@ -415,7 +421,36 @@ mod tests {
             files_total: 1,
             stats,
             connected: true,
+            waiting: None,
         })
+    }
+
+    #[test]
+    fn progress_says_what_a_finished_looking_copy_waits_for() {
+        use hayate_io::driver::client::Waiting;
+        let stats = Stats::default();
+        let mut out = Output::new(false, false, None, true);
+        let p = Progress {
+            elapsed: Duration::from_secs(3),
+            bytes_done: 1 << 30,
+            bytes_moved: 1 << 30,
+            bytes_total: 1 << 30,
+            files_done: 0,
+            files_total: 1,
+            stats: &stats,
+            connected: true,
+            waiting: Some(Waiting::FarSideVerifying),
+        };
+        let l = out.progress_line(&p);
+        assert!(l.contains("100.0%"), "{l}");
+        assert!(l.contains("(the far side is writing and verifying)"), "{l}");
+        let m = out.bar_message(&Progress {
+            waiting: Some(Waiting::Hashing),
+            ..p
+        });
+        assert!(m.contains("(--update: hashing to compare)"), "{m}");
+        let m = out.bar_message(&Progress { waiting: None, ..p });
+        assert!(!m.contains('('), "{m}");
     }
 
     #[test]
@@ -468,6 +503,7 @@ mod tests {
             files_total: 1,
             stats: &stats,
             connected: true,
+            waiting: None,
         });
         assert!(l.contains("  8.0 Mbit/s"), "{l}");
         assert!(l.contains("500.0 MB done"), "{l}");
@@ -486,6 +522,7 @@ mod tests {
             files_total: 1,
             stats: &stats,
             connected: true,
+            waiting: None,
         };
         // A resume: 500 MB were there from the start and are no part of the rate.
         assert_eq!(

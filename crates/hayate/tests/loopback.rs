@@ -1914,3 +1914,123 @@ fn a_slow_fifo_reader_does_not_stall_other_sessions() {
         r.elapsed
     );
 }
+
+/// Holds an exclusive `flock` on `path` (as the far side of a killed copy still does for a
+/// moment) until dropped.
+struct Held {
+    _file: fs::File,
+}
+impl Held {
+    fn new(path: &Path) -> Held {
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(path)
+            .unwrap();
+        // SAFETY: flock(2) on an fd this struct owns.
+        assert_eq!(
+            unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&f), libc::LOCK_EX) },
+            0
+        );
+        Held { _file: f }
+    }
+}
+
+#[test]
+fn an_upload_whose_temp_file_is_held_waits_without_stalling_other_sessions() {
+    let fx = Fx::new();
+    let other = fx.root.join("other");
+    write_random(&other, 1 << 20, 7);
+
+    // Held for 1.5 s, then let go: the upload waits for it, then lands.
+    let src = fx.local.join("held");
+    write_random(&src, 100_000, 8);
+    let lock = Held::new(&fx.root.join(".held.hayate-part"));
+    let mut cmd = hayate();
+    cmd.args([
+        "cp",
+        "-q",
+        "--key-file",
+        &s(&fx.key),
+        &s(&src),
+        &fx.url("held"),
+    ]);
+    let mut waiting = spawn_cmd(&mut cmd);
+    std::thread::sleep(Duration::from_millis(300));
+    // Meanwhile another client's download goes through at once.
+    let t0 = Instant::now();
+    fx.cp(&[fx.url("other"), s(&fx.local.join("other"))])
+        .assert_ok();
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_millis(1200),
+        "another session waited {took:?} behind the busy upload"
+    );
+    assert!(
+        !waiting.try_finished(),
+        "the upload did not wait for its temp file"
+    );
+    std::thread::sleep(Duration::from_millis(1200));
+    drop(lock);
+    waiting.wait(Duration::from_secs(20)).assert_ok();
+    assert_eq!(hash_file(&fx.root.join("held")), hash_file(&src));
+
+    // Held for good: refused after a while, saying why.
+    let src = fx.local.join("stuck");
+    write_random(&src, 100_000, 9);
+    let _lock = Held::new(&fx.root.join(".stuck.hayate-part"));
+    let t0 = Instant::now();
+    let r = fx.cp(&[s(&src), fx.url("stuck")]);
+    assert!(!r.ok());
+    assert!(
+        r.stderr.contains("another transfer is writing this file"),
+        "{}",
+        r.stderr
+    );
+    assert!(t0.elapsed() >= Duration::from_secs(4), "{:?}", t0.elapsed());
+    assert!(!fx.root.join("stuck").exists());
+}
+
+#[test]
+fn a_served_fifo_is_waited_for_its_reader_then_refused_without_stalling_others() {
+    let fx = Fx::new();
+    let src = fx.local.join("f.bin");
+    let want = write_random(&src, 300_000, 23);
+    let other = fx.root.join("other");
+    write_random(&other, 1 << 20, 24);
+
+    // The reader comes a second late: the upload waits for it.
+    mkfifo(&fx.root.join("late"));
+    let mut cmd = hayate();
+    cmd.args([
+        "cp",
+        "-q",
+        "--key-file",
+        &s(&fx.key),
+        &s(&src),
+        &fx.url("late"),
+    ]);
+    let upload = spawn_cmd(&mut cmd);
+    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    fx.cp(&[fx.url("other"), s(&fx.local.join("other"))])
+        .assert_ok();
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_millis(1200),
+        "another session waited {took:?} behind the FIFO"
+    );
+    std::thread::sleep(Duration::from_millis(700));
+    let reader = drain_fifo(&fx.root.join("late"));
+    upload.wait(Duration::from_secs(20)).assert_ok();
+    assert_eq!(blake3::hash(&reader.join().unwrap()), want);
+
+    // Nobody ever reads: refused after a while, saying why; still a FIFO.
+    mkfifo(&fx.root.join("unread"));
+    let r = fx.cp(&[s(&src), fx.url("unread")]);
+    r.assert_failed();
+    assert!(r.stderr.contains("nothing reads from this FIFO"), "{r:#?}");
+    assert!(is_fifo(&fx.root.join("unread")));
+}

@@ -10,7 +10,6 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -141,7 +140,6 @@ fn run(mut cmd: Command, limit: Duration) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
-    let (tx, rx) = mpsc::channel();
     let mut out = child.stdout.take().unwrap();
     let mut err = child.stderr.take().unwrap();
     let t1 = thread::spawn(move || {
@@ -162,7 +160,6 @@ fn run(mut cmd: Command, limit: Duration) -> Output {
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            let _ = tx.send(());
             panic!(
                 "{cmd:?} did not finish within {limit:?}; stderr: {}",
                 String::from_utf8_lossy(&t2.join().unwrap())

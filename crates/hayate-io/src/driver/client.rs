@@ -204,6 +204,30 @@ pub struct Progress<'a> {
     pub files_total: usize,
     pub stats: &'a Stats,
     pub connected: bool,
+    /// What the copy waits for while no bytes move, if it does.
+    pub waiting: Option<Waiting>,
+}
+
+/// Work that holds a copy up after its bytes have moved (or before they can), so a user
+/// sees why a finished bar does not end yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waiting {
+    /// Every byte is acknowledged: the far side writes the rest out and verifies.
+    FarSideVerifying,
+    /// Every byte is here: the last subtrees are written and hashed.
+    Verifying,
+    /// `--update`: a whole file is hashed here to compare it with the far side's.
+    Hashing,
+}
+
+impl std::fmt::Display for Waiting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Waiting::FarSideVerifying => "the far side is writing and verifying",
+            Waiting::Verifying => "verifying",
+            Waiting::Hashing => "--update: hashing to compare",
+        })
+    }
 }
 
 /// What the driver tells the user while it runs.
@@ -1511,7 +1535,18 @@ impl Client<'_, '_> {
             .iter()
             .filter(|r| r.kind == Kind::File && (r.ok() || r.error.is_some()))
             .count();
+        let all_moved = !files.act.is_empty() && s.finished_bytes + active >= s.bytes_total;
+        let waiting = if files.hashing() {
+            Some(Waiting::Hashing)
+        } else if all_moved && files.act.values().any(|a| a.upload) {
+            Some(Waiting::FarSideVerifying)
+        } else if all_moved {
+            Some(Waiting::Verifying)
+        } else {
+            None
+        };
         self.ui.progress(&Progress {
+            waiting,
             elapsed: self.start.elapsed(),
             bytes_done: s.finished_bytes + active,
             bytes_moved: finished_moved + active_moved,

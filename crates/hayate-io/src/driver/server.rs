@@ -28,6 +28,11 @@ use crate::verify::{Landing, Sending, WholeHash};
 
 /// Most entries one listing may return (a runaway tree is an error, not an OOM).
 const MAX_LIST: usize = 4_000_000;
+/// How long an upload whose temp file another process holds, or whose FIFO destination
+/// has no reader, is tried again before it is refused.
+const BUSY_WAIT: Duration = Duration::from_secs(5);
+/// How often it is tried meanwhile.
+const BUSY_POLL: Duration = Duration::from_millis(100);
 /// How often the resume state of running receives is written down.
 const STATE_EVERY: Duration = Duration::from_millis(500);
 
@@ -326,6 +331,10 @@ struct Server<'l> {
     save_states: bool,
     /// Offers whose temp file another session holds, for [`Server::supersede`].
     busy_offers: Vec<(Cid, Event)>,
+    /// Offers whose temp file another process still holds (the far side of a killed copy,
+    /// not yet gone), or whose FIFO has no reader yet: tried again each 100 ms until the
+    /// time given, then refused. The loop never sleeps on them: other sessions go on.
+    waiting: Vec<(Cid, Event, Instant)>,
     /// `hayate tunnel`: only the far side started over ssh (`--stdio`) opens them; a
     /// daemon exposes its root and nothing else.
     allow_tunnels: bool,
@@ -356,6 +365,7 @@ impl<'l> Server<'l> {
             last_state: Instant::now(),
             save_states: false,
             busy_offers: Vec::new(),
+            waiting: Vec::new(),
             allow_tunnels: false,
             tunnels: HashMap::new(),
         })
@@ -373,9 +383,9 @@ impl<'l> Server<'l> {
 
     /// An upload whose temp file another session of ours still writes (a client killed and
     /// rerun before its old session timed out): the old receive gives way, keeping its
-    /// resume state, and the new one takes over. Then the offer is handled again, waiting a
-    /// little if another process holds the file.
-    fn supersede(&mut self, net: &mut Net<SessionFiles>, cid: Cid, ev: Event) {
+    /// resume state, and the new one takes over. The offer is then tried again at once,
+    /// and for a few seconds of turns if another process holds the file.
+    fn supersede(&mut self, net: &mut Net<SessionFiles>, cid: Cid, ev: Event, now: Instant) {
         let Event::Offered { path, .. } = &ev else {
             return;
         };
@@ -430,7 +440,23 @@ impl<'l> Server<'l> {
             }
         }
         if let Some(s) = net.session(cid) {
-            on_event(&self.root, s.conn, s.files, ev, s.addr, self.log, true);
+            if let Some(ev) = on_event(&self.root, s.conn, s.files, ev, s.addr, self.log, false) {
+                self.waiting.push((cid, ev, now + BUSY_WAIT));
+            }
+        }
+    }
+
+    /// Tries the waiting offers again; the last try refuses one still busy.
+    fn retry_waiting(&mut self, net: &mut Net<SessionFiles>, now: Instant) {
+        for (cid, ev, until) in std::mem::take(&mut self.waiting) {
+            let Some(s) = net.session(cid) else {
+                continue; // the session is gone
+            };
+            let last_try = now >= until;
+            if let Some(ev) = on_event(&self.root, s.conn, s.files, ev, s.addr, self.log, last_try)
+            {
+                self.waiting.push((cid, ev, until));
+            }
         }
     }
 
@@ -454,6 +480,15 @@ impl<'l> Server<'l> {
 
 impl Policy for Server<'_> {
     type Files = SessionFiles;
+
+    fn wake_by(&self, now: Instant) -> Instant {
+        let wait = if self.waiting.is_empty() {
+            Duration::from_millis(200)
+        } else {
+            BUSY_POLL
+        };
+        now + wait
+    }
 
     fn begin(&mut self, now: Instant, net: &mut Net<SessionFiles>) -> Flow {
         if self.unconnected_until.is_some_and(|t| now >= t) {
@@ -519,9 +554,10 @@ impl Policy for Server<'_> {
         hashing || f.inc.values().any(|i| i.landing.verifying())
     }
 
-    fn end(&mut self, _now: Instant, net: &mut Net<SessionFiles>) -> Flow {
+    fn end(&mut self, now: Instant, net: &mut Net<SessionFiles>) -> Flow {
+        self.retry_waiting(net, now);
         for (cid, ev) in std::mem::take(&mut self.busy_offers) {
-            self.supersede(net, cid, ev);
+            self.supersede(net, cid, ev, now);
         }
         Flow::Go
     }
@@ -583,23 +619,8 @@ fn place_into_dir(root: &Root, mut ev: Event) -> Event {
     ev
 }
 
-/// Opens the temp file for an upload. With `wait`, a temp file another process still holds
-/// (the far side of a killed copy, not yet gone) is waited for briefly.
-fn open_part(root: &Root, path: &str, size: u64, wait: bool) -> Result<PartFile, FsError> {
-    let mut tries = 0;
-    loop {
-        match root.create_part(path, size) {
-            Err(FsError::Busy(_)) if wait && tries < 50 => {
-                tries += 1;
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            r => return r,
-        }
-    }
-}
-
 /// Handles one session event. Returns an offer it could not take yet because its temp file
-/// is busy (and `retry` was false), for [`Server::supersede`].
+/// is busy (unless `last_try`), for [`Server::supersede`] and later turns.
 fn on_event(
     root: &Root,
     c: &mut Connection,
@@ -607,7 +628,7 @@ fn on_event(
     ev: Event,
     addr: SocketAddr,
     log: Log<'_>,
-    retry: bool,
+    last_try: bool,
 ) -> Option<Event> {
     match ev {
         Event::Connected => log(&format!("{addr}: session {:08x} established", c.my_cid())),
@@ -620,9 +641,18 @@ fn on_event(
             flags,
             hash,
         } => {
-            let part = match open_part(root, path, size, retry) {
+            let part = match root.create_part(path, size) {
                 Ok(p) => p,
-                Err(FsError::Busy(_)) if !retry => return Some(ev),
+                Err(FsError::Busy(_) | FsError::NoReader(_)) if !last_try => return Some(ev),
+                Err(FsError::NoReader(p)) => {
+                    let e = format!(
+                        "{p}: nothing reads from this FIFO (waited {} s)",
+                        BUSY_WAIT.as_secs()
+                    );
+                    log(&format!("{addr}: refused upload: {e}"));
+                    c.reject(xfer, &e);
+                    return None;
+                }
                 Err(e) => {
                     log(&format!("{addr}: refused upload: {e}"));
                     c.reject(xfer, &e.to_string());

@@ -253,10 +253,14 @@ fn sender_limited(fb: &Feedback, rx: u64, gap: bool) -> bool {
     (fb.send_stall_bytes + idle) as f64 > SENDER_LIMITED * bytes
 }
 
+/// Where the controller is in its cycle, in the terms of BBR.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
+    /// Searching for the path's rate, growing each round until deliveries stop growing.
     Startup,
+    /// Emptying the queue startup built.
     Drain,
+    /// At the estimated rate, probing above it from time to time, yielding when a queue forms.
     ProbeBw,
 }
 
@@ -270,6 +274,8 @@ enum Phase {
     Drain(u32),
 }
 
+/// The adaptive rate controller: finds the path's rate from delivery rates, RTT and losses
+/// (BBR-like search, a hold when a queue stands, a fair share beside other flows).
 #[derive(Debug, Clone)]
 pub struct Adaptive {
     max_rate: Option<u64>,
@@ -478,6 +484,7 @@ impl RecentRate {
 }
 
 impl Adaptive {
+    /// A controller that stays within `[min_rate, max_rate]` bytes/s (`None`: no cap).
     pub fn new(max_rate: Option<u64>, min_rate: u64) -> Self {
         let mut a = Adaptive {
             max_rate,
@@ -553,6 +560,7 @@ impl Adaptive {
         a
     }
 
+    /// Its current mode (for traces and tests).
     pub fn mode(&self) -> Mode {
         self.mode
     }

@@ -7,6 +7,7 @@ pub struct Fixed {
 }
 
 impl Fixed {
+    /// Paces at `rate` bytes/s; `None`: unpaced.
     pub fn new(rate: Option<u64>) -> Self {
         Fixed { rate }
     }

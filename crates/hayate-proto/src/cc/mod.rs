@@ -17,8 +17,9 @@ pub struct Feedback {
     /// The receiver's delay between the arrival of the newest datagram it acknowledges and
     /// the ACK (its backlog plus deliberate ACK delay), µs; not part of `rtt_us`.
     pub rx_lag_us: u64,
-    /// Smoothed and minimum RTT so far.
+    /// Smoothed RTT so far, µs.
     pub srtt_us: u64,
+    /// Minimum RTT in the estimator's window, µs.
     pub min_rtt_us: u64,
     /// Receive rate measured by the receiver between this ACK and the previous one, bytes/s.
     pub rx_rate: Option<u64>,
@@ -26,16 +27,19 @@ pub struct Feedback {
     pub rx_interval_us: u64,
     /// Data bytes newly delivered since the previous ACK.
     pub delivered: u64,
-    /// Blocks newly declared lost by this feedback, and their bytes.
+    /// Blocks newly declared lost by this feedback.
     pub lost_blocks: u64,
+    /// Their bytes.
     pub lost_bytes: u64,
-    /// Of the bytes delivered and lost, those the pacer sent catching up after its host
-    /// held it (faster than the rate: their losses are the sender's bursts, not the path's).
+    /// Of the bytes delivered, those the pacer sent catching up after its host held it
+    /// (faster than the rate: their losses are the sender's bursts, not the path's).
     pub catch_up_delivered: u64,
+    /// Of the bytes lost, those sent catching up.
     pub catch_up_lost_bytes: u64,
-    /// Bytes waiting in the receiver's socket buffer, and its size, as its kernel counts
-    /// them (overhead included; `rx_buffer` 0: unknown).
+    /// Bytes waiting in the receiver's socket buffer, as its kernel counts them (overhead
+    /// included).
     pub rx_buffered: u64,
+    /// That buffer's size, counted the same way; 0: unknown.
     pub rx_buffer: u64,
     /// Sending time (bytes at the pacing rate) the sender's host took from it while it sent
     /// the packets this ACK newly covers: their delivery rate is the sender's, not the path's.
@@ -50,6 +54,8 @@ pub struct Feedback {
     pub in_flight: u64,
 }
 
+/// A rate controller: told what is sent and what the receiver's feedback said, it sets the
+/// pacing rate and, optionally, a cap on data in flight.
 pub trait RateControl: Send + std::fmt::Debug {
     /// Pacing rate in bytes per second; `None` = send as fast as the host allows.
     fn pacing_rate(&self) -> Option<u64>;
@@ -58,7 +64,9 @@ pub trait RateControl: Send + std::fmt::Debug {
     fn pacing_rate_with(&self, _in_flight: u64) -> Option<u64> {
         self.pacing_rate()
     }
+    /// `bytes` (a whole datagram) went out at `now_us`.
     fn on_sent(&mut self, _now_us: u64, _bytes: u64) {}
+    /// An ACK (and the loss maps with it) arrived.
     fn on_feedback(&mut self, _fb: &Feedback) {}
     /// Most data bytes that may be in flight (sent, not yet acknowledged or lost).
     fn in_flight_cap(&self) -> Option<u64> {
@@ -76,7 +84,12 @@ pub enum RateConfig {
     /// No pacing at all.
     Unlimited,
     /// Find the rate by itself, within `[min, max]` bytes/s (`max` None = no cap).
-    Adaptive { max: Option<u64>, min: u64 },
+    Adaptive {
+        /// Highest rate, bytes/s; `None`: no cap.
+        max: Option<u64>,
+        /// Lowest rate, bytes/s.
+        min: u64,
+    },
 }
 
 impl RateConfig {
@@ -113,6 +126,7 @@ impl RateConfig {
         }
     }
 
+    /// The controller this configuration asks for.
     pub fn build(self) -> Box<dyn RateControl> {
         match self {
             RateConfig::Fixed(r) => Box::new(Fixed::new(Some(r))),

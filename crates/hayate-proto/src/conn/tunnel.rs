@@ -5,14 +5,12 @@
 //! receiver's STREAM_ACK rides with its ACKs; losses are declared with the loss maps' rule
 //! and delivered and lost bytes go into the rate controller's `Feedback` as blocks' do.
 
-use std::collections::VecDeque;
 use std::time::Instant;
 
-use super::{Connection, Event, SentRecord, Side};
+use super::{Connection, Event, Side};
 use crate::cc::Feedback;
 use crate::control::Ctrl;
 use crate::stream::{StreamRecv, StreamSend, RECV_WINDOW};
-use crate::transfer::REORDER_PACKETS;
 use crate::wire::{self, StreamAckFrame, Writer};
 
 /// Most STREAM frame header bytes: type, flags, offset (8), length (4).
@@ -37,34 +35,6 @@ impl Tunnel {
     }
 }
 
-/// The loss maps' rule (`Connection::on_loss_map`): what was sent in packet `pn` is lost
-/// when `pn` was overtaken by the packet the peer acknowledged last, by `REORDER_PACKETS`
-/// packets or by an eighth of the RTT.
-fn overtaken<'a>(
-    largest: u64,
-    largest_time: Option<u64>,
-    reorder_us: u64,
-    sent_base: u64,
-    times: &'a VecDeque<SentRecord>,
-) -> impl Fn(u64) -> bool + 'a {
-    move |pn: u64| {
-        if pn >= largest {
-            return false;
-        }
-        if largest - pn >= REORDER_PACKETS {
-            return true;
-        }
-        match (
-            pn.checked_sub(sent_base)
-                .and_then(|i| times.get(i as usize)),
-            largest_time,
-        ) {
-            (Some(r), Some(lt)) => r.at_us + reorder_us <= lt,
-            _ => true,
-        }
-    }
-}
-
 impl Connection {
     /// Client: asks the server to connect the session's stream to `host:port` (as the
     /// server resolves and reaches it). Bytes may be written at once; the answer comes as
@@ -73,7 +43,7 @@ impl Connection {
         if self.side != Side::Client || self.tunnel.is_some() {
             return;
         }
-        self.ctrl_tx.push(&Ctrl::Tunnel {
+        self.ctrl.tx.push(&Ctrl::Tunnel {
             host: host.to_string(),
             port,
         });
@@ -93,7 +63,7 @@ impl Connection {
         if result.is_err() {
             self.tunnel = None;
         }
-        self.ctrl_tx.push(&Ctrl::TunnelReply { result });
+        self.ctrl.tx.push(&Ctrl::TunnelReply { result });
     }
 
     /// The session has a tunnel (asked for, or being answered).
@@ -129,7 +99,7 @@ impl Connection {
         if let Some(t) = &mut self.tunnel {
             t.recv.consume(n);
             if t.recv.window_update_due() {
-                self.ack_now = true;
+                self.space.ack_now = true;
             }
         }
     }
@@ -190,8 +160,8 @@ impl Connection {
             .on_chunk(offset, fin, data)
             .map_err(|e| e.to_string())?;
         if new > 0 {
-            self.rx_bytes += new;
-            self.rx_bytes_at_us = self.rx_bytes_at_us.max(rx_at_us);
+            self.space.rx_bytes += new;
+            self.space.rx_bytes_at_us = self.space.rx_bytes_at_us.max(rx_at_us);
             self.stats.data_bytes_received += new;
         } else {
             self.stats.duplicate_blocks_received += 1;
@@ -199,7 +169,7 @@ impl Connection {
         self.stats.data_packets_received += 1;
         // The stream's end is worth telling at once (the peer may be waiting to finish).
         if fin {
-            self.ack_now = true;
+            self.space.ack_now = true;
         }
         Ok(())
     }
@@ -209,19 +179,13 @@ impl Connection {
         let Some(mut t) = self.tunnel.take() else {
             return;
         };
-        let sent_base = self.sent_base;
-        let times = &self.sent_times;
-        let tagged = |pn: u64| {
-            pn.checked_sub(sent_base)
-                .and_then(|i| times.get(i as usize))
-                .is_some_and(|r| r.catch_up)
-        };
-        let out = match self.largest_acked {
+        let tagged = self.space.caught_up();
+        let out = match self.space.largest_acked {
             Some(largest) => {
-                let reorder_us = (self.rtt.srtt() / 8).max(1_000);
-                let largest_time = self.sent_record(largest).map(|r| r.at_us);
-                let lost = overtaken(largest, largest_time, reorder_us, sent_base, times);
-                t.send.on_ack(a, lost, tagged)
+                // The loss maps' rule (`PacketSpace::overtaken`).
+                let reorder_us = (self.path.rtt.srtt() / 8).max(1_000);
+                t.send
+                    .on_ack(a, self.space.overtaken(largest, reorder_us), tagged)
             }
             None => t.send.on_ack(a, |_| false, tagged),
         };
@@ -268,11 +232,11 @@ impl Connection {
 
     /// One STREAM chunk in a sealed packet, as `send_data` sends a block.
     pub(super) fn send_stream(&mut self, now_us: u64, buf: &mut [u8]) -> Option<usize> {
-        let keys = self.keys.as_ref()?;
+        let keys = self.space.keys.as_ref()?;
         let hdr = wire::SEALED_HEADER_LEN;
-        let limit = self.payload_limit - wire::TAG_LEN;
+        let limit = self.path.payload_limit - wire::TAG_LEN;
         let t = self.tunnel.as_mut()?;
-        let pn = self.next_pn;
+        let pn = self.space.next_pn;
         let at = hdr + MAX_STREAM_HEADER;
         let c = t.send.next_chunk(limit - at, pn, &mut buf[at..limit])?;
         let h = wire::stream_header_len(c.offset, c.len);
@@ -287,17 +251,17 @@ impl Connection {
         }
         wire::write_sealed_header(buf, self.peer_cid, pn);
         let total = keys.send.seal(buf, h + c.len, pn);
-        self.next_pn += 1;
+        self.space.next_pn += 1;
         self.record_sent(now_us);
         self.stats.data_packets_sent += 1;
         self.stats.data_bytes_sent += c.len as u64;
         if c.retx {
             self.stats.data_packets_retransmitted += 1;
         }
-        self.pacer.on_sent(total);
-        self.cc.on_sent(now_us, total as u64);
-        self.pacer
-            .set_rate(self.cc.pacing_rate_with(self.in_flight_bytes()));
+        self.path.pacer.on_sent(total);
+        self.path.cc.on_sent(now_us, total as u64);
+        let rate = self.path.cc.pacing_rate_with(self.in_flight_bytes());
+        self.path.pacer.set_rate(rate);
         Some(total)
     }
 }

@@ -1,0 +1,266 @@
+//! The packet number space: sealing keys, the replay window, what to acknowledge and when,
+//! and what the sender remembers of each packet for RTT and loss decisions.
+
+use std::collections::VecDeque;
+
+use crate::cc::Feedback;
+use crate::crypto::{ReplayWindow, SessionKeys};
+use crate::transfer::REORDER_PACKETS;
+use crate::wire::{self, AckFrame, Frame, Writer};
+
+use super::Connection;
+
+/// ACK cadence: every 32 data packets, or 5 ms after the first unacknowledged one.
+pub(super) const ACK_EVERY: u32 = 32;
+
+pub(super) const ACK_DELAY_US: u64 = 5_000;
+
+/// Sent-packet times kept for RTT and reordering decisions.
+pub(super) const MAX_SENT_HISTORY: usize = 1 << 22;
+
+/// What the sender remembers of one packet it sent.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct SentRecord {
+    pub(super) at_us: u64,
+    /// The pacer's sending time lost to the host by then (see [`Feedback::send_stall_bytes`]),
+    /// and left unused for want of data or room in flight ([`Feedback::send_idle_bytes`]).
+    pub(super) stalled: u64,
+    pub(super) idle: u64,
+    /// Sent as part of the pacer's catch-up (see [`Pacer::catching_up`]).
+    pub(super) catch_up: bool,
+}
+
+/// The packet number space: keys, what was received and is to be acknowledged, and what
+/// was sent.
+pub(super) struct PacketSpace {
+    pub(super) keys: Option<SessionKeys>,
+
+    // Receiving packets from the peer.
+    pub(super) replay: ReplayWindow,
+    /// Largest packet number received, and when it arrived (µs).
+    pub(super) largest_rx: Option<(u64, u64)>,
+    pub(super) ack_pending: u32,
+    pub(super) ack_deadline: Option<u64>,
+    pub(super) ack_now: bool,
+    /// Data bytes received (the ACK reports them for the sender's delivery rate).
+    pub(super) rx_bytes: u64,
+    /// Arrival time of the last data counted in `rx_bytes`, µs.
+    pub(super) rx_bytes_at_us: u64,
+
+    // Sending packets to the peer.
+    pub(super) next_pn: u64,
+    pub(super) sent_base: u64,
+    /// Per packet number from `sent_base`: what the sender knows of its sending.
+    pub(super) sent_times: VecDeque<SentRecord>,
+    pub(super) largest_acked: Option<u64>,
+}
+
+impl Connection {
+    pub(super) fn on_ack(&mut self, now_us: u64, rx_at_us: u64, a: &AckFrame) -> Feedback {
+        let mut fb = Feedback {
+            now_us,
+            ..Default::default()
+        };
+        if a.largest_pn < self.space.next_pn
+            && self.space.largest_acked.is_none_or(|l| a.largest_pn > l)
+        {
+            let prev = self.space.largest_acked.and_then(|l| self.sent_record(l));
+            self.space.largest_acked = Some(a.largest_pn);
+            if let Some(sent) = self.sent_record(a.largest_pn) {
+                if let Some(before) = prev {
+                    fb.send_stall_bytes = sent.stalled.saturating_sub(before.stalled);
+                    fb.send_idle_bytes = sent.idle.saturating_sub(before.idle);
+                }
+                let raw = rx_at_us.saturating_sub(sent.at_us);
+                let rtt = if raw > a.ack_delay_us {
+                    raw - a.ack_delay_us
+                } else {
+                    raw
+                };
+                self.path.rtt.on_sample(now_us, rtt);
+                fb.rtt_us = Some(rtt);
+                fb.rx_lag_us = a.ack_delay_us;
+            }
+            // Forget send times nobody will ask for again.
+            let keep_from = a.largest_pn.saturating_sub(4 * REORDER_PACKETS.max(1024));
+            while self.space.sent_base < keep_from && !self.space.sent_times.is_empty() {
+                self.space.sent_times.pop_front();
+                self.space.sent_base += 1;
+            }
+        }
+        if self.ctrl.tx.on_ack(a.ctrl_offset) {
+            self.timers.pto_count = 0;
+        }
+        self.timers.pto_base_us = now_us;
+        self.timers.pto_count = 0;
+        if let Some((b0, t0)) = self.path.prev_ack_rx {
+            if a.rx_time_us > t0 + 1_000 && a.rx_bytes >= b0 {
+                // The receiver counts payload; the pacer counts whole datagrams.
+                let payload = (a.rx_bytes - b0) as u128 * 1_000_000 / (a.rx_time_us - t0) as u128;
+                let per_dgram = (self.path.block_size
+                    + wire::SEALED_HEADER_LEN
+                    + wire::DATA_HEADER_LEN
+                    + wire::TAG_LEN) as u128;
+                fb.rx_rate = Some((payload * per_dgram / self.path.block_size as u128) as u64);
+                fb.rx_interval_us = a.rx_time_us - t0;
+                self.path.prev_ack_rx = Some((a.rx_bytes, a.rx_time_us));
+            }
+        } else {
+            self.path.prev_ack_rx = Some((a.rx_bytes, a.rx_time_us));
+        }
+        fb.rx_buffered = a.rx_buffered;
+        fb.rx_buffer = a.rx_buffer;
+        fb.rx_drops = a.rx_drops.saturating_sub(self.path.peer_drops);
+        self.path.peer_drops = self.path.peer_drops.max(a.rx_drops);
+        fb
+    }
+
+    pub(super) fn sent_record(&self, pn: u64) -> Option<SentRecord> {
+        self.space.sent_record(pn)
+    }
+}
+
+impl PacketSpace {
+    pub(super) fn sent_time(&self, pn: u64) -> Option<u64> {
+        self.sent_record(pn).map(|r| r.at_us)
+    }
+
+    pub(super) fn sent_record(&self, pn: u64) -> Option<SentRecord> {
+        if pn < self.sent_base {
+            return None;
+        }
+        self.sent_times.get((pn - self.sent_base) as usize).copied()
+    }
+
+    /// The loss rule of loss maps and the tunnel's stream acknowledgements alike: what was
+    /// sent in packet `pn` is lost once `largest` (the packet the peer acknowledged last)
+    /// overtook it by `REORDER_PACKETS` packets or by `reorder_us`; until then it may still
+    /// be on its way.
+    pub(super) fn overtaken(&self, largest: u64, reorder_us: u64) -> impl Fn(u64) -> bool + '_ {
+        let largest_time = self.sent_time(largest);
+        move |pn: u64| {
+            if pn >= largest {
+                return false;
+            }
+            if largest - pn >= REORDER_PACKETS {
+                return true;
+            }
+            match (self.sent_record(pn), largest_time) {
+                (Some(r), Some(lt)) => r.at_us + reorder_us <= lt,
+                _ => true,
+            }
+        }
+    }
+
+    /// Whether packet `pn` went out in the pacer's catch-up (see `Pacer::catching_up`).
+    pub(super) fn caught_up(&self) -> impl Fn(u64) -> bool + '_ {
+        move |pn: u64| self.sent_record(pn).is_some_and(|r| r.catch_up)
+    }
+}
+
+impl Connection {
+    pub(super) fn write_ack(&mut self, now_us: u64, w: &mut Writer<'_>) {
+        let (largest_pn, at) = self.space.largest_rx.unwrap_or((0, now_us));
+        let ack = AckFrame {
+            largest_pn,
+            ack_delay_us: now_us.saturating_sub(at),
+            ctrl_offset: self.ctrl.rx.offset(),
+            rx_bytes: self.space.rx_bytes,
+            // When the last of those bytes arrived: the rate the sender derives is the
+            // path's, not how fast this process happened to get to them.
+            rx_time_us: if self.space.rx_bytes_at_us > 0 {
+                self.space.rx_bytes_at_us
+            } else {
+                now_us
+            },
+            rx_buffered: self.path.rx_buffered,
+            rx_buffer: self.path.rx_buffer,
+            rx_drops: self.path.rx_drops,
+        };
+        Frame::Ack(ack).encode(w).expect("an ACK always fits");
+        self.space.ack_now = false;
+        self.space.ack_pending = 0;
+        self.space.ack_deadline = None;
+    }
+
+    pub(super) fn record_sent(&mut self, now_us: u64) {
+        self.space.sent_times.push_back(SentRecord {
+            at_us: now_us,
+            stalled: self.path.pacer.lost_bytes(),
+            idle: self.path.pacer.idle_bytes(),
+            catch_up: self.path.pacer.catching_up(),
+        });
+        if self.space.sent_times.len() > MAX_SENT_HISTORY {
+            self.space.sent_times.pop_front();
+            self.space.sent_base += 1;
+        }
+        self.stats.packets_sent += 1;
+    }
+
+    /// Authenticates a datagram as a packet of this session: sealed, for our connection
+    /// id, not a replay, opening under the peer's key, and every frame parsing (checked
+    /// before any acts, so a malformed tail cannot leave a packet half-applied). Returns its
+    /// packet number and plaintext; a datagram that fails is counted and dropped.
+    pub(super) fn open_packet<'a>(&mut self, data: &'a mut [u8]) -> Option<(u64, &'a [u8])> {
+        match wire::peek_kind(data) {
+            Ok(wire::PacketKind::Sealed) => {}
+            Ok(_) => {
+                // Retransmitted hellos are the endpoint's business; anything else is noise.
+                self.stats.dropped_unexpected += 1;
+                return None;
+            }
+            Err(_) => {
+                self.stats.dropped_malformed += 1;
+                return None;
+            }
+        }
+        if wire::sealed_dest_cid(data).ok() != Some(self.my_cid) {
+            self.stats.dropped_unexpected += 1;
+            return None;
+        }
+        let Ok(pn_bits) = wire::sealed_pn_bits(data) else {
+            self.stats.dropped_malformed += 1;
+            return None;
+        };
+        let pn = wire::decode_pn(pn_bits, self.space.largest_rx.map_or(0, |(l, _)| l + 1));
+        if !self.space.replay.is_fresh(pn) {
+            self.stats.dropped_replay += 1;
+            return None;
+        }
+        let keys = self
+            .space
+            .keys
+            .as_ref()
+            .expect("sealed packets only after keys");
+        let plain = match keys.recv.open(data, pn) {
+            Ok(p) => p,
+            Err(_) => {
+                self.stats.dropped_auth += 1;
+                return None;
+            }
+        };
+        if wire::parse_frames(plain).any(|f| f.is_err()) {
+            self.stats.dropped_malformed += 1;
+            return None;
+        }
+        Some((pn, plain))
+    }
+
+    /// PING: only asks for an ACK.
+    pub(super) fn on_ping(&mut self) {
+        self.space.ack_now = true;
+    }
+
+    /// After a packet that asks for an ACK: data is acknowledged in batches
+    /// (`ACK_EVERY` packets or `ACK_DELAY_US`), anything else at once.
+    pub(super) fn schedule_ack(&mut self, now_us: u64, has_data: bool) {
+        if has_data {
+            self.space.ack_pending += 1;
+            if self.space.ack_deadline.is_none() {
+                self.space.ack_deadline = Some(now_us + ACK_DELAY_US);
+            }
+        } else {
+            self.space.ack_now = true;
+        }
+    }
+}

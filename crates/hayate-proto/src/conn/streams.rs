@@ -1,0 +1,266 @@
+//! The control stream: reliable, ordered messages both ways, some said twice, and what
+//! arriving messages do.
+
+use std::ops::ControlFlow;
+use std::time::Instant;
+
+use crate::control::{Ctrl, CtrlRecv, CtrlSend, MetaEntry, MetaOp};
+use crate::transfer::{Incoming, Layout};
+use crate::wire;
+
+use super::transfers::{too_large, MAX_INCOMING_BLOCKS, MAX_OPEN_INCOMING};
+use super::{Connection, Event, Side};
+
+/// The control stream's two directions and what rides on them.
+pub(super) struct ControlStream {
+    pub(super) tx: CtrlSend,
+    pub(super) rx: CtrlRecv,
+    /// Control stream bytes from this offset on go out a second time once sent.
+    pub(super) twice: Option<u64>,
+    pub(super) bye_sent: bool,
+    pub(super) next_meta: u32,
+}
+
+impl Connection {
+    /// Client: a file-system request on the server; the answer comes as `MetaReplied`.
+    pub fn meta(&mut self, op: MetaOp) -> u32 {
+        let id = self.ctrl.next_meta;
+        self.ctrl.next_meta += 1;
+        self.ctrl.tx.push(&Ctrl::Meta { id, op });
+        id
+    }
+
+    /// Server: answer a `MetaRequested`, split so no message nears the size limit.
+    pub fn meta_reply(&mut self, id: u32, result: Result<Vec<MetaEntry>, String>) {
+        const PER_MESSAGE: usize = 2048;
+        match result {
+            Ok(entries) if entries.len() > PER_MESSAGE => {
+                let parts: Vec<_> = entries.chunks(PER_MESSAGE).collect();
+                let last = parts.len() - 1;
+                for (i, p) in parts.into_iter().enumerate() {
+                    self.ctrl.tx.push(&Ctrl::MetaReply {
+                        id,
+                        result: Ok(p.to_vec()),
+                        more: i < last,
+                    });
+                }
+            }
+            result => self.ctrl.tx.push(&Ctrl::MetaReply {
+                id,
+                result,
+                more: false,
+            }),
+        }
+    }
+
+    /// Queues a message a peer waits on: it goes out twice, and with it the rest of the
+    /// stream from there (only from the earliest such message still unsent twice: the
+    /// stream is not sent twice whole).
+    pub(super) fn say_twice(&mut self, msg: &Ctrl) {
+        let at = self.ctrl.tx.end();
+        self.ctrl.tx.push(msg);
+        self.ctrl.twice = Some(self.ctrl.twice.map_or(at, |t| t.min(at)));
+    }
+
+    pub(super) fn drain_ctrl(&mut self, now: Instant) {
+        loop {
+            match self.ctrl.rx.next_message() {
+                Ok(Some(msg)) => self.on_ctrl(now, msg),
+                Ok(None) => return,
+                Err(e) => {
+                    self.close(now, 2, &format!("protocol error: {e}"));
+                    return;
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_ctrl(&mut self, now: Instant, msg: Ctrl) {
+        match msg {
+            Ctrl::Offer {
+                xfer,
+                path,
+                size,
+                mode,
+                mtime,
+                flags,
+                hash,
+            } => {
+                let solicited = self.xfers.pending_gets.remove(&xfer).is_some();
+                if self.side == Side::Client && !solicited {
+                    self.stats.dropped_unexpected += 1;
+                    return;
+                }
+                if self.xfers.incoming.contains_key(&xfer)
+                    || self.xfers.outgoing.contains_key(&xfer)
+                {
+                    return;
+                }
+                let layout = Layout::new(size, self.path.block_size);
+                let held: u64 = self
+                    .xfers
+                    .incoming
+                    .values()
+                    .map(|i| i.layout.blocks())
+                    .sum();
+                let refusal = if layout.blocks() > wire::BLOCK_LIMIT {
+                    // Only a peer that ignores its own limit offers this; refuse it aloud.
+                    Some(too_large(&path, size))
+                } else if self.xfers.incoming.len() >= MAX_OPEN_INCOMING {
+                    Some(format!(
+                        "{path}: more than {MAX_OPEN_INCOMING} files offered at once"
+                    ))
+                } else if held + layout.blocks() > MAX_INCOMING_BLOCKS {
+                    Some(format!(
+                        "{path}: {size} bytes is more than this receiver tracks at once \
+                         ({MAX_INCOMING_BLOCKS} blocks of {} bytes in all)",
+                        self.path.block_size
+                    ))
+                } else {
+                    None
+                };
+                if let Some(reason) = refusal {
+                    self.ctrl.tx.push(&Ctrl::Reject {
+                        xfer,
+                        reason: reason.clone(),
+                    });
+                    if solicited {
+                        self.events.push_back(Event::Rejected { xfer, reason });
+                    }
+                    return;
+                }
+                self.xfers
+                    .incoming
+                    .insert(xfer, Incoming::new(xfer, path.clone(), layout, mode, mtime));
+                self.events.push_back(Event::Offered {
+                    xfer,
+                    path,
+                    size,
+                    mode,
+                    mtime,
+                    flags,
+                    hash,
+                });
+            }
+            Ctrl::Get { xfer, path, flags } => {
+                if self.side == Side::Server && self.xfers.outgoing.len() >= MAX_OPEN_INCOMING {
+                    self.ctrl.tx.push(&Ctrl::Reject {
+                        xfer,
+                        reason: format!(
+                            "{path}: more than {MAX_OPEN_INCOMING} files asked for at once"
+                        ),
+                    });
+                } else if self.side == Side::Server {
+                    self.events
+                        .push_back(Event::GetRequested { xfer, path, flags });
+                } else {
+                    self.stats.dropped_unexpected += 1;
+                }
+            }
+            Ctrl::Skip { xfer, reason } => {
+                if self.retire(xfer).is_some() {
+                    self.events.push_back(Event::Skipped { xfer, reason });
+                }
+            }
+            Ctrl::Meta { id, op } => {
+                if self.side == Side::Server {
+                    self.events.push_back(Event::MetaRequested { id, op });
+                } else {
+                    self.stats.dropped_unexpected += 1;
+                }
+            }
+            Ctrl::MetaReply { id, result, more } => {
+                if self.side == Side::Client {
+                    self.events
+                        .push_back(Event::MetaReplied { id, result, more });
+                } else {
+                    self.stats.dropped_unexpected += 1;
+                }
+            }
+            Ctrl::Ready { xfer, have, path } => {
+                if let Some(o) = self.xfers.outgoing.get_mut(&xfer) {
+                    if !o.ready {
+                        o.ready = true;
+                        o.mark_have(&have);
+                        self.xfers.hash_work = true;
+                        if let Some(path) = path {
+                            self.events.push_back(Event::Placed { xfer, path });
+                        }
+                    }
+                }
+            }
+            Ctrl::Reject { xfer, reason } => {
+                let known = self.retire(xfer).is_some()
+                    | self.xfers.incoming.remove(&xfer).is_some()
+                    | self.xfers.pending_gets.remove(&xfer).is_some();
+                if known {
+                    self.events.push_back(Event::Rejected { xfer, reason });
+                }
+            }
+            Ctrl::Sent { xfer, blake3 } => {
+                if let Some(inc) = self.xfers.incoming.get_mut(&xfer) {
+                    inc.expected_hash = Some(blake3);
+                    self.check_incoming_complete(xfer);
+                }
+            }
+            Ctrl::Verified { xfer, blake3 } => {
+                if let Some(o) = self.retire(xfer) {
+                    let result = if o.hash == Some(blake3) {
+                        Ok(blake3)
+                    } else {
+                        Err("the receiver's hash differs from ours".to_string())
+                    };
+                    self.events.push_back(Event::OutgoingDone { xfer, result });
+                }
+            }
+            Ctrl::Failed { xfer, reason } => {
+                if self.retire(xfer).is_some() {
+                    self.events.push_back(Event::OutgoingDone {
+                        xfer,
+                        result: Err(reason),
+                    });
+                }
+            }
+            Ctrl::Params {
+                rate_max,
+                rate_min,
+                adaptive,
+            } => {
+                if self.side == Side::Server {
+                    self.path.cc = self
+                        .cfg
+                        .rate
+                        .negotiate(rate_max, rate_min, adaptive)
+                        .build();
+                    self.path.pacer.set_rate(self.path.cc.pacing_rate());
+                }
+            }
+            Ctrl::Bye => {
+                if self.side == Side::Server {
+                    self.events.push_back(Event::Bye);
+                    self.close(now, 0, "bye");
+                }
+            }
+            m @ (Ctrl::Tunnel { .. } | Ctrl::TunnelReply { .. }) => self.on_tunnel_ctrl(now, m),
+        }
+    }
+
+    /// CTRL: a chunk of the peer's control stream; the messages it completes take effect.
+    /// Breaks when the stream is broken (the session is then closed).
+    pub(super) fn on_ctrl_frame(
+        &mut self,
+        now: Instant,
+        offset: u64,
+        data: &[u8],
+    ) -> ControlFlow<()> {
+        self.space.ack_now = true;
+        match self.ctrl.rx.on_chunk(offset, data) {
+            Ok(_) => self.drain_ctrl(now),
+            Err(e) => {
+                self.close(now, 2, &format!("protocol error: {e}"));
+                return ControlFlow::Break(());
+            }
+        }
+        ControlFlow::Continue(())
+    }
+}

@@ -1,0 +1,178 @@
+//! Building datagrams: control frames (ACK, loss maps, PING, PATH_RESPONSE, CTRL) first,
+//! then DATA, sealed under the session key.
+
+use crate::transfer::XferId;
+use crate::wire::{self, Frame, Writer};
+
+use super::{BlockSource, Connection};
+
+impl Connection {
+    pub(super) fn send_control(
+        &mut self,
+        now_us: u64,
+        buf: &mut [u8],
+        with_ack: bool,
+    ) -> Option<usize> {
+        let limit = self.path.payload_limit - wire::TAG_LEN;
+        let ping = std::mem::take(&mut self.timers.ping_pending);
+        if ping {
+            self.stats.pings_sent += 1;
+        }
+        // Work around the borrow of self inside the closure: build frames into scratch first.
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        scratch.resize(limit - wire::SEALED_HEADER_LEN, 0);
+        let mut w = Writer::new(&mut scratch);
+        if with_ack {
+            self.write_ack(now_us, &mut w);
+            self.write_stream_ack(&mut w);
+            self.write_loss_maps(&mut w);
+        }
+        if ping {
+            let _ = Frame::Ping.encode(&mut w);
+        }
+        if let Some(token) = self.path.response_due.take() {
+            let _ = Frame::PathResponse(token).encode(&mut w);
+        }
+        // Control stream bytes, as many as fit.
+        let room = w.remaining().saturating_sub(1 + 8 + 8);
+        if room > 16 {
+            if let Some((offset, data)) = self.ctrl.tx.next_chunk(room) {
+                Frame::Ctrl {
+                    offset,
+                    data: &data,
+                }
+                .encode(&mut w)
+                .expect("sized to fit");
+            }
+        }
+        let n = w.pos();
+        let out = self.seal_frames(now_us, buf, |w2| {
+            w2.put_bytes(&scratch[..n]).expect("fits");
+        });
+        self.scratch = scratch;
+        out
+    }
+
+    pub(super) fn send_data(
+        &mut self,
+        now_us: u64,
+        buf: &mut [u8],
+        src: &mut dyn BlockSource,
+    ) -> Option<usize> {
+        // The tunnel's stream first: a keystroke does not wait behind a file.
+        if self.stream_sendable() {
+            return self.send_stream(now_us, buf);
+        }
+        // Retransmissions first, then new blocks, in transfer order.
+        let mut pick: Option<(XferId, u64, bool)> = None;
+        let mut again = false;
+        for o in self.xfers.outgoing.values_mut() {
+            if !o.ready {
+                continue;
+            }
+            if let Some((b, second)) = o.pop_retx() {
+                pick = Some((o.id, b, true));
+                again = !second;
+                break;
+            }
+        }
+        // At the session's tail (nothing new left anywhere) each retransmission goes twice.
+        // With many small files that is every batch's tail: their retransmissions double
+        // (twice the loss rate instead of once), and each file verifies a round trip sooner.
+        if again && self.xfers.outgoing.values().all(|o| o.peek_new().is_none()) {
+            if let Some((xfer, block, _)) = pick {
+                if let Some(o) = self.xfers.outgoing.get_mut(&xfer) {
+                    o.send_again(block);
+                }
+            }
+        }
+        if pick.is_none() {
+            // Only files still waiting for `Ready` ask whether there is eager room (a sum over
+            // them): the steady state, every file answered, never pays for it.
+            for o in self.xfers.outgoing.values() {
+                if o.ready || (o.eager && self.eager_room()) {
+                    if let Some(b) = o.peek_new() {
+                        pick = Some((o.id, b, false));
+                        break;
+                    }
+                }
+            }
+        }
+        let (xfer, block, retx) = pick?;
+        let pn = self.space.next_pn;
+        let o = self.xfers.outgoing.get_mut(&xfer).expect("picked");
+        let len = o.layout.len(block);
+        let offset = o.layout.offset(block);
+        let hdr = wire::SEALED_HEADER_LEN;
+        let body = hdr + wire::DATA_HEADER_LEN;
+        if !retx && !self.xfers.external_hash {
+            // Blocks the receiver already had (resume) still count in the file hash.
+            let mut skipped = std::mem::take(&mut self.scratch);
+            while o.hash_next < block {
+                let b = o.hash_next;
+                skipped.resize(o.layout.len(b), 0);
+                if let Err(e) = src.read(xfer, o.layout.offset(b), &mut skipped) {
+                    self.scratch = skipped;
+                    self.fail_outgoing(
+                        xfer,
+                        format!("cannot read {}: {e}", self.xfers.outgoing[&xfer].path),
+                    );
+                    return None;
+                }
+                o.hash_block(b, &skipped);
+            }
+            self.scratch = skipped;
+        }
+        if let Err(e) = src.read(xfer, offset, &mut buf[body..body + len]) {
+            let path = o.path.clone();
+            self.fail_outgoing(xfer, format!("cannot read {path}: {e}"));
+            return None;
+        }
+        if !retx && !self.xfers.external_hash {
+            o.hash_block(block, &buf[body..body + len]);
+        }
+        o.on_sent(block, pn);
+        o.sent_bytes += len as u64;
+        wire::write_sealed_header(buf, self.peer_cid, pn);
+        wire::write_data_header(&mut buf[hdr..], xfer, block);
+        let keys = self.space.keys.as_ref().expect("established");
+        let total = keys.send.seal(buf, wire::DATA_HEADER_LEN + len, pn);
+        self.space.next_pn += 1;
+        self.record_sent(now_us);
+        self.stats.data_packets_sent += 1;
+        self.stats.data_bytes_sent += len as u64;
+        if retx {
+            self.stats.data_packets_retransmitted += 1;
+        }
+        self.path.pacer.on_sent(total);
+        self.path.cc.on_sent(now_us, total as u64);
+        // The rate may depend on what is in flight (see `RateControl::pacing_rate_with`).
+        self.path
+            .pacer
+            .set_rate(self.path.cc.pacing_rate_with(self.in_flight_bytes()));
+        // Last new block out and hashed: announce the file's hash.
+        self.maybe_announce(xfer);
+        Some(total)
+    }
+
+    pub(super) fn seal_frames(
+        &mut self,
+        now_us: u64,
+        buf: &mut [u8],
+        fill: impl FnOnce(&mut Writer<'_>),
+    ) -> Option<usize> {
+        let keys = self.space.keys.as_ref()?;
+        let hdr = wire::SEALED_HEADER_LEN;
+        let limit = self.path.payload_limit - wire::TAG_LEN;
+        let pn = self.space.next_pn;
+        wire::write_sealed_header(buf, self.peer_cid, pn);
+        let mut w = Writer::new(&mut buf[hdr..limit]);
+        fill(&mut w);
+        let n = w.pos();
+        let total = keys.send.seal(buf, n, pn);
+        self.space.next_pn += 1;
+        self.record_sent(now_us);
+        Some(total)
+    }
+}
