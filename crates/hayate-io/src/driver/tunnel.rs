@@ -573,3 +573,63 @@ pub fn run_tcp(
     }
     res.map(|_| ())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::server::{serve, Scope, ServerOptions};
+    use std::os::fd::FromRawFd;
+
+    fn pipe() -> (OwnedFd, OwnedFd) {
+        let mut fds = [0i32; 2];
+        // SAFETY: pipe2 fills two fds we then own.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: fresh fds from pipe2, owned by nobody else.
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+    }
+
+    #[test]
+    fn a_daemon_refuses_tunnels() {
+        let root = tempfile::tempdir().unwrap();
+        let psk = Psk::generate();
+        let port = std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let stop = StopFlag::new();
+        let server = {
+            let (stop, psk, dir) = (stop.clone(), psk.clone(), root.path().to_path_buf());
+            std::thread::spawn(move || {
+                let opts = ServerOptions {
+                    listen: addr,
+                    scope: Scope::Confined(dir),
+                    psk,
+                    proto: Config::default(),
+                };
+                let mut log = |_: &str| {};
+                serve(opts, stop, &mut log).map_err(|e| e.to_string())
+            })
+        };
+        let (stdin, _keep_writing_end) = pipe();
+        let (_keep_reading_end, stdout) = pipe();
+        let opts = TunnelOptions {
+            addr,
+            psk,
+            proto: Config::default(),
+            udp_timeout: Duration::from_secs(5),
+            far_host: "localhost".into(),
+            far_port: 22,
+        };
+        let (out, _) = run(opts, stdin, stdout, StopFlag::new());
+        stop.stop();
+        server.join().unwrap().unwrap();
+        match out {
+            Outcome::Refused(r) => assert!(r.contains("opens no tunnels"), "{r}"),
+            Outcome::Done => panic!("a daemon opened a tunnel"),
+            Outcome::NoUdp { .. } => panic!("no answer from the daemon"),
+            Outcome::Failed(e) => panic!("failed: {e}"),
+        }
+    }
+}
