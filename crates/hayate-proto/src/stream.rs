@@ -457,6 +457,25 @@ impl StreamSend {
         out
     }
 
+    /// Probe timeout (nothing heard for the RTT and its variance): a flight of at most
+    /// `max_chunks` chunks (interactive use: a keystroke, its echo) is presumed lost and
+    /// queued to go out again at once, so that the probe carries the data instead of only
+    /// asking what arrived: a lost keystroke then costs the timeout and one round trip, not
+    /// two. A bigger flight waits for the acknowledgement the probe elicits. Returns the
+    /// bytes queued again.
+    pub fn on_probe_timeout(&mut self, max_chunks: usize) -> u64 {
+        if self.in_flight.is_empty() || self.in_flight.len() > max_chunks {
+            return 0;
+        }
+        self.by_pn.clear();
+        let mut n = 0;
+        for (s, c) in std::mem::take(&mut self.in_flight) {
+            n += self.data_len(s, c.end);
+            self.queue_retx(s..c.end);
+        }
+        n
+    }
+
     /// Queues `r` to be sent again, in position order.
     fn queue_retx(&mut self, r: Range<u64>) {
         let at = self
@@ -984,6 +1003,33 @@ mod tests {
             (r2.offset, r2.len, r2.fin, r2.retx),
             (2800, 200, true, true)
         );
+    }
+
+    #[test]
+    fn a_probe_timeout_resends_a_small_flight_at_once() {
+        let mut tx = StreamSend::new(1 << 20);
+        let mut buf = vec![0u8; 1400];
+        tx.write(b"ls\n");
+        let c = tx.next_chunk(1400, 0, &mut buf).unwrap();
+        assert_eq!((c.offset, c.len), (0, 3));
+        assert!(!tx.has_sendable());
+        assert_eq!(tx.on_probe_timeout(16), 3);
+        let r = tx.next_chunk(1400, 1, &mut buf).unwrap();
+        assert_eq!((r.offset, r.len, r.retx), (0, 3, true));
+        assert_eq!(&buf[..3], b"ls\n");
+        // The first copy arrives after all: acknowledged once, nothing else to send.
+        let mut rx = StreamRecv::new(1 << 20);
+        rx.on_chunk(0, false, b"ls\n").unwrap();
+        let o = tx.on_ack(&rx.ack(8), |_| true, |_| false);
+        assert_eq!((o.newly_acked_bytes, o.lost_chunks), (3, 0));
+        assert!(!tx.is_outstanding());
+        // A bulk flight is left to the acknowledgements.
+        tx.write(&vec![1u8; 100_000]);
+        let mut pn = 2;
+        while tx.next_chunk(1400, pn, &mut buf).is_some() {
+            pn += 1;
+        }
+        assert_eq!(tx.on_probe_timeout(16), 0);
     }
 
     #[test]

@@ -153,6 +153,7 @@ impl Connection {
         }
         if self.outstanding() && now_us >= self.pto_deadline() {
             self.ctrl.tx.rewind();
+            self.stream_on_pto();
             self.timers.ping_pending = true;
             self.timers.pto_count += 1;
             self.timers.pto_base_us = now_us;

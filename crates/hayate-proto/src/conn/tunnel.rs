@@ -15,6 +15,8 @@ use crate::wire::{self, StreamAckFrame, Writer};
 
 /// Most STREAM frame header bytes: type, flags, offset (8), length (4).
 const MAX_STREAM_HEADER: usize = 2 + 8 + 4;
+/// A probe timeout sends the stream's flight again when it is at most this many chunks.
+const PTO_RESEND_CHUNKS: usize = 16;
 
 /// Both halves of the session's stream.
 #[derive(Debug)]
@@ -215,6 +217,15 @@ impl Connection {
             if end < a.map.end {
                 t.recv.resume_ack_at(end);
             }
+        }
+    }
+
+    /// Probe timeout: a small flight of the stream (interactive use) goes out again with
+    /// the probe (see `StreamSend::on_probe_timeout`).
+    pub(super) fn stream_on_pto(&mut self) {
+        if let Some(t) = &mut self.tunnel {
+            let n = t.send.on_probe_timeout(PTO_RESEND_CHUNKS);
+            self.stats.data_bytes_lost += n;
         }
     }
 
