@@ -367,7 +367,8 @@ impl StreamSend {
         let m = &ack.map;
         // Nothing beyond what was sent can have been received.
         let sent_end = self.next_new;
-        let mut got: Vec<Range<u64>> = vec![0..m.cum.min(sent_end)];
+        let mut got: Vec<Range<u64>> = Vec::with_capacity(m.gaps.len() + 2);
+        got.push(0..m.cum.min(sent_end));
         let mut prev = m.start;
         for g in &m.gaps {
             got.push(prev.min(sent_end)..g.start.min(sent_end));

@@ -410,10 +410,8 @@ impl Policy for TunnelClient {
                 // No handshake answer: UDP does not get through.
                 self.no_udp = true;
             }
-            Event::Closed { error: Some(e) } => {
-                if self.refused.is_none() {
-                    self.error.get_or_insert(e);
-                }
+            Event::Closed { error: Some(e) } if self.refused.is_none() => {
+                self.error.get_or_insert(e);
             }
             _ => {}
         }
