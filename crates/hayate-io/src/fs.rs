@@ -38,23 +38,36 @@ pub const STATE_SUFFIX: &str = ".hayate-state";
 /// Largest state sidecar [`PartFile::load_state`] reads.
 const MAX_STATE: u64 = 16 << 20;
 
+/// Why a path could not be used. Each carries the path as the client named it (never the
+/// server's root), sometimes with a detail; the messages are sent to remote clients.
 #[derive(Debug, thiserror::Error)]
 pub enum FsError {
+    /// A confined root: the path is absolute, climbs above it with `..`, or resolves
+    /// outside it (a symlink, `EXDEV` from `openat2`).
     #[error("path escapes the served root: {0}")]
     Escapes(String),
+    /// Malformed or unusable: empty, a NUL byte, no file name, a reserved `.hayate-part` /
+    /// `.hayate-state` name, a component that is no directory, a name too long, a link loop.
     #[error("invalid path: {0}")]
     InvalidPath(String),
+    /// Nothing there (`ENOENT`), or the parent directory, a home directory or user is missing.
     #[error("no such file or directory: {0}")]
     NotFound(String),
     /// A directory named before a `..` does not exist (`nodir` of `nodir/../x`).
     #[error("{0}: no such directory")]
     NoSuchDir(String),
+    /// Something other than the regular file needed (a device, FIFO, directory where a file
+    /// is written), or the file changed under the open.
     #[error("not a regular file: {0}")]
     NotAFile(String),
+    /// A file to be sent is a directory (a client asked for one without `-r`).
     #[error("is a directory: {0}")]
     IsADirectory(String),
+    /// `EACCES`/`EPERM`, or a read-only file system.
     #[error("permission denied: {0}")]
     PermissionDenied(String),
+    /// The temp file is locked (`flock`) by another open [`PartFile`], in this process or
+    /// another: the server tries again for a while.
     #[error("{0}: another transfer is writing this file right now")]
     Busy(String),
     /// A FIFO destination that nobody has open for reading (yet): [`Root::create_part`]
@@ -66,11 +79,16 @@ pub enum FsError {
     Io(String, io::Error),
 }
 
+/// What an [`Entry`] is, from its `lstat` file type (links are not followed).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum EntryKind {
+    /// A regular file.
     File,
+    /// A directory.
     Dir,
+    /// A symbolic link; its target is in [`Entry::target`].
     Symlink,
+    /// A device, FIFO or socket: listed, never copied.
     Other,
 }
 
@@ -79,12 +97,15 @@ pub enum EntryKind {
 pub struct Entry {
     /// Relative to the listed path, components joined with `/`; `""` for the path itself.
     pub path: String,
+    /// File, directory, link or other.
     pub kind: EntryKind,
     /// Length of a regular file; 0 for everything else.
     pub size: u64,
     /// Permission bits (`st_mode & 0o7777`).
     pub mode: u32,
+    /// Modification time, seconds since the epoch (negative before it); what `-p` keeps.
     pub mtime: i64,
+    /// Nanoseconds within `mtime`'s second (0..1e9); not carried on the wire.
     pub mtime_nsec: u32,
     /// A symlink's target, verbatim; empty for everything else.
     pub target: String,
@@ -204,7 +225,28 @@ impl Root {
             resolve: self.resolve_flags(),
             dir_path: Some(dir_path.clone()),
         };
-        PartFile::create(&lookup, dir, name, rel, size)
+        PartFile::create(&lookup, dir, name, rel, size, false)
+    }
+
+    /// [`create_part`](Self::create_part), but an existing regular file there is written in
+    /// place (`--inplace`): no temp file; only what differs is written. Anything else there
+    /// (nothing, a device) is treated as `create_part` treats it.
+    pub fn create_part_inplace(&self, rel: &str, size: u64) -> Result<PartFile, FsError> {
+        let expanded = self.expand(rel)?;
+        let rel = expanded.as_ref();
+        let (abs, parents, name) = self.parse_named(rel)?;
+        let dir_path = path_str(abs, &parents);
+        let dir = self.dir_at(abs, &parents, None).map_err(|e| match e {
+            FsError::NotFound(_) => FsError::NotFound(format!("{dir_path} (parent directory)")),
+            e => e,
+        })?;
+        let lookup = Lookup {
+            base: self.dir.as_fd(),
+            wait_for_reader: false,
+            resolve: self.resolve_flags(),
+            dir_path: Some(dir_path.clone()),
+        };
+        PartFile::create(&lookup, dir, name, rel, size, true)
     }
 
     /// (device, inode) of what `rel` leads to now, as [`open_read`](Self::open_read) would
@@ -741,6 +783,9 @@ pub struct PartFile {
     stream: Option<Box<Stream>>,
     /// The symlink the destination was reached through, if it was.
     link: Option<Entry>,
+    /// `--inplace`: `file` is the destination itself (it was a regular file of this
+    /// length), written where it is: no temp file, no rename, no resume state.
+    inplace: Option<u64>,
 }
 
 /// Reserves a file's space (`fallocate`) in the background, a chunk at a time, so a disk
@@ -861,6 +906,7 @@ impl PartFile {
         name: &str,
         shown: &str,
         size: u64,
+        inplace: bool,
     ) -> Result<Self, FsError> {
         reserved(name, shown)?;
         let (found, link) = find_dest(lookup, dir, name, shown)?;
@@ -872,6 +918,17 @@ impl PartFile {
         };
         let name = name.as_str();
         reserved(name, shown)?;
+        let dir = if inplace {
+            match Self::in_place_of(dir, name, shown, size)? {
+                Ok(mut p) => {
+                    p.link = link;
+                    return Ok(p);
+                }
+                Err(dir) => dir,
+            }
+        } else {
+            dir
+        };
         let part_name = format!(".{name}{PART_SUFFIX}");
         // NOFOLLOW: a planted symlink named like our temp file must not redirect the write.
         let fd = rfs::openat2(
@@ -943,7 +1000,69 @@ impl PartFile {
             space,
             stream: None,
             link,
+            inplace: None,
         })
+    }
+
+    /// The regular file `name` in `dir`, opened to be written in place (`--inplace`) and
+    /// sized to `size`; `dir` back if there is no regular file there.
+    fn in_place_of(
+        dir: OwnedFd,
+        name: &str,
+        shown: &str,
+        size: u64,
+    ) -> Result<Result<Self, OwnedFd>, FsError> {
+        let fd = match rfs::openat(
+            &dir,
+            name,
+            OFlags::RDWR | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT | Errno::LOOP | Errno::NXIO | Errno::ISDIR) => return Ok(Err(dir)),
+            Err(e) => return Err(errno_error(e, shown)),
+        };
+        let file = File::from(fd);
+        let meta = file
+            .metadata()
+            .map_err(|e| FsError::Io(shown.to_string(), e))?;
+        if !meta.is_file() {
+            return Ok(Err(dir));
+        }
+        match rfs::flock(&file, FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(Errno::WOULDBLOCK) => return Err(FsError::Busy(shown.to_string())),
+            Err(e) => return Err(errno_error(e, shown)),
+        }
+        let old = meta.len();
+        let space = file
+            .set_len(size)
+            .and_then(|()| Reserve::start(&file, size))
+            .map_err(|e| FsError::Io(shown.to_string(), e))?;
+        let file = Arc::new(file);
+        Ok(Ok(Self {
+            behind: Some(crate::writeback::Queue::new(file.clone())),
+            file,
+            run: Vec::new(),
+            run_at: 0,
+            size,
+            dir,
+            part_name: name.to_string(),
+            state_name: String::new(),
+            final_name: name.to_string(),
+            shown: shown.to_string(),
+            existing_len: 0,
+            space,
+            stream: None,
+            link: None,
+            inplace: Some(old),
+        }))
+    }
+
+    /// The length the destination had before it was opened to be written in place
+    /// (`--inplace`), or `None` if it is not.
+    pub fn in_place_len(&self) -> Option<u64> {
+        self.inplace
     }
 
     /// A destination written in place, in order (a device, a FIFO, standard output): blocks
@@ -989,6 +1108,7 @@ impl PartFile {
                 hasher: blake3::Hasher::new(),
             })),
             link,
+            inplace: None,
         })
     }
 
@@ -1042,7 +1162,7 @@ impl PartFile {
     /// (contents are the driver's business). Gathered writes reach the file first, so the
     /// state never claims bytes the file does not hold.
     pub fn save_state(&mut self, data: &[u8]) -> io::Result<()> {
-        if self.stream.is_some() {
+        if self.stream.is_some() || self.inplace.is_some() {
             // Nothing to resume: and the writer, perhaps behind a slow reader, is not
             // waited for.
             return Ok(());
@@ -1074,10 +1194,30 @@ impl PartFile {
             .map_err(|e| ctx(e.into()))
     }
 
+    /// The regular file now at the destination, opened for reading (a delta transfer's
+    /// basis), with its length; `None` if there is none (or a device, FIFO or link).
+    pub fn open_existing(&self) -> Option<(File, u64)> {
+        if self.stream.is_some() {
+            return None;
+        }
+        let fd = rfs::openat(
+            &self.dir,
+            self.final_name.as_str(),
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()?;
+        let st = rfs::fstat(&fd).ok()?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return None;
+        }
+        Some((File::from(fd), st.st_size as u64))
+    }
+
     /// The resume state saved by [`save_state`](Self::save_state), if present and a regular
     /// file of at most 16 MiB.
     pub fn load_state(&self) -> Option<Vec<u8>> {
-        if self.stream.is_some() {
+        if self.stream.is_some() || self.inplace.is_some() {
             return None;
         }
         let fd = rfs::openat(
@@ -1267,6 +1407,9 @@ impl PartFile {
         if let Some(mtime) = mtime {
             self.file.set_times(FileTimes::new().set_modified(mtime))?;
         }
+        if self.inplace.is_some() {
+            return Ok(());
+        }
         rfs::renameat(
             &self.dir,
             self.part_name.as_str(),
@@ -1311,7 +1454,8 @@ impl PartFile {
         // Writes still queued land in the unlinked file (its handle is the writer's), never
         // in a new file of the same name.
         self.run.clear();
-        if self.stream.is_some() {
+        if self.stream.is_some() || self.inplace.is_some() {
+            // Written in place: what is there stays (it was the destination).
             return;
         }
         let tmp_state = format!("{}.tmp", self.state_name);
@@ -1330,9 +1474,59 @@ impl Drop for PartFile {
     }
 }
 
+/// Copies the byte ranges `[a, b)` of `from` to the same offsets of `to`: in the kernel
+/// (`copy_file_range`, which shares extents where the file system can), else through a
+/// buffer (across file systems, or where the call is missing).
+pub fn copy_ranges(from: &File, to: &File, ranges: &[(u64, u64)]) -> io::Result<()> {
+    let mut kernel = true;
+    let mut buf = Vec::new();
+    for &(a, b) in ranges {
+        let mut at = a;
+        while at < b {
+            let len = (b - at).min(1 << 30) as usize;
+            if kernel {
+                let (mut src, mut dst) = (at, at);
+                match rfs::copy_file_range(from, Some(&mut src), to, Some(&mut dst), len) {
+                    Ok(0) => {
+                        return Err(io::Error::new(
+                            io::ErrorKind::UnexpectedEof,
+                            format!("the file ends before byte {b}"),
+                        ))
+                    }
+                    Ok(n) => {
+                        at += n as u64;
+                        continue;
+                    }
+                    Err(Errno::XDEV | Errno::INVAL | Errno::NOSYS | Errno::OPNOTSUPP) => {
+                        kernel = false;
+                    }
+                    Err(Errno::INTR) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            let n = (b - at).min(1 << 20) as usize;
+            buf.resize(n, 0);
+            from.read_exact_at(&mut buf, at)?;
+            to.write_all_at(&buf, at)?;
+            at += n as u64;
+        }
+    }
+    Ok(())
+}
+
 /// Client side: the destination of a download at the user's own `dest` (not sandboxed; the
 /// parent directory must exist), treated as [`Root::create_part`] treats an upload's.
 pub fn create_local_part(dest: &Path, size: u64) -> Result<PartFile, FsError> {
+    create_local(dest, size, false)
+}
+
+/// [`create_local_part`], writing an existing regular file in place (`--inplace`; see
+/// [`Root::create_part_inplace`]).
+pub fn create_local_part_inplace(dest: &Path, size: u64) -> Result<PartFile, FsError> {
+    create_local(dest, size, true)
+}
+
+fn create_local(dest: &Path, size: u64, inplace: bool) -> Result<PartFile, FsError> {
     let shown = dest.display().to_string();
     let name = dest
         .file_name()
@@ -1363,7 +1557,7 @@ pub fn create_local_part(dest: &Path, size: u64) -> Result<PartFile, FsError> {
         resolve: ResolveFlags::empty(),
         dir_path: parent.to_str().map(str::to_string),
     };
-    PartFile::create(&lookup, dir, name, &shown, size)
+    PartFile::create(&lookup, dir, name, &shown, size, inplace)
 }
 
 /// How to open the directories symlink targets name: from `base` with `resolve` (a confined

@@ -6,26 +6,38 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+/// Why [`write_new_key_file`] wrote no key.
 #[derive(Debug, thiserror::Error)]
 pub enum KeyFileWriteError {
+    /// Something is already at this path and `force` was not given; it is left untouched.
     #[error("key file exists: {} (use --force to overwrite)", .0.display())]
     Exists(PathBuf),
+    /// Creating, writing, syncing or renaming the file failed.
     // The cause is in the message, and not also the error's source: printed as a chain
     // (`hayate: {e:#}`) it read twice.
     #[error("cannot write key file {}: {err}", path.display())]
-    Io { path: PathBuf, err: io::Error },
+    Io {
+        /// The key file's path as given.
+        path: PathBuf,
+        /// What the OS said.
+        err: io::Error,
+    },
 }
 
+/// Why [`read_key_file`] returned no contents.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot read key file {}: {err}", path.display())]
 pub struct KeyFileReadError {
+    /// The key file's path as given.
     pub path: PathBuf,
+    /// What the OS said, or `InvalidData` for a file too large or not UTF-8 text.
     pub err: io::Error,
 }
 
 /// A key file's contents and whether its permissions were too open.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyFileContents {
+    /// The whole file as text, unparsed (at most [`MAX_KEY_FILE`] bytes).
     pub contents: String,
     /// True when group or others may read (or write) the file: the caller should warn.
     pub too_open: bool,

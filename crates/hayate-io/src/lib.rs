@@ -1,7 +1,10 @@
+#![warn(missing_docs)]
+
 //! I/O shell of hayate: the parts that touch the OS. The protocol itself lives in
 //! `hayate-proto`; this crate moves its datagrams through sockets and its blocks through files.
 
 pub mod clock;
+pub mod delta;
 pub mod driver;
 pub mod fs;
 pub mod glob;

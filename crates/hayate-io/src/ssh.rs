@@ -21,9 +21,16 @@ pub const BANNER_TAG: &str = "HAYATE-STDIO";
 /// `HAYATE-STDIO 1 port=<udp port> key=<64 hex> addr=<ip or ->\n`
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Banner {
+    /// The far side's wire protocol version (`hayate_proto::wire::VERSION`); the near side
+    /// refuses one that differs from its own.
     pub version: u32,
+    /// The UDP port the far side listens on for this one copy.
     pub port: u16,
+    /// The fresh session key the far side made for this copy (the PSK of the handshake),
+    /// 64 hex digits on the line.
     pub key: [u8; 32],
+    /// The far side's address as the ssh connection reached it (from `$SSH_CONNECTION`),
+    /// `-` on the line when unknown; the near side then resolves the host name itself.
     pub addr: Option<IpAddr>,
 }
 
@@ -143,7 +150,11 @@ pub struct SshSpec {
     pub port: Option<u16>,
     /// scp's -J → ssh -J
     pub jump: Option<String>,
+    /// Login name on the far side (`user@` of `[user@]host:path`); None leaves it to ssh
+    /// (its config, else the local user). Must not start with `-`.
     pub user: Option<String>,
+    /// The far side as the user named it (a host name, ssh config alias or address), given
+    /// to ssh as is. Must not be empty or start with `-`.
     pub host: String,
     /// Remote command, already a shell command line (the caller quotes).
     pub remote_cmd: String,
@@ -278,21 +289,35 @@ pub fn shell_quote(s: &str) -> String {
     q
 }
 
+/// Why the far side could not be started or did not answer with its banner.
 #[derive(Debug, thiserror::Error)]
 pub enum SshError {
+    /// The ssh command (named) could not be started, or reading its output failed (the
+    /// step named: `poll`, `read from ssh`); or the spec's host or user was unusable.
     #[error("cannot run {0}: {1}")]
     Spawn(String, std::io::Error),
     /// Remote shell said command not found / exit 127 / 126.
     #[error("hayate is not installed on {host} (or not on the PATH of a non-interactive ssh session): install it there, or point to it with --remote-path PATH")]
-    HayateMissing { host: String },
+    HayateMissing {
+        /// The far side, as in [`SshSpec::host`].
+        host: String,
+    },
+    /// ssh exited (or was killed) before a banner came, for another reason (connection,
+    /// authentication, the remote command failing).
     #[error("ssh to {host} failed (exit {code}){}", said(.stderr))]
     Failed {
+        /// The far side, as in [`SshSpec::host`].
         host: String,
+        /// ssh's exit status (255: ssh itself failed), or minus the signal that killed it.
         code: i32,
+        /// The last lines (up to 20) ssh wrote to stderr, newline-joined; may be empty.
         stderr: String,
     },
+    /// The far side's output held no valid banner (garbage, too many noise lines, an exit
+    /// without one): what was wrong.
     #[error("the far side did not answer with a hayate banner: {0}")]
     BadBanner(String),
+    /// No banner within the timeout given to [`SshChild::read_banner`] (that timeout).
     #[error("timed out after {0:?} waiting for the far side")]
     Timeout(std::time::Duration),
 }

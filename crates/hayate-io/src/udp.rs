@@ -121,6 +121,7 @@ impl UdpSocket {
         })
     }
 
+    /// The address the socket is bound to (the port the kernel chose for port 0).
     pub fn local_addr(&self) -> io::Result<SocketAddr> {
         self.io.local_addr()
     }

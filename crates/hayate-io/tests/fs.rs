@@ -1071,6 +1071,20 @@ fn a_symlinked_destination_is_followed_and_stays_a_link() {
     ));
 }
 
+/// `create_part` of a FIFO, once its reader (a thread just started) has it open: until then
+/// it says so at once (it never waits on the caller's loop), and the caller tries again.
+fn create_when_read(root: &Root, rel: &str, size: u64) -> hayate_io::fs::PartFile {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match root.create_part(rel, size) {
+            Err(FsError::NoReader(_)) if std::time::Instant::now() < until => {
+                std::thread::sleep(std::time::Duration::from_millis(5))
+            }
+            r => return r.unwrap(),
+        }
+    }
+}
+
 #[test]
 fn a_fifo_destination_is_written_in_order_and_never_replaced() {
     let (dir, root) = setup();
@@ -1084,7 +1098,7 @@ fn a_fifo_destination_is_written_in_order_and_never_replaced() {
     };
     // Through a symlink too.
     symlink("fifo", dir.path().join("to-fifo")).unwrap();
-    let mut part = root.create_part("to-fifo", data.len() as u64).unwrap();
+    let mut part = create_when_read(&root, "to-fifo", data.len() as u64);
     assert!(part.in_place());
     // Blocks arrive out of order, with duplicates and overlaps.
     let cuts = [0, 1000, 700_000, 1_500_000, 2_999_999, 3_000_000];
@@ -1107,7 +1121,7 @@ fn a_fifo_destination_is_written_in_order_and_never_replaced() {
         let fifo = fifo.clone();
         std::thread::spawn(move || fs::read(fifo).unwrap())
     };
-    let mut part = root.create_part("fifo", 10).unwrap();
+    let mut part = create_when_read(&root, "fifo", 10);
     part.write_at(5, b"fghij").unwrap();
     let e = part.hash().unwrap_err();
     assert_eq!(e.to_string(), "only 0 of 10 bytes reached the destination");

@@ -72,6 +72,20 @@ pub enum Ctrl {
         result: Result<Vec<MetaEntry>, String>,
         more: bool,
     },
+    /// Receiver, instead of `Ready`: it holds a basis for the offered file (`basis`: what
+    /// kind, see [`basis`]); the sender sends its leaf hashes (`Sums`), the receiver answers
+    /// with `Ready` whose `have` are the blocks the basis already holds.
+    WantSums {
+        xfer: u32,
+        basis: u8,
+    },
+    /// Sender: the leaf hashes `first..first + leaves.len()` of the offered file, in order
+    /// (see `docs/PROTOCOL.md`, delta transfers).
+    Sums {
+        xfer: u32,
+        first: u64,
+        leaves: Vec<LeafHash>,
+    },
     /// Client: connect the session's byte stream (`crate::stream`) to `host:port` as the
     /// server itself sees it (`hayate tunnel`). Stream bytes may follow at once.
     Tunnel {
@@ -83,6 +97,24 @@ pub enum Ctrl {
     TunnelReply {
         result: Result<(), String>,
     },
+}
+
+/// Bytes per leaf of the hashes `Sums` carries: an aligned subtree of 4 BLAKE3 chunks.
+pub const LEAF_LEN: u64 = 4096;
+
+/// What `Sums` carries per leaf: the first 16 bytes of the leaf's BLAKE3 chaining value
+/// (non-root, at its offset in the file).
+pub type LeafHash = [u8; 16];
+
+/// Most leaf hashes in one `Sums` message (512 KiB of them: well within [`MAX_MESSAGE`]).
+pub const SUMS_PER_MESSAGE: usize = 32768;
+
+/// `WantSums.basis`: what the receiver compares the sender's leaves with.
+pub mod basis {
+    /// The temp file an interrupted copy left (verified resume): matching blocks are kept.
+    pub const RESUME: u8 = 0;
+    /// The file already at the destination (delta): matching blocks are copied from it.
+    pub const DEST: u8 = 1;
 }
 
 /// Bits of `Offer.flags` / `Get.flags`.
@@ -101,6 +133,12 @@ pub mod flags {
     /// The offered content cannot be sent again (standard input): the receiver resumes
     /// nothing from an earlier temp file, whatever its state says.
     pub const NO_RESUME: u32 = 16;
+    /// (`-W`) The receiver sends no leaf hashes of the file at the destination: the whole
+    /// file is sent (a kept temp file is still checked against the sender's leaves).
+    pub const WHOLE_FILE: u32 = 32;
+    /// (`--inplace`) The file at the destination is written in place, not through a temp
+    /// file: only the blocks that differ are written.
+    pub const INPLACE: u32 = 64;
 }
 
 /// File-system requests carried by `Ctrl::Meta`.

@@ -80,6 +80,10 @@ pub struct Outgoing {
     /// what is left when the transfer ends was delivered without a map saying so.
     pub sent_bytes: u64,
     pub settled_bytes: u64,
+    /// The receiver asked for leaf hashes (`WantSums`) and the driver has not started them.
+    pub sums_wanted: bool,
+    /// What the receiver compares them with ([`crate::control::basis`]), once it asked.
+    pub basis: Option<u8>,
 }
 
 /// Result of applying a loss map.
@@ -117,24 +121,35 @@ impl Outgoing {
             bytes_had: 0,
             sent_bytes: 0,
             settled_bytes: 0,
+            sums_wanted: false,
+            basis: None,
         }
     }
 
-    /// The receiver already holds these block ranges (resume): never send them.
-    pub fn mark_have(&mut self, have: &[(u64, u64)]) {
+    /// The receiver already holds these block ranges (resume, delta): never send them.
+    /// Returns the bytes of those that were sent already (with the offer, before `Ready`):
+    /// settled now, as no loss map will ever acknowledge them.
+    pub fn mark_have(&mut self, have: &[(u64, u64)]) -> u64 {
+        let mut settled = 0;
         for &(a, b) in have {
             let b = b.min(self.layout.blocks());
             if a < b {
                 for blk in a..b {
                     if !self.acked.get(blk) {
-                        self.bytes_acked += self.layout.len(blk) as u64;
-                        self.bytes_had += self.layout.len(blk) as u64;
+                        let len = self.layout.len(blk) as u64;
+                        self.bytes_acked += len;
+                        self.bytes_had += len;
+                        if blk < self.next_new {
+                            settled += len;
+                        }
                     }
                 }
                 self.acked.set_range(a, b);
             }
         }
+        self.settled_bytes += settled;
         self.advance();
+        settled
     }
 
     pub fn all_acked(&self) -> bool {
@@ -310,12 +325,21 @@ impl Outgoing {
                 self.check_lost(b, &is_lost, &tagged, &mut out);
             }
         }
-        // Blocks sent beyond the receiver's highest: lost if overtaken by later packets.
+        // Blocks sent beyond the receiver's highest: lost if overtaken by later packets. At
+        // most `budget` are declared per map; blocks declared before and still waiting in
+        // the retransmission queue are passed over without counting: counted, they used up
+        // every later map's budget, and when the in-flight cap held the retransmissions
+        // back, the blocks beyond them were never declared lost, so what was in flight
+        // never fell under the cap (a sender stalled for good, pinging).
         let mut b = lm.top.max(self.base);
         let mut budget = 4096;
         while b < self.next_new && budget > 0 {
             let pn = self.last_pn(b);
-            if pn != UNSENT && pn != QUEUED && !is_lost(pn) {
+            if pn == QUEUED || self.acked.get(b) {
+                b += 1;
+                continue;
+            }
+            if pn != UNSENT && !is_lost(pn) {
                 break;
             }
             self.check_lost(b, &is_lost, &tagged, &mut out);
@@ -382,6 +406,11 @@ pub struct Incoming {
     /// Blocks that came with the offer, before it was accepted: written once it is.
     pub stash: BTreeMap<u64, Vec<u8>>,
     pub stash_bytes: usize,
+    /// Leaf hashes were asked for (`WantSums`); those arrived, until the driver takes them.
+    pub sums_asked: bool,
+    pub sums: Vec<(u64, Vec<crate::control::LeafHash>)>,
+    /// Leaf hashes arrived so far (at most one per leaf of the file).
+    pub sums_received: u64,
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -411,6 +440,9 @@ impl Incoming {
             bytes_received: 0,
             stash: BTreeMap::new(),
             stash_bytes: 0,
+            sums_asked: false,
+            sums: Vec::new(),
+            sums_received: 0,
         }
     }
 
@@ -581,5 +613,30 @@ mod tests {
         let o = tx.on_loss_map(&lm, |pn| pn < 50, |_| false);
         assert_eq!(o.lost_blocks, 4);
         assert_eq!(o.lost_bytes, 40);
+    }
+
+    #[test]
+    fn every_block_sent_beyond_the_receivers_top_is_declared_lost_in_a_few_maps() {
+        // 20 000 blocks out, the receiver has the first 100 only, and nothing can be resent
+        // meanwhile (the in-flight cap holds the retransmissions back): later maps must go
+        // on past the blocks already queued, not stop at them.
+        let n = 20_000u64;
+        let layout = Layout::new(n * 10, 10);
+        let mut rx = Incoming::new(1, "f".into(), layout, 0o644, 0);
+        rx.allocate();
+        let mut tx = Outgoing::new(1, "f".into(), layout);
+        tx.ready = true;
+        for b in 0..n {
+            tx.on_sent(b, b);
+        }
+        for b in 0..100 {
+            rx.on_written(b, 10);
+        }
+        let mut lost = 0;
+        for _ in 0..8 {
+            let lm = rx.loss_map(64);
+            lost += tx.on_loss_map(&lm, |_| true, |_| false).lost_blocks;
+        }
+        assert_eq!(lost, n - 100);
     }
 }

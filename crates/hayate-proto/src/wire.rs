@@ -6,9 +6,10 @@ use std::ops::Range;
 /// 2: 4-byte cids and packet numbers in the sealed header, 6-byte block numbers.
 /// 3: `Ready` says where an `INTO_DIR` offer's file goes.
 /// 5: HelloRetry and the ClientHello's retry token; PATH_CHALLENGE / PATH_RESPONSE frames.
-/// 6: the tunnel's byte stream: STREAM / STREAM_ACK frames, `Tunnel` / `TunnelReply` control
+/// 6: delta transfers and verified resume (`WantSums` / `Sums` messages).
+/// 7: the tunnel's byte stream: STREAM / STREAM_ACK frames, `Tunnel` / `TunnelReply` control
 ///    messages.
-pub const VERSION: u8 = 6;
+pub const VERSION: u8 = 7;
 pub const MAGIC: [u8; 3] = *b"HYT";
 pub const CLIENT_HELLO_LEN: usize = 1200;
 pub const SERVER_HELLO_LEN: usize = 120;

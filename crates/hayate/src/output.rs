@@ -244,7 +244,8 @@ impl Output {
 }
 
 /// The one line after a copy that verified: what is verified, then what moved in this run
-/// and its rate, then what was already there (resumed) and what was skipped, each apart and
+/// and its rate, then what was already there (reused by a delta, resumed) and what was
+/// skipped, each apart and
 /// none of it in the rate. Retransmissions only when this side sent the data.
 pub fn summary_line(r: &Report) -> String {
     let s = &r.stats;
@@ -273,6 +274,13 @@ pub fn summary_line(r: &Report) -> String {
     );
     if r.seconds > 0.0 && moved > 0 {
         line.push_str(&format!(" at {}", fmt_bits(moved as f64 / r.seconds)));
+    }
+    let reused = r.reused_bytes();
+    if reused > 0 {
+        line.push_str(&format!(
+            ", {} reused (same at the destination)",
+            fmt_bytes(reused)
+        ));
     }
     let resumed = r.resumed_bytes();
     if resumed > 0 {
@@ -320,6 +328,7 @@ pub fn report_json(r: &Report) -> serde_json::Value {
     );
     put("skipped_bytes", json!(r.skipped_bytes()));
     put("resumed_bytes", json!(r.resumed_bytes()));
+    put("reused_bytes", json!(r.reused_bytes()));
     put("data_bytes_sent", json!(s.data_bytes_sent));
     put("transport", json!(if r.via_stream { "ssh" } else { "udp" }));
     put("seconds", json!(r.seconds));
@@ -370,6 +379,7 @@ pub fn report_json(r: &Report) -> serde_json::Value {
             ("verified", json!(f.verified)),
             ("skipped", json!(f.skipped)),
             ("resumed_bytes", json!(f.resumed_bytes)),
+            ("reused_bytes", json!(f.reused_bytes)),
             ("error", json!(f.error)),
         ] {
             if !v.is_null() {
@@ -553,6 +563,7 @@ mod tests {
             verified,
             skipped: skipped.then(|| "exists (--no-clobber)".to_string()),
             resumed_bytes: resumed,
+            reused_bytes: 0,
             moved_bytes: if verified { bytes - resumed } else { 0 },
             error: None,
         }

@@ -1243,9 +1243,17 @@ fn scp_and_rsync_rate_limits_cap_the_rate() {
     let src = fx.local.join("l.bin");
     write_random(&src, 1_000_000, 31);
     // 1 MB at 4 Mbit/s (-l 4000) or 500 KiB/s (--bwlimit 500): about 2 s either way, where
-    // the uncapped copy on loopback takes a fraction of that.
+    // the uncapped copy on loopback takes a fraction of that. Whole files (-W): a delta
+    // against the last copy would send nothing.
     for limit in [["-l", "4000"], ["--bwlimit", "500"]] {
-        let r = fx.cp(&[limit[0], limit[1], "--json", &s(&src), &fx.url("l.bin")]);
+        let r = fx.cp(&[
+            limit[0],
+            limit[1],
+            "-W",
+            "--json",
+            &s(&src),
+            &fx.url("l.bin"),
+        ]);
         r.assert_ok();
         let j = r.json();
         let secs = j["seconds"].as_f64().unwrap();
@@ -1253,7 +1261,7 @@ fn scp_and_rsync_rate_limits_cap_the_rate() {
         assert!(secs > 1.5, "{limit:?} not capped: {j}");
         assert!(bps < 4_300_000.0, "{limit:?} not capped: {j}");
     }
-    let r = fx.cp(&["--json", &s(&src), &fx.url("l.bin")]);
+    let r = fx.cp(&["-W", "--json", &s(&src), &fx.url("l.bin")]);
     r.assert_ok();
     assert!(r.json()["seconds"].as_f64().unwrap() < 1.5, "{r:#?}");
     // One cap at a time, said as a usage error.
@@ -1674,7 +1682,18 @@ fn retry_changed_sends_a_changed_source_again_and_ends_verified_with_the_new_con
     );
     let j = r.json();
     assert_eq!(j["verified"], true, "{j}");
-    assert_eq!(j["bytes"].as_u64(), Some((16 << 20) + 19), "{j}");
+    // The second send checks what the first left against the new content's leaves: the
+    // unchanged start of the file is not sent again.
+    assert_eq!(
+        j["bytes"].as_u64().unwrap() + j["resumed_bytes"].as_u64().unwrap(),
+        (16 << 20) + 19,
+        "{j}"
+    );
+    assert_eq!(
+        j["files"][0]["bytes"].as_u64(),
+        Some((16 << 20) + 19),
+        "{j}"
+    );
     let now = hash_file(&src);
     assert_eq!(j["blake3"].as_str(), Some(hex(&now).as_str()), "{j}");
     assert_eq!(
@@ -2033,4 +2052,293 @@ fn a_served_fifo_is_waited_for_its_reader_then_refused_without_stalling_others()
     r.assert_failed();
     assert!(r.stderr.contains("nothing reads from this FIFO"), "{r:#?}");
     assert!(is_fifo(&fx.root.join("unread")));
+}
+
+// ----- delta transfers (issue 40) -----
+
+/// `len` pseudo-random bytes from `seed`.
+fn random_bytes(len: usize, seed: u64) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    blake3::Hasher::new()
+        .update(&seed.to_le_bytes())
+        .update(b"hayate delta test data")
+        .finalize_xof()
+        .fill(&mut out);
+    out
+}
+
+/// Overwrites `n` 4 KiB pages of `d`, spread over it, with fresh bytes.
+fn scatter_pages(d: &mut [u8], n: usize, seed: u64) {
+    let pages = d.len() / 4096;
+    for i in 0..n {
+        let p = (i * pages / n + (seed as usize % 7)) % pages;
+        let fresh = random_bytes(4096, seed * 1000 + i as u64);
+        d[p * 4096..(p + 1) * 4096].copy_from_slice(&fresh);
+    }
+}
+
+/// Copies `new` over a destination holding `old` (upload to the daemon, or download from
+/// it), checks the result byte for byte and that no temp file is left, and returns the
+/// file's JSON entry.
+fn delta_copy(
+    fx: &Fx,
+    name: &str,
+    old: &[u8],
+    new: &[u8],
+    upload: bool,
+    extra: &[&str],
+) -> serde_json::Value {
+    let (src, dst) = if upload {
+        (fx.local.join(name), fx.root.join(name))
+    } else {
+        (fx.root.join(name), fx.local.join(name))
+    };
+    fs::write(&src, new).unwrap();
+    fs::write(&dst, old).unwrap();
+    let mut args: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+    args.push("--json".into());
+    if upload {
+        args.extend([s(&src), fx.url(name)]);
+    } else {
+        args.extend([fx.url(name), s(&dst)]);
+    }
+    let r = fx.cp(&args);
+    r.assert_ok();
+    let got = fs::read(&dst).unwrap();
+    assert!(
+        got == new,
+        "{name}: the result differs from the source ({} vs {} bytes)",
+        got.len(),
+        new.len()
+    );
+    assert_eq!(part_files(&fx.root), Vec::<String>::new());
+    assert_eq!(part_files(&fx.local), Vec::<String>::new());
+    let j = r.json();
+    assert_eq!(j["verified"].as_bool(), Some(true), "{j}");
+    assert_eq!(
+        j["blake3"].as_str(),
+        Some(hex(&blake3::hash(new)).as_str()),
+        "{j}"
+    );
+    let f = j["files"][0].clone();
+    let (moved, reused) = (
+        f["moved_bytes"].as_u64().unwrap(),
+        f["reused_bytes"].as_u64().unwrap(),
+    );
+    assert_eq!(
+        moved + reused + f["resumed_bytes"].as_u64().unwrap(),
+        new.len() as u64,
+        "{j}"
+    );
+    assert_eq!(j["reused_bytes"].as_u64(), Some(reused), "{j}");
+    f
+}
+
+fn delta_cases(upload: bool) {
+    let fx = Fx::new();
+    let len = 8 << 20;
+    let old = random_bytes(len, 1);
+
+    // Scattered in-place changes: 20 pages of 4 KiB.
+    let mut new = old.clone();
+    scatter_pages(&mut new, 20, 2);
+    let f = delta_copy(&fx, "pages.bin", &old, &new, upload, &[]);
+    let moved = f["moved_bytes"].as_u64().unwrap();
+    assert!(moved > 0 && moved <= 20 * 4096 * 2, "{f}");
+
+    // Unchanged: nothing but the tail block is sent.
+    let f = delta_copy(&fx, "same.bin", &old, &old, upload, &[]);
+    assert!(f["moved_bytes"].as_u64().unwrap() <= 4096, "{f}");
+
+    // Appended to (a growing log), by an amount that is no whole leaf.
+    let mut new = old.clone();
+    new.extend(random_bytes(1_000_003, 3));
+    let f = delta_copy(&fx, "grown.bin", &old, &new, upload, &[]);
+    let moved = f["moved_bytes"].as_u64().unwrap();
+    assert!((1_000_003..1_000_003 + 3 * 4096).contains(&moved), "{f}");
+
+    // Truncated: the source is a prefix of the destination (which is longer).
+    let new = old[..len / 2 + 12345].to_vec();
+    let f = delta_copy(&fx, "cut.bin", &old, &new, upload, &[]);
+    assert!(f["moved_bytes"].as_u64().unwrap() <= 2 * 4096, "{f}");
+
+    // A destination longer than the source, and different at its start.
+    let mut new = old[..len / 2].to_vec();
+    new[..4096].copy_from_slice(&random_bytes(4096, 4));
+    let f = delta_copy(&fx, "longer.bin", &old, &new, upload, &[]);
+    assert!(f["moved_bytes"].as_u64().unwrap() <= 3 * 4096, "{f}");
+
+    // An empty destination: everything is sent.
+    let f = delta_copy(&fx, "empty.bin", &[], &old, upload, &[]);
+    assert_eq!(f["moved_bytes"].as_u64(), Some(len as u64), "{f}");
+    assert_eq!(f["reused_bytes"].as_u64(), Some(0), "{f}");
+
+    // Nothing in common: everything is sent, and the result is still exact.
+    let other = random_bytes(len, 5);
+    let f = delta_copy(&fx, "other.bin", &old, &other, upload, &[]);
+    assert_eq!(f["reused_bytes"].as_u64(), Some(0), "{f}");
+
+    // -W: the whole file, whatever is there.
+    let mut new = old.clone();
+    scatter_pages(&mut new, 3, 6);
+    let f = delta_copy(&fx, "whole.bin", &old, &new, upload, &["-W"]);
+    assert_eq!(f["moved_bytes"].as_u64(), Some(len as u64), "{f}");
+    assert_eq!(f["reused_bytes"].as_u64(), Some(0), "{f}");
+}
+
+#[test]
+fn delta_upload_sends_only_what_changed() {
+    delta_cases(true);
+}
+
+#[test]
+fn delta_download_sends_only_what_changed() {
+    delta_cases(false);
+}
+
+/// Overwrites `len` bytes of `path` at `at` with fresh bytes.
+fn damage(path: &Path, at: u64, len: usize) {
+    use std::os::unix::fs::FileExt;
+    let f = fs::OpenOptions::new().write(true).open(path).unwrap();
+    f.write_all_at(&random_bytes(len, 99), at).unwrap();
+}
+
+/// A rerun that finds the temp file of an interrupted copy damaged where the state file says
+/// it holds data: the damaged leaves are sent again (the kept ones are checked against the
+/// sender's leaf hashes), never trusted into a failed verification.
+#[test]
+fn a_damaged_part_file_is_repaired_on_resume_of_an_upload() {
+    let fx = Fx::new();
+    let client = slow_upload(&fx, "big.bin");
+    std::thread::sleep(Duration::from_millis(700));
+    signal(client.pid(), libc::SIGKILL);
+    let _ = client.wait(Duration::from_secs(10));
+    let part = fx.root.join(".big.bin.hayate-part");
+    let state = fs::read_to_string(fx.root.join(".big.bin.hayate-state")).unwrap();
+    assert!(
+        state.lines().nth(1).is_some_and(|l| l.starts_with("0-")),
+        "{state}"
+    );
+    damage(&part, 300_000, 5000);
+    let src = fx.local.join("big.bin");
+    let r = fx.cp(&["--json".to_string(), s(&src), fx.url("big.bin")]);
+    r.assert_ok();
+    assert_eq!(hash_file(&fx.root.join("big.bin")), hash_file(&src));
+    let f = &r.json()["files"][0];
+    let resumed = f["resumed_bytes"].as_u64().unwrap();
+    assert!(resumed > 1 << 20, "{f}");
+    assert!(resumed < (64 << 20) - 5000, "{f}");
+    assert_eq!(part_files(&fx.root), Vec::<String>::new());
+}
+
+#[test]
+fn a_damaged_part_file_is_repaired_on_resume_of_a_download() {
+    let fx = Fx::new();
+    let src = fx.root.join("big.bin");
+    write_random(&src, 64 << 20, 21);
+    let dst = fx.local.join("big.bin");
+    let mut cmd = hayate();
+    cmd.args(["cp", "--key-file", &s(&fx.key), "--rate", "40M"]);
+    cmd.args([fx.url("big.bin"), s(&dst)]);
+    let client = spawn_cmd(&mut cmd);
+    let part = fx.local.join(".big.bin.hayate-part");
+    assert!(eventually(Duration::from_secs(10), || part.exists()));
+    std::thread::sleep(Duration::from_millis(1200));
+    signal(client.pid(), libc::SIGTERM);
+    client.wait(Duration::from_secs(10)).assert_failed();
+    damage(&part, 300_000, 5000);
+    let r = fx.cp(&["--json".to_string(), fx.url("big.bin"), s(&dst)]);
+    r.assert_ok();
+    assert_eq!(hash_file(&dst), hash_file(&src));
+    let f = &r.json()["files"][0];
+    let resumed = f["resumed_bytes"].as_u64().unwrap();
+    assert!(resumed > 1 << 20, "{f}");
+    assert_eq!(f["reused_bytes"].as_u64(), Some(0), "{f}");
+    assert_eq!(part_files(&fx.local), Vec::<String>::new());
+}
+
+/// `-r` over a tree already at the destination: unchanged files send nothing, changed ones
+/// their changed leaves, new ones everything; both ways.
+#[test]
+fn a_tree_sends_only_the_changed_leaves_of_changed_files() {
+    let fx = Fx::new();
+    let old_a = random_bytes(3 << 20, 10);
+    let mut new_a = old_a.clone();
+    scatter_pages(&mut new_a, 5, 11);
+    let b = random_bytes(2 << 20, 12);
+    let c = random_bytes(300_000, 13);
+    for (base, upload) in [(fx.local.join("t"), true), (fx.root.join("u"), false)] {
+        let far = if upload {
+            fx.root.join("t")
+        } else {
+            fx.local.join("u")
+        };
+        for d in [&base, &far] {
+            fs::create_dir_all(d.join("sub")).unwrap();
+        }
+        fs::write(base.join("a.bin"), &new_a).unwrap();
+        fs::write(base.join("sub/b.bin"), &b).unwrap();
+        fs::write(base.join("sub/c.bin"), &c).unwrap();
+        fs::write(far.join("a.bin"), &old_a).unwrap();
+        fs::write(far.join("sub/b.bin"), &b).unwrap();
+        let r = if upload {
+            fx.cp(&["-r".to_string(), "--json".into(), s(&base), fx.url("")])
+        } else {
+            fx.cp(&["-r".to_string(), "--json".into(), fx.url("u"), s(&fx.local)])
+        };
+        r.assert_ok();
+        for f in ["a.bin", "sub/b.bin", "sub/c.bin"] {
+            assert!(
+                fs::read(far.join(f)).unwrap() == fs::read(base.join(f)).unwrap(),
+                "{f}"
+            );
+        }
+        let j = r.json();
+        let moved = j["bytes"].as_u64().unwrap();
+        assert!((300_000..=300_000 + 5 * 8192).contains(&moved), "{j}");
+        assert_eq!(
+            j["reused_bytes"].as_u64().unwrap() + moved,
+            (5 << 20) + 300_000,
+            "{j}"
+        );
+    }
+}
+
+/// `--inplace`: the destination file itself is written (same inode, no temp file), only
+/// where it differs; shorter and longer sources too; both ways.
+#[test]
+fn inplace_writes_only_what_differs_into_the_destination_itself() {
+    use std::os::unix::fs::MetadataExt;
+    let fx = Fx::new();
+    let old = random_bytes(4 << 20, 20);
+    for upload in [true, false] {
+        let dst = if upload {
+            fx.root.join("in.bin")
+        } else {
+            fx.local.join("in.bin")
+        };
+        let mut new = old.clone();
+        scatter_pages(&mut new, 10, 21);
+        fs::write(&dst, &old).unwrap();
+        let ino = fs::metadata(&dst).unwrap().ino();
+        let f = delta_copy(&fx, "in.bin", &old, &new, upload, &["--inplace"]);
+        assert!(f["moved_bytes"].as_u64().unwrap() <= 10 * 8192, "{f}");
+        assert_eq!(
+            fs::metadata(&dst).unwrap().ino(),
+            ino,
+            "not written in place"
+        );
+        for new in [
+            old[..3_000_000].to_vec(),
+            [old.clone(), random_bytes(70_000, 22)].concat(),
+        ] {
+            let f = delta_copy(&fx, "in.bin", &old, &new, upload, &["--inplace"]);
+            assert!(f["moved_bytes"].as_u64().unwrap() <= 80_000, "{f}");
+            assert_eq!(
+                fs::metadata(&dst).unwrap().ino(),
+                ino,
+                "not written in place"
+            );
+        }
+    }
 }

@@ -451,7 +451,16 @@ fn udp_blocked_falls_back_to_tcp() {
     assert!(said[0].contains("over TCP instead"), "{err}");
 }
 
-/// The protocol version this build speaks (the banner's).
+/// The protocol version this build speaks (the banner's): from a real far side's banner.
 fn hayate_version() -> u32 {
-    6
+    let out = Command::new(BIN)
+        .args(["serve", "--stdio", "--port-range", "5301-5399"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run hayate serve --stdio");
+    let line = String::from_utf8_lossy(&out.stdout);
+    line.split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no banner: {line:?}"))
 }

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use crate::udp::UdpSocket;
 
+/// One reusable buffer of datagrams for one destination, sent in as few syscalls as the
+/// kernel allows; datagrams of one batch have one size, except a shorter last one.
 pub struct SendBatch {
     buf: Vec<u8>,
     len: usize,
@@ -21,6 +23,8 @@ pub struct SendBatch {
 }
 
 impl SendBatch {
+    /// Room for `max_count` datagrams of at most `max_datagram` bytes each; a full batch is
+    /// sent at once.
     pub fn new(max_datagram: usize, max_count: usize) -> Self {
         SendBatch {
             buf: vec![0; max_datagram * (max_count + 1)],
@@ -59,6 +63,8 @@ impl SendBatch {
         }
     }
 
+    /// Sends every datagram committed so far, waiting up to about a second for room in the
+    /// socket buffer; what the kernel still refuses is counted in `send_failures`.
     pub fn flush(&mut self, sock: &UdpSocket) {
         let len = self.len;
         self.flush_range(sock, 0, len);

@@ -10,16 +10,20 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use hayate_proto::control::{flags, EntryKind as WireKind, MetaEntry, MetaOp};
+use hayate_proto::control::{basis, flags, EntryKind as WireKind, MetaEntry, MetaOp};
 use hayate_proto::crypto::Psk;
 use hayate_proto::wire::AddrFamily;
 use hayate_proto::{BlockSink, BlockSource, Config, Connection, Event, FileOffer, Stats, XferId};
 
 use super::engine::{self, Flow, Net, Policy};
 use super::link::{Links, StreamLink, STREAM_PEER};
-use super::resume::{resumable, save_progress};
+use super::resume::save_progress;
 use super::{dest_mode, systime, StopFlag};
-use crate::fs::{self, create_local_part, EntryKind, FsError, PartFile, Root, SourceFile};
+use crate::delta::{basis_for, pump_sums, Basis};
+use crate::fs::{
+    self, create_local_part, create_local_part_inplace, EntryKind, FsError, PartFile, Root,
+    SourceFile,
+};
 use crate::udp::UdpSocket;
 use crate::verify::{Landing, Sending, WholeHash};
 
@@ -38,15 +42,27 @@ pub enum Transport {
     Stream(StreamLink),
     /// UDP first; the stream if no UDP answer came within `after`.
     UdpThenStream {
+        /// The far side's UDP address: its banner's port, at the banner's address or else
+        /// the host name resolved here.
         addr: SocketAddr,
+        /// The ssh channel, held in reserve until UDP answers or the fallback is taken.
         stream: StreamLink,
+        /// How long after the start UDP may stay without a handshake answer before the
+        /// session starts again on `stream` (sooner if the UDP session gives up).
         after: Duration,
     },
 }
 
+/// How [`run`] reaches the far side and the user's options for the whole job.
 pub struct ClientOptions {
+    /// How datagrams reach the far side: UDP, the ssh channel, or UDP with the channel as
+    /// fallback.
     pub path: Transport,
+    /// The key both sides hold: the far side's fresh session key from its ssh banner, or
+    /// the key file's key for a `hayate://` daemon.
     pub psk: Psk,
+    /// Protocol settings asked of the server (MTU, rate, timeouts); on the ssh channel the
+    /// MTU is replaced by the stream's 16 KiB.
     pub proto: Config,
     /// [`flags`]: PRESERVE (`-p`), NO_CLOBBER, UPDATE.
     pub flags: u32,
@@ -87,25 +103,55 @@ pub const STDIO: &str = "-";
 #[derive(Debug, Clone)]
 pub enum Job {
     /// Local sources to a remote destination ("" = the far side's home / root).
-    Upload { sources: Vec<PathBuf>, dest: String },
+    Upload {
+        /// Local files, directories (with `-r`) or links as the user named them; [`STDIO`]
+        /// for standard input ([`ClientOptions::stdin`]).
+        sources: Vec<PathBuf>,
+        /// Path on the far side as the user typed it (relative to its home or `--root`); a
+        /// directory there, or ending in `/`, receives the sources under their own names.
+        dest: String,
+    },
     /// Remote sources to a local destination.
-    Download { sources: Vec<String>, dest: PathBuf },
+    Download {
+        /// Paths on the far side as the user typed them (relative to its home or
+        /// `--root`); the last component may be a glob the far side matches.
+        sources: Vec<String>,
+        /// Local file or directory to write to (a directory when there are several
+        /// sources or a pattern); [`STDIO`] with [`ClientOptions::stdout`].
+        dest: PathBuf,
+    },
 }
 
+/// What a [`FileResult`] is about (`"file"`, `"dir"`, `"symlink"` in the JSON summary).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Kind {
+    /// A file, its content sent and verified; also a named source that is a link (followed)
+    /// and an entry that is no file, directory or link (skipped or failed).
     File,
+    /// A directory created at the destination (`-r`: a tree's directories, and a missing
+    /// destination directory).
     Dir,
+    /// A symbolic link recreated at the destination with the same target (`-r` trees).
     Symlink,
 }
 
+/// The outcome of one entry of the job (one file, directory or link), as the report and the
+/// JSON summary show it.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct FileResult {
+    /// Whether this is a file, a directory or a link.
     pub kind: Kind,
+    /// True when it went from here to the far side, false for a download.
     pub upload: bool,
+    /// The local side: an upload's source or a download's destination; [`STDIO`] for
+    /// standard input or output; empty for a remote directory made for an upload.
     pub local: PathBuf,
+    /// Path on the far side as sent to it (relative to its home or `--root`): an upload's
+    /// destination or a download's source.
     pub remote: String,
+    /// Size of the file in bytes (as listed or offered, then as opened); 0 for directories,
+    /// links and files that failed before their size was known.
     pub bytes: u64,
     /// BLAKE3 of the whole file, hex, when verified.
     pub blake3: Option<String>,
@@ -113,11 +159,17 @@ pub struct FileResult {
     pub verified: bool,
     /// Not copied on purpose (exists with --no-clobber, identical with --update).
     pub skipped: Option<String>,
-    /// Bytes the destination already had from an interrupted copy (not sent again).
+    /// Bytes the destination already had from an interrupted copy (not sent again), as
+    /// checked against the source's leaf hashes.
     pub resumed_bytes: u64,
-    /// Bytes of this file that reached the destination in this run: neither what was
-    /// already there (resumed) nor a skipped file; for an unfinished file, what got there.
+    /// Bytes the file already at the destination had the same (delta): copied there from
+    /// it, not sent.
+    pub reused_bytes: u64,
+    /// Bytes of this file sent as data in this run: neither what was already there (resumed
+    /// or reused) nor a skipped file; for an unfinished file, what got there.
     pub moved_bytes: u64,
+    /// Why it failed, for the user; None when it succeeded or was skipped. Files left
+    /// unfinished by a session failure get that failure and what is missing.
     pub error: Option<String>,
 }
 
@@ -133,10 +185,17 @@ impl FileResult {
             verified: false,
             skipped: None,
             resumed_bytes: 0,
+            reused_bytes: 0,
             moved_bytes: 0,
             error: None,
         }
     }
+    /// Bytes not sent because the destination had them (resumed or reused).
+    pub fn kept_bytes(&self) -> u64 {
+        self.resumed_bytes + self.reused_bytes
+    }
+    /// Succeeded: no error, and verified (files), created (directories, links) or skipped on
+    /// purpose.
     pub fn ok(&self) -> bool {
         self.error.is_none() && (self.verified || self.skipped.is_some())
     }
@@ -150,10 +209,15 @@ impl FileResult {
     }
 }
 
+/// What [`run`] did: every entry's outcome and the session's.
 #[derive(Debug)]
 pub struct Report {
+    /// One result per file, directory and link of the job, in the order they were planned.
     pub files: Vec<FileResult>,
+    /// Wall-clock seconds from the start of [`run`] to its end (ssh startup not included).
     pub seconds: f64,
+    /// The session's counters at the end (after a fallback, those of the session on the
+    /// ssh channel).
     pub stats: Stats,
     /// Session-level failure (no server, wrong key, interrupted, peer vanished).
     pub error: Option<String>,
@@ -162,9 +226,12 @@ pub struct Report {
 }
 
 impl Report {
+    /// No session-level error and every result [`ok`](FileResult::ok): the copy fully
+    /// succeeded.
     pub fn all_verified(&self) -> bool {
         self.error.is_none() && self.files.iter().all(|f| f.ok())
     }
+    /// Total size of the files verified at the destination (skipped ones not counted).
     pub fn bytes_verified(&self) -> u64 {
         self.files
             .iter()
@@ -172,8 +239,13 @@ impl Report {
             .map(|f| f.bytes)
             .sum()
     }
+    /// What interrupted copies already held at the destination (checked, not sent again).
     pub fn resumed_bytes(&self) -> u64 {
         self.files.iter().map(|f| f.resumed_bytes).sum()
+    }
+    /// What the files already at the destination had the same (delta): not sent.
+    pub fn reused_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.reused_bytes).sum()
     }
     /// What reached the destination in this run (resumed and skipped bytes not counted).
     pub fn moved_bytes(&self) -> u64 {
@@ -187,6 +259,7 @@ impl Report {
             .map(|f| f.bytes)
             .sum()
     }
+    /// Number of file results (directories and links not counted), whatever their outcome.
     pub fn file_count(&self) -> usize {
         self.files.iter().filter(|f| f.kind == Kind::File).count()
     }
@@ -194,15 +267,22 @@ impl Report {
 
 /// A snapshot for progress bars and stats lines.
 pub struct Progress<'a> {
+    /// Time since [`run`] started.
     pub elapsed: Duration,
     /// Done so far, counting what was already there (resumed) and skipped files.
     pub bytes_done: u64,
     /// What reached the destination in this run: what a rate is computed from.
     pub bytes_moved: u64,
+    /// Size of every file planned so far; grows as listings of trees arrive and is
+    /// corrected to each file's size when it is opened or offered.
     pub bytes_total: u64,
+    /// Files (not directories or links) that have ended, verified, skipped or failed.
     pub files_done: usize,
+    /// Files (not directories or links) planned so far.
     pub files_total: usize,
+    /// The session's counters now ([`Connection::stats`]).
     pub stats: &'a Stats,
+    /// The handshake has completed; until then nothing moves (and a UI may stay quiet).
     pub connected: bool,
     /// What the copy waits for while no bytes move, if it does.
     pub waiting: Option<Waiting>,
@@ -232,6 +312,8 @@ impl std::fmt::Display for Waiting {
 
 /// What the driver tells the user while it runs.
 pub trait Ui {
+    /// A progress snapshot, about every 100 ms while the session runs (on the loop's thread:
+    /// return quickly).
     fn progress(&mut self, p: &Progress<'_>);
     /// A one-line notice (e.g. the switch to the ssh channel).
     fn note(&mut self, msg: &str);
@@ -254,6 +336,9 @@ struct Active {
     /// A download offered with `--update` over a local file of its size: skipped if that
     /// file hashes to the far side's hash (the first), else accepted.
     compare: Option<([u8; 32], WholeHash)>,
+    /// A download compared leaf by leaf with a basis (delta, verified resume): accepted
+    /// once every leaf is.
+    basis: Option<Basis>,
 }
 
 /// An upload's source, opened: offered at once, or with `--update` once it is hashed.
@@ -278,7 +363,12 @@ struct Files {
 impl Files {
     /// Whether a whole-file hash for `--update` holds up one of the transfers.
     fn hashing(&self) -> bool {
-        !self.hashing.is_empty() || self.act.values().any(|a| a.compare.is_some())
+        !self.hashing.is_empty()
+            || self.act.values().any(|a| {
+                a.compare.is_some()
+                    || a.basis.is_some()
+                    || a.file.as_ref().is_some_and(Sending::sums_pending)
+            })
     }
 }
 
@@ -319,6 +409,13 @@ impl BlockSink for Files {
 /// rest of those whose blocks have all gone out. Returns whether one is still being hashed
 /// after its last block went out (the loop should look again soon).
 fn give_source_hashes(conn: &mut Connection, files: &mut Files) -> bool {
+    pump_sums(
+        conn,
+        files
+            .act
+            .iter_mut()
+            .filter_map(|(x, a)| Some((*x, a.file.as_mut()?))),
+    );
     let waiting = conn.sources_awaiting_hash();
     for x in &waiting {
         if let Some(s) = files.act.get_mut(x).and_then(|a| a.file.as_mut()) {
@@ -390,47 +487,110 @@ fn settle_update_hashes(
             files.act.remove(&xfer);
         }
     }
+    settle_bases(conn, files, s);
 }
 
-/// Accepts download `xfer` into a temp file (resuming what an earlier run left there), or
-/// standard output; false if that failed (said in its result: the transfer is over).
+/// Goes on with the downloads compared with a basis: the sender's leaf hashes that came are
+/// compared with the basis's, and once all are, the download is accepted with the blocks
+/// that matched.
+fn settle_bases(conn: &mut Connection, files: &mut Files, s: &mut Session<'_>) {
+    let bs = conn.block_size() as u64;
+    let done: Vec<(XferId, Vec<(u64, u64)>)> = files
+        .act
+        .iter_mut()
+        .filter_map(|(x, a)| {
+            let b = a.basis.as_mut()?;
+            for (first, leaves) in conn.take_sums(*x) {
+                b.sums(first, leaves);
+            }
+            Some((*x, b.poll(bs)?))
+        })
+        .collect();
+    for (xfer, have) in done {
+        let a = files.act.get_mut(&xfer).expect("listed");
+        let b = a.basis.take().expect("listed");
+        let kind = b.kind;
+        if !start_download(conn, s, xfer, a, &have, kind, b.into_copy_source()) {
+            files.act.remove(&xfer);
+        }
+    }
+}
+
+/// Accepts download `xfer` into a temp file or standard output: at once, or, when there is
+/// a basis (what an earlier run left there, or the file at the destination), once the far
+/// side's leaf hashes are compared with it (`settle_bases`). False if that failed (said in
+/// its result: the transfer is over).
 fn accept_download(
     conn: &mut Connection,
     s: &mut Session<'_>,
     xfer: XferId,
     a: &mut Active,
 ) -> bool {
-    let stdout = s.stdout;
     let r = &mut s.results[a.idx];
-    let bs = conn.block_size() as u64;
-    let (size, mtime) = (a.size, a.mtime);
-    let part = if stdout {
+    let size = a.size;
+    let part = if s.stdout {
         PartFile::stdout(size)
+    } else if s.opts_flags & flags::INPLACE != 0 {
+        create_local_part_inplace(&r.local, size)
     } else {
         create_local_part(&r.local, size)
     };
-    let started = part.and_then(|mut p| {
-        let have = resumable(&p, size, mtime, bs);
-        match Landing::start(&mut p, size, &have, bs) {
-            Ok(landing) => Ok((p, have, landing)),
-            Err(e) => {
-                // Short of space, say (the reserve failed): what this run made goes.
-                p.drop_unstarted();
-                Err(FsError::Io(r.local.display().to_string(), e))
-            }
-        }
-    });
-    match started {
-        Ok((p, have, landing)) => {
-            r.resumed_bytes = have_bytes(&have, bs, size);
-            a.part = Some(p);
-            a.landing = Some(landing);
-            conn.accept(xfer, &have);
-            true
-        }
+    let mut p = match part {
+        Ok(p) => p,
         Err(e) => {
             r.error = Some(e.to_string());
             conn.reject(xfer, &format!("client cannot write: {e}"));
+            return false;
+        }
+    };
+    let fl = s.opts_flags & flags::WHOLE_FILE;
+    let basis = basis_for(&mut p, size, fl);
+    a.part = Some(p);
+    match basis {
+        Some(b) => {
+            conn.want_sums(xfer, b.kind);
+            a.basis = Some(b);
+            true
+        }
+        None => start_download(conn, s, xfer, a, &[], basis::RESUME, None),
+    }
+}
+
+/// Accepts download `xfer` into its temp file (in `a`), which holds the blocks in `have`
+/// already (`kind` says from what) or gets them copied from `copy`.
+fn start_download(
+    conn: &mut Connection,
+    s: &mut Session<'_>,
+    xfer: XferId,
+    a: &mut Active,
+    have: &[(u64, u64)],
+    kind: u8,
+    copy: Option<File>,
+) -> bool {
+    let r = &mut s.results[a.idx];
+    let bs = conn.block_size() as u64;
+    let size = a.size;
+    let p = a.part.as_mut().expect("opened");
+    match Landing::start_copied(p, size, have, bs, copy) {
+        Ok(landing) => {
+            let kept = have_bytes(have, bs, size);
+            if kind == basis::DEST {
+                r.reused_bytes = kept;
+            } else {
+                r.resumed_bytes = kept;
+            }
+            a.landing = Some(landing);
+            conn.accept(xfer, have);
+            true
+        }
+        Err(e) => {
+            let e = FsError::Io(r.local.display().to_string(), e);
+            r.error = Some(e.to_string());
+            conn.reject(xfer, &format!("client cannot write: {e}"));
+            // Short of space, say (the reserve failed): what this run made goes.
+            if let Some(p) = a.part.take() {
+                p.drop_unstarted();
+            }
             false
         }
     }
@@ -465,7 +625,7 @@ fn settle_downloads(conn: &mut Connection, files: &mut Files, s: &mut Session<'_
             Ok(h) => {
                 r.verified = true;
                 r.blake3 = Some(hex(h));
-                r.moved_bytes = a.size.saturating_sub(r.resumed_bytes);
+                r.moved_bytes = a.size.saturating_sub(r.kept_bytes());
                 s.finished_bytes += a.size;
             }
             Err(e) => r.error = Some(e.clone()),
@@ -613,6 +773,7 @@ impl<'a> Session<'a> {
         r.verified = false;
         r.blake3 = None;
         r.resumed_bytes = 0;
+        r.reused_bytes = 0;
         r.moved_bytes = 0;
         self.queue.push_front(i);
         true
@@ -1208,6 +1369,7 @@ impl<'a> Session<'a> {
                     no_space: false,
                     write_error: None,
                     compare: None,
+                    basis: None,
                 },
             );
         }
@@ -1253,6 +1415,7 @@ impl<'a> Session<'a> {
                 no_space: false,
                 write_error: None,
                 compare: None,
+                basis: None,
             },
         ))
     }
@@ -1296,6 +1459,17 @@ fn in_flight_done(conn: &Connection, xfer: XferId, a: &Active) -> u64 {
         conn.incoming_progress(xfer)
             .map(|(got, n)| (a.size * got).checked_div(n).unwrap_or(0))
             .unwrap_or(0)
+    }
+}
+
+/// Resume or delta credit of an upload: what the receiver said it had, and from what.
+fn credit_upload(conn: &Connection, xfer: XferId, r: &mut FileResult) {
+    if let Some(b) = conn.outgoing_skipped_bytes(xfer) {
+        if conn.outgoing_basis(xfer) == Some(basis::DEST) {
+            r.reused_bytes = b;
+        } else {
+            r.resumed_bytes = b;
+        }
     }
 }
 
@@ -1442,7 +1616,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
             save_download_state(conn, xfer, &mut a);
         }
         let r = &mut s.results[a.idx];
-        r.moved_bytes = in_flight_done(conn, xfer, &a).saturating_sub(r.resumed_bytes);
+        r.moved_bytes = in_flight_done(conn, xfer, &a).saturating_sub(r.kept_bytes());
         let detail = if a.upload {
             let acked = conn.outgoing_acked_bytes(xfer).unwrap_or(0);
             format!(
@@ -1506,9 +1680,7 @@ impl Client<'_, '_> {
     fn credit_resumed(&mut self, conn: &Connection, files: &Files, only: Option<XferId>) {
         for (x, a) in files.act.iter() {
             if a.upload && only.is_none_or(|o| o == *x) {
-                if let Some(b) = conn.outgoing_skipped_bytes(*x) {
-                    self.s.results[a.idx].resumed_bytes = b;
-                }
+                credit_upload(conn, *x, &mut self.s.results[a.idx]);
             }
         }
     }
@@ -1524,9 +1696,7 @@ impl Client<'_, '_> {
         let active_moved: u64 = files
             .act
             .iter()
-            .map(|(x, a)| {
-                in_flight_done(conn, *x, a).saturating_sub(s.results[a.idx].resumed_bytes)
-            })
+            .map(|(x, a)| in_flight_done(conn, *x, a).saturating_sub(s.results[a.idx].kept_bytes()))
             .sum();
         let finished_moved: u64 = s.results.iter().map(|r| r.moved_bytes).sum();
         let files_total = s.results.iter().filter(|r| r.kind == Kind::File).count();
@@ -1702,7 +1872,7 @@ impl Policy for Client<'_, '_> {
                         (Ok(h), None) => {
                             r.verified = true;
                             r.blake3 = Some(hex(&h));
-                            r.moved_bytes = a.size.saturating_sub(r.resumed_bytes);
+                            r.moved_bytes = a.size.saturating_sub(r.kept_bytes());
                             s.finished_bytes += a.size;
                         }
                         (Err(e), None) => r.error = Some(format!("far side: {e}")),

@@ -36,6 +36,7 @@ pub struct StreamLink {
     inpos: usize,
     out: VecDeque<u8>,
     eof: bool,
+    /// Datagrams [`send`](Self::send) dropped because 4 MiB were already queued.
     pub dropped: u64,
 }
 
@@ -171,13 +172,18 @@ fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
 /// The paths a driver sends and receives on: a UDP socket, a stream, or both (a far side
 /// started over ssh listens on both until the client picks one).
 pub struct Links {
+    /// The UDP socket, if this driver has one (not on a client that carries its data over
+    /// the ssh channel only).
     pub udp: Option<UdpSocket>,
+    /// The ssh channel (or another byte stream), if this driver uses one; datagrams for
+    /// [`STREAM_PEER`] go here.
     pub stream: Option<StreamLink>,
     batch: SendBatch,
     rbufs: RecvBufs,
 }
 
 impl Links {
+    /// Links over the given paths, with a send batch of up to 64 datagrams of 64 KiB.
     pub fn new(udp: Option<UdpSocket>, stream: Option<StreamLink>) -> Self {
         Self {
             udp,
@@ -244,6 +250,8 @@ impl Links {
         }
     }
 
+    /// Sends what [`commit`](Self::commit) batched for UDP, and writes as much of the
+    /// stream's queue as it takes now.
     pub fn flush(&mut self) {
         if let Some(sock) = &self.udp {
             self.batch.flush(sock);
@@ -261,6 +269,7 @@ impl Links {
             .map_or(ReceiverState::default(), |s| s.receiver_state())
     }
 
+    /// The stream's other end closed (the ssh channel is gone); false without a stream.
     pub fn stream_eof(&self) -> bool {
         self.stream.as_ref().is_some_and(|s| s.is_eof())
     }

@@ -4,8 +4,8 @@
 //! the receiving side. What a `hayate cp` would get on a path, minus the disk.
 //!
 //! Both sides, [`run_client`] and [`run_server`], run on the driver's one loop
-//! (`engine::run`) as `hayate cp` and `hayate serve` do; only the policy ([`Probe`]) and the
-//! storage ([`Mem`]) differ.
+//! (`engine::run`) as `hayate cp` and `hayate serve` do; only the policy (`Probe`) and the
+//! storage (`Mem`) differ.
 //!
 //! A test: the sender sends virtual files one after another, [`OPEN_FILES`] open at once so
 //! the path never idles between two files, each sized to about [`FILE_SECS`] at the current
@@ -39,7 +39,9 @@ pub const PATH_PREFIX: &str = "hayate-perf/";
 pub const OPEN_FILES: usize = 3;
 /// Each file holds about this much time at the pacing rate when it starts.
 pub const FILE_SECS: f64 = 0.5;
+/// Smallest virtual file in bytes (1 MiB), however slow the pacing rate.
 pub const MIN_FILE: u64 = 1 << 20;
+/// Largest virtual file in bytes (1 GiB); also the size when the sender is not paced.
 pub const MAX_FILE: u64 = 1 << 30;
 /// A receiver refuses offers larger than this (they cost a bitset of their blocks).
 pub const MAX_OFFER: u64 = 64 << 30;
@@ -112,6 +114,7 @@ pub mod pattern {
 /// What a test is configured with (the same on both sides, except `proto`).
 #[derive(Debug, Clone)]
 pub struct MemOptions {
+    /// The key both sides hold (the client's handshake key, the server endpoint's key).
     pub psk: Psk,
     /// Client: MTU and rate wish (a cap, a floor, adaptive or fixed). Server: what it allows.
     pub proto: Config,
@@ -132,26 +135,35 @@ pub struct MemProgress {
     pub ended: Option<Duration>,
     /// Since established: when the sink last got new data.
     pub last_delivery: Option<Duration>,
+    /// This side's session counters ([`Connection::stats`]) when the snapshot was taken.
     pub stats: Stats,
     /// Bytes handed to the sink (new blocks only: what the receiver got).
     pub delivered_bytes: u64,
     /// Delivered blocks whose content differed from the pattern.
     pub mismatches: u64,
+    /// Files this side began: sent or offered (sender), accepted (receiver).
     pub files_started: u64,
     /// Files whose BLAKE3 the receiver verified (and the sender confirmed, on its side).
     pub files_verified: u64,
+    /// Total size in bytes of the files counted in `files_verified`.
     pub bytes_verified: u64,
+    /// Files that failed: a BLAKE3 mismatch, or refused, skipped or failed by the peer (not
+    /// those cut by the end of the test).
     pub files_failed: u64,
     /// Files cut by the end of the test.
     pub files_aborted: u64,
+    /// Bytes of file per DATA block ([`Connection::block_size`], set by the MTU).
     pub block_size: usize,
+    /// The MTU agreed in the handshake (before it, the configured one).
     pub mtu: u16,
     /// Datagrams the kernel dropped on our socket (receive buffer full).
     pub kernel_drops: u64,
 }
 
+/// How one side's test ended.
 #[derive(Debug, Clone, Default)]
 pub struct MemReport {
+    /// The side's last snapshot, taken as the session ended.
     pub progress: MemProgress,
     /// Session-level failure (no handshake, peer vanished, interrupted, stopped).
     pub error: Option<String>,

@@ -7,7 +7,7 @@ pub mod client;
 mod engine;
 pub mod link;
 pub mod mem;
-mod resume;
+pub(crate) mod resume;
 pub mod server;
 pub mod tunnel;
 
@@ -25,12 +25,16 @@ pub use batch::SendBatch;
 pub struct StopFlag(Arc<AtomicBool>);
 
 impl StopFlag {
+    /// A flag not yet set.
     pub fn new() -> Self {
         Self::default()
     }
+    /// Sets the flag (for good); every clone sees it. A loop notices it at its next turn
+    /// (within 200 ms) and ends its sessions.
     pub fn stop(&self) {
         self.0.store(true, Ordering::SeqCst);
     }
+    /// Whether [`stop`](Self::stop) was called on this flag or a clone of it.
     pub fn is_stopped(&self) -> bool {
         self.0.load(Ordering::Relaxed)
     }

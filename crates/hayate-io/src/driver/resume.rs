@@ -1,5 +1,6 @@
-//! What an interrupted receive had already written, kept next to its temp file so a rerun
-//! sends only the rest. Stored as byte ranges (not blocks) because the next session may use
+//! What an interrupted receive had already written, kept next to its temp file (for `hayate
+//! clean` and for people; a rerun checks the temp file itself against the sender's leaf
+//! hashes, see `crate::delta`). Stored as byte ranges (not blocks) because the next session may use
 //! a different block size. The whole-file BLAKE3 at the end still proves the result.
 
 use hayate_proto::{Connection, XferId};
@@ -67,7 +68,9 @@ impl ResumeState {
         s.into_bytes()
     }
 
-    /// None for anything malformed or inconsistent (then the receive starts over).
+    /// None for anything malformed or inconsistent. (A rerun does not trust the state: it
+    /// checks the temp file leaf by leaf against the sender's, see `crate::delta`.)
+    #[cfg(test)]
     pub fn decode(data: &[u8]) -> Option<Self> {
         let text = std::str::from_utf8(data).ok()?;
         let mut lines = text.lines();
@@ -113,17 +116,6 @@ pub(crate) fn save_progress(
     let st = ResumeState::from_missing(size, mtime, c.block_size() as u64, &missing);
     if part.save_state(&st.encode()).is_ok() {
         *saved = Some(key);
-    }
-}
-
-/// Block ranges of `part` already holding the offered file's bytes, from its state file.
-pub(crate) fn resumable(part: &PartFile, size: u64, mtime: i64, block: u64) -> Vec<(u64, u64)> {
-    if part.existing_len() == 0 || size < MIN_RESUME_SIZE {
-        return Vec::new();
-    }
-    match part.load_state().and_then(|d| ResumeState::decode(&d)) {
-        Some(st) if st.size == size && st.mtime == mtime => st.have_blocks(block),
-        _ => Vec::new(),
     }
 }
 

@@ -19,9 +19,10 @@ use hayate_proto::{
 
 use super::engine::{self, Flow, Net, Policy, Session};
 use super::link::{Links, StreamLink};
-use super::resume::{resumable, save_progress};
+use super::resume::save_progress;
 use super::tunnel::FarEnd;
 use super::{dest_mode, systime, StopFlag};
+use crate::delta::{basis_for, pump_sums, Basis};
 use crate::fs::{Entry, EntryKind, FsError, PartFile, Root, SourceFile};
 use crate::udp::UdpSocket;
 use crate::verify::{Landing, Sending, WholeHash};
@@ -36,6 +37,7 @@ const BUSY_POLL: Duration = Duration::from_millis(100);
 /// How often the resume state of running receives is written down.
 const STATE_EVERY: Duration = Duration::from_millis(500);
 
+/// Which files a server's clients reach.
 pub enum Scope {
     /// `--root DIR`: nothing outside it.
     Confined(PathBuf),
@@ -43,10 +45,15 @@ pub enum Scope {
     WholeFs(PathBuf),
 }
 
+/// What [`serve`] runs with.
 pub struct ServerOptions {
+    /// UDP address to bind and serve on.
     pub listen: SocketAddr,
+    /// Which files clients reach: `--root` for `serve`, the whole file system for `--stdio`.
     pub scope: Scope,
+    /// The key every client must hold (the key file's; a fresh one under `--stdio`).
     pub psk: Psk,
+    /// What the server allows clients (largest MTU, rates) and its timeouts.
     pub proto: Config,
 }
 
@@ -108,12 +115,19 @@ struct SessionFiles {
     offering: HashMap<XferId, (Download, WholeHash)>,
     /// Uploads offered with `--update`, received or skipped once the file there is hashed.
     deciding: HashMap<XferId, Deciding>,
+    /// Uploads compared leaf by leaf with a basis (delta, verified resume), accepted once
+    /// every leaf is.
+    bases: HashMap<XferId, (Upload, PartFile, Basis)>,
 }
 
 impl SessionFiles {
-    /// Whether a whole-file hash for `--update` holds up one of its transfers.
+    /// Whether a whole-file hash for `--update`, or leaf hashes for a delta transfer, hold
+    /// up one of its transfers.
     fn hashing(&self) -> bool {
-        !self.offering.is_empty() || !self.deciding.is_empty()
+        !self.offering.is_empty()
+            || !self.deciding.is_empty()
+            || !self.bases.is_empty()
+            || self.out.values().any(Sending::sums_pending)
     }
 }
 
@@ -147,6 +161,7 @@ impl BlockSink for SessionFiles {
 /// the rest of those whose blocks have all gone out. Returns whether one is still being
 /// hashed after its last block went out.
 fn give_source_hashes(c: &mut Connection, f: &mut SessionFiles) -> bool {
+    pump_sums(c, f.out.iter_mut().map(|(x, s)| (*x, s)));
     for x in c.sources_awaiting_hash() {
         if let Some(s) = f.out.get_mut(&x) {
             s.finish();
@@ -194,6 +209,28 @@ fn settle_update_hashes(c: &mut Connection, f: &mut SessionFiles) {
         } else {
             accept_upload(c, f, xfer, d.part, d.up);
         }
+    }
+    settle_bases(c, f);
+}
+
+/// Goes on with the uploads compared with a basis: the sender's leaf hashes that came are
+/// compared with the basis's, and once all are, the upload is accepted with the blocks
+/// that matched.
+fn settle_bases(c: &mut Connection, f: &mut SessionFiles) {
+    let bs = c.block_size() as u64;
+    let done: Vec<(XferId, Vec<(u64, u64)>)> = f
+        .bases
+        .iter_mut()
+        .filter_map(|(x, (_, _, b))| {
+            for (first, leaves) in c.take_sums(*x) {
+                b.sums(first, leaves);
+            }
+            Some((*x, b.poll(bs)?))
+        })
+        .collect();
+    for (xfer, have) in done {
+        let (up, part, b) = f.bases.remove(&xfer).expect("listed");
+        start_upload(c, f, xfer, part, up, &have, b.into_copy_source());
     }
 }
 
@@ -619,6 +656,16 @@ fn place_into_dir(root: &Root, mut ev: Event) -> Event {
     ev
 }
 
+/// Opens the temp file for an upload (or, `--inplace`, the destination itself). Never
+/// waits: a busy one is tried again on later turns (`Server::waiting`).
+fn open_part(root: &Root, path: &str, size: u64, fl: u32) -> Result<PartFile, FsError> {
+    if fl & flags::INPLACE != 0 {
+        root.create_part_inplace(path, size)
+    } else {
+        root.create_part(path, size)
+    }
+}
+
 /// Handles one session event. Returns an offer it could not take yet because its temp file
 /// is busy (unless `last_try`), for [`Server::supersede`] and later turns.
 fn on_event(
@@ -641,7 +688,7 @@ fn on_event(
             flags,
             hash,
         } => {
-            let part = match root.create_part(path, size) {
+            let part = match open_part(root, path, size, flags) {
                 Ok(p) => p,
                 Err(FsError::Busy(_) | FsError::NoReader(_)) if !last_try => return Some(ev),
                 Err(FsError::NoReader(p)) => {
@@ -780,6 +827,9 @@ fn on_event(
         Event::Rejected { xfer, reason } => {
             f.out.remove(&xfer);
             f.offering.remove(&xfer);
+            if let Some((_, part, _)) = f.bases.remove(&xfer) {
+                part.drop_unstarted();
+            }
             if let Some(d) = f.deciding.remove(&xfer) {
                 d.part.drop_unstarted();
             }
@@ -816,6 +866,9 @@ fn on_event(
             }
             for (_, d) in f.deciding.drain() {
                 d.part.drop_unstarted();
+            }
+            for (_, (_, part, _)) in f.bases.drain() {
+                part.drop_unstarted();
             }
             f.out.clear();
             f.offering.clear();
@@ -869,7 +922,9 @@ fn skip_upload(c: &mut Connection, xfer: XferId, part: PartFile, reason: &str) {
     part.drop_unstarted();
 }
 
-/// Receives an upload into its temp file, resuming what an earlier run left there.
+/// Receives an upload into its temp file: at once, or, when there is a basis (what an
+/// earlier run left there, or the file at the destination), once the sender's leaf hashes
+/// are compared with it (`settle_bases`).
 fn accept_upload(
     c: &mut Connection,
     f: &mut SessionFiles,
@@ -877,12 +932,28 @@ fn accept_upload(
     mut part: PartFile,
     up: Upload,
 ) {
-    let have = if up.flags & flags::NO_RESUME != 0 {
-        Vec::new()
-    } else {
-        resumable(&part, up.size, up.mtime, c.block_size() as u64)
-    };
-    let landing = match Landing::start(&mut part, up.size, &have, c.block_size() as u64) {
+    match basis_for(&mut part, up.size, up.flags) {
+        Some(b) => {
+            c.want_sums(xfer, b.kind);
+            f.bases.insert(xfer, (up, part, b));
+        }
+        None => start_upload(c, f, xfer, part, up, &[], None),
+    }
+}
+
+/// Accepts an upload into its temp file, which holds the blocks in `have` already or gets
+/// them copied from `basis`.
+fn start_upload(
+    c: &mut Connection,
+    f: &mut SessionFiles,
+    xfer: XferId,
+    mut part: PartFile,
+    up: Upload,
+    have: &[(u64, u64)],
+    basis: Option<std::fs::File>,
+) {
+    let bs = c.block_size() as u64;
+    let landing = match Landing::start_copied(&mut part, up.size, have, bs, basis) {
         Ok(l) => l,
         Err(e) => {
             c.reject(xfer, &format!("{}: {e}", up.path));
@@ -906,7 +977,7 @@ fn accept_upload(
             landing,
         },
     );
-    c.accept_at(xfer, &have, placed.as_deref());
+    c.accept_at(xfer, have, placed.as_deref());
 }
 
 /// Sends a file asked for, offering it (with its hash for `--update`).

@@ -325,12 +325,15 @@ impl FarEnd {
 pub struct TunnelOptions {
     /// The far side's UDP address and the session key (from the ssh banner).
     pub addr: SocketAddr,
+    /// The session key from the banner.
     pub psk: Psk,
+    /// MTU, rate, timeouts.
     pub proto: Config,
     /// No session within this long: [`Outcome::NoUdp`].
     pub udp_timeout: Duration,
     /// Where the far side connects, as it resolves it.
     pub far_host: String,
+    /// The TCP port there.
     pub far_port: u16,
 }
 
@@ -341,11 +344,14 @@ pub enum Outcome {
     /// UDP never got an answer: the caller falls back (the fds are given back; nothing was
     /// read from them).
     NoUdp {
+        /// Standard input, as it was taken.
         stdin: OwnedFd,
+        /// Standard output, as it was taken.
         stdout: OwnedFd,
     },
-    /// The far side refused (`"connection refused"`, …) or the session failed.
+    /// The far side refused (`"connection refused"`, …).
     Refused(String),
+    /// The session or the fds failed (the reason).
     Failed(String),
 }
 

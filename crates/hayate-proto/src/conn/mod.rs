@@ -17,6 +17,7 @@ use crate::rng::Rng;
 use crate::rtt::RttEstimator;
 use crate::wire::{self, AddrFamily, Cid, Frame};
 
+mod delta;
 mod events;
 mod paths;
 mod spaces;

@@ -181,7 +181,7 @@ impl Connection {
                 if let Some(o) = self.xfers.outgoing.get_mut(&xfer) {
                     if !o.ready {
                         o.ready = true;
-                        o.mark_have(&have);
+                        self.xfers.retired_in_flight += o.mark_have(&have);
                         self.xfers.hash_work = true;
                         if let Some(path) = path {
                             self.events.push_back(Event::Placed { xfer, path });
@@ -235,6 +235,12 @@ impl Connection {
                     self.path.pacer.set_rate(self.path.cc.pacing_rate());
                 }
             }
+            Ctrl::WantSums { xfer, basis } => self.on_want_sums(xfer, basis),
+            Ctrl::Sums {
+                xfer,
+                first,
+                leaves,
+            } => self.on_sums(xfer, first, leaves),
             Ctrl::Bye => {
                 if self.side == Side::Server {
                     self.events.push_back(Event::Bye);

@@ -67,6 +67,15 @@ pub struct CpArgs {
     /// Skip files whose destination is already identical (compared by BLAKE3)
     #[arg(short, long, conflicts_with = "no_clobber")]
     pub update: bool,
+    /// Send whole files: no delta against a file already at the destination (by default
+    /// only the 4 KiB leaves that differ from it are sent)
+    #[arg(short = 'W', long)]
+    pub whole_file: bool,
+    /// Write an existing destination file in place instead of through a temp file renamed
+    /// over it (for files too big to have twice): only what differs is written. Until the
+    /// copy verifies the file is neither old nor new
+    #[arg(long)]
+    pub inplace: bool,
     /// A source file that changes while it is sent is sent once more from the start
     /// (opened afresh); only a second change fails it
     #[arg(long)]
@@ -406,6 +415,12 @@ fn copy(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
     }
     if a.update {
         fl |= flags::UPDATE;
+    }
+    if a.whole_file {
+        fl |= flags::WHOLE_FILE;
+    }
+    if a.inplace {
+        fl |= flags::INPLACE;
     }
     let mut out = Output::new(a.quiet, a.json, a.interval, a.progress);
     if a.verbose > 0 {
