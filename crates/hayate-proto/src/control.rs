@@ -86,6 +86,17 @@ pub enum Ctrl {
         first: u64,
         leaves: Vec<LeafHash>,
     },
+    /// Client: connect the session's byte stream (`crate::stream`) to `host:port` as the
+    /// server itself sees it (`hayate tunnel`). Stream bytes may follow at once.
+    Tunnel {
+        host: String,
+        port: u16,
+    },
+    /// Server: the answer to `Tunnel`: connected, or why not (`"connection refused"`, or
+    /// "this server opens no tunnels").
+    TunnelReply {
+        result: Result<(), String>,
+    },
 }
 
 /// Bytes per leaf of the hashes `Sums` carries: an aligned subtree of 4 BLAKE3 chunks.

@@ -26,6 +26,7 @@ pub mod rtt;
 #[cfg(feature = "sim")]
 #[allow(missing_docs)] // Not yet documented item by item.
 pub mod sim;
+pub mod stream;
 #[allow(missing_docs)] // Not yet documented item by item.
 pub mod transfer;
 #[allow(missing_docs)] // Not yet documented item by item.

@@ -619,6 +619,8 @@ impl Client {
                 | Event::MetaRequested { .. }
                 | Event::MetaReplied { .. }
                 | Event::Placed { .. }
+                | Event::TunnelRequested { .. }
+                | Event::TunnelAnswered { .. }
                 | Event::Bye => {}
                 Event::Closed { error } => {
                     if error.is_some() {

@@ -6,7 +6,10 @@ use std::ops::Range;
 /// 2: 4-byte cids and packet numbers in the sealed header, 6-byte block numbers.
 /// 3: `Ready` says where an `INTO_DIR` offer's file goes.
 /// 5: HelloRetry and the ClientHello's retry token; PATH_CHALLENGE / PATH_RESPONSE frames.
-pub const VERSION: u8 = 6;
+/// 6: delta transfers and verified resume (`WantSums` / `Sums` messages).
+/// 7: the tunnel's byte stream: STREAM / STREAM_ACK frames, `Tunnel` / `TunnelReply` control
+///    messages.
+pub const VERSION: u8 = 7;
 pub const MAGIC: [u8; 3] = *b"HYT";
 pub const CLIENT_HELLO_LEN: usize = 1200;
 pub const SERVER_HELLO_LEN: usize = 120;
@@ -43,6 +46,10 @@ pub const FRAME_LOSSMAP: u8 = 0x05;
 pub const FRAME_CLOSE: u8 = 0x06;
 pub const FRAME_PATH_CHALLENGE: u8 = 0x07;
 pub const FRAME_PATH_RESPONSE: u8 = 0x08;
+pub const FRAME_STREAM: u8 = 0x09;
+pub const FRAME_STREAM_ACK: u8 = 0x0a;
+/// STREAM frame flag: the chunk ends the stream (its end is the stream's end).
+pub const STREAM_FIN: u8 = 0x01;
 
 /// Connection id: chosen by each side for the packets it receives, routed on before opening.
 pub type Cid = u32;
@@ -195,6 +202,11 @@ pub fn write_data_header(buf: &mut [u8], xfer: u32, block: u64) {
 
 /// Encoded size of `v` as a QUIC varint (8 for values too large to encode, which
 /// `put_varint` rejects).
+/// Bytes a STREAM frame takes before its data: type, flags, offset, length.
+pub fn stream_header_len(offset: u64, len: usize) -> usize {
+    2 + varint_len(offset) + varint_len(len as u64)
+}
+
 pub fn varint_len(v: u64) -> usize {
     if v < (1 << 6) {
         1
@@ -433,15 +445,20 @@ impl LossMapFrame {
         varint_len(g.start.saturating_sub(prev_end)) + varint_len(g.end.saturating_sub(g.start))
     }
 
-    fn head_len(&self) -> usize {
-        1 + varint_len(u64::from(self.xfer))
+    fn head_len(&self, lead: &[u8]) -> usize {
+        lead.len()
+            + varint_len(u64::from(self.xfer))
             + varint_len(self.cum)
             + varint_len(self.top)
             + varint_len(self.start)
     }
 
     pub fn encoded_len(&self) -> usize {
-        let mut n = self.head_len() + varint_len(self.end) + varint_len(self.gaps.len() as u64);
+        self.encoded_len_after(&[FRAME_LOSSMAP])
+    }
+
+    fn encoded_len_after(&self, lead: &[u8]) -> usize {
+        let mut n = self.head_len(lead) + varint_len(self.end) + varint_len(self.gaps.len() as u64);
         let mut prev = self.start;
         for g in &self.gaps {
             n += Self::gap_len(prev, g);
@@ -450,10 +467,16 @@ impl LossMapFrame {
         n
     }
 
-    fn encode_prefix(&self, w: &mut Writer, end: u64, ngaps: usize) -> Result<(), WireError> {
-        let mut tmp = [0u8; 1 + 6 * 8];
+    fn encode_prefix(
+        &self,
+        w: &mut Writer,
+        end: u64,
+        ngaps: usize,
+        lead: &[u8],
+    ) -> Result<(), WireError> {
+        let mut tmp = [0u8; 16 + 6 * 8];
         let mut hw = Writer::new(&mut tmp);
-        hw.put_u8(FRAME_LOSSMAP)?;
+        hw.put_bytes(lead)?;
         for v in [
             u64::from(self.xfer),
             self.cum,
@@ -489,7 +512,7 @@ impl LossMapFrame {
     /// Writes the whole map, or nothing (`Err`) if it is invalid or does not fit.
     pub fn encode(&self, w: &mut Writer) -> Result<(), WireError> {
         self.validate()?;
-        self.encode_prefix(w, self.end, self.gaps.len())
+        self.encode_prefix(w, self.end, self.gaps.len(), &[FRAME_LOSSMAP])
     }
 
     /// Writes as many leading gaps as fit in `w`. If some are left out, the map written ends
@@ -497,9 +520,15 @@ impl LossMapFrame {
     /// `end` actually written (`self.end` if every gap fit). `Err(NoSpace)` if not even an
     /// empty map fits; nothing is written on error.
     pub fn encode_fitting(&self, w: &mut Writer) -> Result<u64, WireError> {
+        self.encode_fitting_after(w, &[FRAME_LOSSMAP])
+    }
+
+    /// [`LossMapFrame::encode_fitting`] behind `lead` (a frame type and any fields before
+    /// the map's own).
+    fn encode_fitting_after(&self, w: &mut Writer, lead: &[u8]) -> Result<u64, WireError> {
         self.validate()?;
         let room = w.remaining();
-        let head = self.head_len();
+        let head = self.head_len(lead);
         // The size strictly grows with k (each gap adds >= 2 bytes, and end/count never
         // shrink), so the first k that does not fit ends the search.
         let mut best: Option<(usize, u64)> = None;
@@ -517,7 +546,7 @@ impl LossMapFrame {
             }
         }
         let (k, end) = best.ok_or(WireError::NoSpace)?;
-        self.encode_prefix(w, end, k)?;
+        self.encode_prefix(w, end, k, lead)?;
         Ok(end)
     }
 
@@ -568,6 +597,60 @@ impl LossMapFrame {
     }
 }
 
+/// The receiver's view of the tunnel's byte stream (`crate::stream`): its flow-control limit
+/// and, as a loss map over stream positions instead of blocks, what it holds. `map.xfer` is
+/// the stream's id (0: the one tunnel stream). A position is a byte offset; the end of the
+/// stream (FIN) takes one position of its own, after the last byte.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamAckFrame {
+    /// The sender may send stream bytes below this offset.
+    pub limit: u64,
+    pub map: LossMapFrame,
+}
+
+impl StreamAckFrame {
+    fn lead(&self) -> ([u8; 9], usize) {
+        let mut b = [0u8; 9];
+        let mut w = Writer::new(&mut b);
+        w.put_u8(FRAME_STREAM_ACK).expect("fits");
+        w.put_varint(self.limit.min(MAX_VARINT)).expect("fits");
+        let n = w.pos();
+        (b, n)
+    }
+
+    pub fn encoded_len(&self) -> usize {
+        let (_, n) = self.lead();
+        self.map.encoded_len_after(&[0u8; 9][..n])
+    }
+
+    /// Writes the whole frame, or nothing (`Err`).
+    pub fn encode(&self, w: &mut Writer) -> Result<(), WireError> {
+        if self.limit > MAX_VARINT {
+            return Err(WireError::BadValue("varint out of range"));
+        }
+        self.map.validate()?;
+        let (b, n) = self.lead();
+        self.map
+            .encode_prefix(w, self.map.end, self.map.gaps.len(), &b[..n])
+    }
+
+    /// As [`LossMapFrame::encode_fitting`]: as many leading gaps as fit; returns the `end`
+    /// written.
+    pub fn encode_fitting(&self, w: &mut Writer) -> Result<u64, WireError> {
+        if self.limit > MAX_VARINT {
+            return Err(WireError::BadValue("varint out of range"));
+        }
+        let (b, n) = self.lead();
+        self.map.encode_fitting_after(w, &b[..n])
+    }
+
+    fn decode(r: &mut Reader) -> Result<Self, WireError> {
+        let limit = r.get_varint()?;
+        let map = LossMapFrame::decode(r)?;
+        Ok(StreamAckFrame { limit, map })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame<'a> {
     /// Ends the frame list; the rest of the packet is zeros. Encodes as a single zero byte.
@@ -593,6 +676,14 @@ pub enum Frame<'a> {
     /// server to a client's new address before it moves the session there.
     PathChallenge([u8; PATH_TOKEN_LEN]),
     PathResponse([u8; PATH_TOKEN_LEN]),
+    /// Bytes of the tunnel's stream at `offset`; `fin`: they end it (an empty chunk may carry
+    /// only the end).
+    Stream {
+        offset: u64,
+        fin: bool,
+        data: &'a [u8],
+    },
+    StreamAck(StreamAckFrame),
 }
 
 impl Frame<'_> {
@@ -600,7 +691,11 @@ impl Frame<'_> {
     pub fn is_ack_eliciting(&self) -> bool {
         matches!(
             self,
-            Frame::Ping | Frame::Ctrl { .. } | Frame::Data { .. } | Frame::PathChallenge(_)
+            Frame::Ping
+                | Frame::Ctrl { .. }
+                | Frame::Data { .. }
+                | Frame::PathChallenge(_)
+                | Frame::Stream { .. }
         )
     }
 
@@ -617,6 +712,10 @@ impl Frame<'_> {
                 1 + varint_len(*code) + varint_len(reason.len() as u64) + reason.len()
             }
             Frame::PathChallenge(_) | Frame::PathResponse(_) => 1 + PATH_TOKEN_LEN,
+            Frame::Stream { offset, data, .. } => {
+                stream_header_len(*offset, data.len()) + data.len()
+            }
+            Frame::StreamAck(a) => a.encoded_len(),
         }
     }
 
@@ -624,6 +723,9 @@ impl Frame<'_> {
     pub fn encode(&self, w: &mut Writer) -> Result<(), WireError> {
         if let Frame::LossMap(m) = self {
             return m.encode(w);
+        }
+        if let Frame::StreamAck(a) = self {
+            return a.encode(w);
         }
         match self {
             Frame::Ack(a) if a.fields().iter().any(|&v| v > MAX_VARINT) => {
@@ -639,6 +741,11 @@ impl Frame<'_> {
             }
             Frame::Data { block, .. } if *block >= BLOCK_LIMIT => {
                 return Err(WireError::BadValue("block number out of range"))
+            }
+            Frame::Stream { offset, data, .. }
+                if offset.saturating_add(data.len() as u64) >= MAX_VARINT =>
+            {
+                return Err(WireError::BadValue("stream offset out of range"))
             }
             _ => {}
         }
@@ -682,7 +789,14 @@ impl Frame<'_> {
                 w.put_u8(FRAME_PATH_RESPONSE)?;
                 w.put_bytes(t)
             }
-            Frame::LossMap(_) => unreachable!("handled above"),
+            Frame::Stream { offset, fin, data } => {
+                w.put_u8(FRAME_STREAM)?;
+                w.put_u8(if *fin { STREAM_FIN } else { 0 })?;
+                w.put_varint(*offset)?;
+                w.put_varint(data.len() as u64)?;
+                w.put_bytes(data)
+            }
+            Frame::LossMap(_) | Frame::StreamAck(_) => unreachable!("handled above"),
         }
     }
 }
@@ -767,6 +881,28 @@ impl<'a> FrameIter<'a> {
             }
             FRAME_PATH_CHALLENGE => Ok(Frame::PathChallenge(r.array()?)),
             FRAME_PATH_RESPONSE => Ok(Frame::PathResponse(r.array()?)),
+            FRAME_STREAM => {
+                let flags = r.get_u8()?;
+                if flags & !STREAM_FIN != 0 {
+                    return Err(WireError::BadValue("unknown stream flags"));
+                }
+                let offset = r.get_varint()?;
+                let len = r.get_varint()?;
+                if len > r.remaining() as u64 {
+                    return Err(WireError::Truncated);
+                }
+                // The end of the stream takes a position of its own: it must be a varint too.
+                if offset + len >= MAX_VARINT {
+                    return Err(WireError::BadValue("stream offset out of range"));
+                }
+                let data = r.get_bytes(len as usize)?;
+                Ok(Frame::Stream {
+                    offset,
+                    fin: flags & STREAM_FIN != 0,
+                    data,
+                })
+            }
+            FRAME_STREAM_ACK => Ok(Frame::StreamAck(StreamAckFrame::decode(r)?)),
             t => Err(WireError::UnknownFrame(t)),
         }
     }

@@ -18,6 +18,8 @@ enum Owned {
     Data(u32, u64, Vec<u8>),
     LossMap(LossMapFrame),
     Close(u64, String),
+    Stream(u64, bool, Vec<u8>),
+    StreamAck(StreamAckFrame),
 }
 
 impl Owned {
@@ -42,6 +44,12 @@ impl Owned {
             },
             Owned::PathChallenge(t) => Frame::PathChallenge(*t),
             Owned::PathResponse(t) => Frame::PathResponse(*t),
+            Owned::Stream(offset, fin, data) => Frame::Stream {
+                offset: *offset,
+                fin: *fin,
+                data,
+            },
+            Owned::StreamAck(a) => Frame::StreamAck(a.clone()),
         }
     }
 }
@@ -119,6 +127,14 @@ fn inner_frame() -> impl Strategy<Value = Owned> {
         (varint(), "\\PC{0,40}").prop_map(|(c, r)| Owned::Close(c, r)),
         any::<[u8; 8]>().prop_map(Owned::PathChallenge),
         any::<[u8; 8]>().prop_map(Owned::PathResponse),
+        (
+            0..MAX_VARINT - 300,
+            any::<bool>(),
+            prop::collection::vec(any::<u8>(), 0..300)
+        )
+            .prop_map(|(o, f, d)| Owned::Stream(o, f, d)),
+        (varint(), lossmap())
+            .prop_map(|(limit, map)| Owned::StreamAck(StreamAckFrame { limit, map })),
     ]
 }
 
@@ -590,8 +606,8 @@ fn padding_rules() {
     assert!(parse_all(&[1, 0, 0, 1]).is_err());
     assert_eq!(parse_all(&[]).unwrap(), vec![]);
     assert_eq!(
-        parse_all(&[0x09]).unwrap_err(),
-        WireError::UnknownFrame(0x09)
+        parse_all(&[0x0b]).unwrap_err(),
+        WireError::UnknownFrame(0x0b)
     );
     assert_eq!(parse_all(&[0x07, 1, 2]).unwrap_err(), WireError::Truncated);
     // after an error the iterator ends

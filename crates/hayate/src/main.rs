@@ -20,6 +20,8 @@ use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 Copy as with scp, through your own ssh (hayate installed on both sides, nothing else):
   hayate cp big.iso me@server:isos/        upload
   hayate cp me@server:/data/big.iso .      download
+Any ssh session over hayate's transport (rsync, scp, sftp, git, a shell):
+  ssh -o ProxyCommand='hayate tunnel %h %p' server
 Or with a standing server and a pre-shared key:
   hayate cp --key-file KEY big.iso hayate://server:5300/isos/
 
@@ -39,6 +41,14 @@ enum Command {
         after_help = cmd::cp::AFTER_HELP
     )]
     Cp(cmd::cp::CpArgs),
+    /// ssh's ProxyCommand: any ssh session (rsync, scp, sftp, git, a shell) over hayate's
+    /// transport to PORT on HOST
+    #[command(
+        override_usage = "hayate tunnel [OPTIONS] HOST PORT\n       \
+                          ssh -o ProxyCommand='hayate tunnel %h %p' HOST",
+        after_help = cmd::tunnel::AFTER_HELP
+    )]
+    Tunnel(cmd::tunnel::TunnelArgs),
     /// Write a fresh random 256-bit key (mode 0600)
     Keygen {
         /// Where to write the key
@@ -123,6 +133,7 @@ fn main() -> ExitCode {
         Command::Keygen { out, force } => cmd::keygen::run(&out, force),
         Command::Serve(a) => cmd::serve::run(a),
         Command::Cp(a) => cmd::cp::run(a, key_from_env),
+        Command::Tunnel(a) => cmd::tunnel::run(a),
         Command::Perf(c) => hayate_perf::run_perf(c),
         Command::Bench(BenchCommand::Mem(a)) => hayate_perf::run_bench_mem(a),
         Command::Clean(a) => cmd::clean::run(a),

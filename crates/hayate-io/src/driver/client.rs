@@ -1911,7 +1911,11 @@ impl Policy for Client<'_, '_> {
                     s.results[a.idx].remote = path;
                 }
             }
-            Event::GetRequested { .. } | Event::Bye | Event::MetaRequested { .. } => {}
+            Event::GetRequested { .. }
+            | Event::Bye
+            | Event::MetaRequested { .. }
+            | Event::TunnelRequested { .. }
+            | Event::TunnelAnswered { .. } => {}
             Event::Closed { error } => {
                 if let Some(e) = error {
                     if self.connected || self.spare_stream.is_none() {

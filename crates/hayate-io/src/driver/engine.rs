@@ -23,6 +23,7 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::SocketAddr;
+use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
 use hayate_proto::wire::Cid;
@@ -114,6 +115,11 @@ pub(crate) trait Policy {
     }
     /// A closed session left the endpoint.
     fn reaped(&mut self, _cid: Cid, _files: Self::Files) {}
+    /// More fds the loop's wait wakes on, with their poll events (a tunnel's standard input
+    /// and output, or its TCP connection): the bytes they move are the sessions' work too.
+    fn wait_fds(&self) -> Vec<(BorrowedFd<'_>, libc::c_short)> {
+        Vec::new()
+    }
 }
 
 impl<F: BlockSource + BlockSink + Default> Net<F> {
@@ -402,7 +408,7 @@ fn turns<P: Policy>(p: &mut P, net: &mut Net<P::Files>) -> io::Result<()> {
         net.reap(p, now);
         if next > Instant::now() {
             net.links
-                .wait_until(next)
+                .wait_until(next, &p.wait_fds())
                 .map_err(|e| io::Error::new(e.kind(), format!("socket wait failed: {e}")))?;
         }
     }

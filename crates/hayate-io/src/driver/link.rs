@@ -275,9 +275,15 @@ impl Links {
     }
 
     /// Sleeps until a datagram may be waiting on either path, the stream can take queued
-    /// bytes, or `deadline` passes (µs precision, see `clock::wait_any_until`).
-    pub fn wait_until(&self, deadline: Instant) -> io::Result<()> {
-        let mut fds = Vec::with_capacity(3);
+    /// bytes, one of `extra` is ready, or `deadline` passes (µs precision, see
+    /// `clock::wait_any_until`).
+    pub fn wait_until(
+        &self,
+        deadline: Instant,
+        extra: &[(std::os::fd::BorrowedFd<'_>, libc::c_short)],
+    ) -> io::Result<()> {
+        let mut fds = Vec::with_capacity(3 + extra.len());
+        fds.extend_from_slice(extra);
         if let Some(s) = &self.udp {
             fds.push((s.as_fd(), libc::POLLIN));
         }

@@ -514,7 +514,11 @@ impl Test {
             Event::MetaRequested { id, .. } => {
                 conn.meta_reply(id, Err("no file system in a hayate perf test".into()));
             }
-            Event::MetaReplied { .. } | Event::Placed { .. } | Event::Bye => {}
+            Event::MetaReplied { .. }
+            | Event::Placed { .. }
+            | Event::Bye
+            | Event::TunnelRequested { .. }
+            | Event::TunnelAnswered { .. } => {}
             Event::Closed { error } => return error,
         }
         None

@@ -9,6 +9,7 @@ pub mod link;
 pub mod mem;
 pub(crate) mod resume;
 pub mod server;
+pub mod tunnel;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

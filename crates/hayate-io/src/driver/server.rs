@@ -20,6 +20,7 @@ use hayate_proto::{
 use super::engine::{self, Flow, Net, Policy, Session};
 use super::link::{Links, StreamLink};
 use super::resume::save_progress;
+use super::tunnel::FarEnd;
 use super::{dest_mode, systime, StopFlag};
 use crate::delta::{basis_for, pump_sums, Basis};
 use crate::fs::{Entry, EntryKind, FsError, PartFile, Root, SourceFile};
@@ -345,6 +346,8 @@ pub fn serve_stdio(
         proto,
     };
     let mut srv = Server::new(&opts, stop, log)?;
+    // The ssh user's own far side may open what the user could reach through ssh anyway.
+    srv.allow_tunnels = true;
     announce(port, &psk).context("cannot write to the ssh channel")?;
     let stream = StreamLink::new(chan.0, chan.1, Vec::new())?;
     // A client that never connects is given up on after a while.
@@ -369,6 +372,11 @@ struct Server<'l> {
     /// not yet gone), or whose FIFO has no reader yet: tried again each 100 ms until the
     /// time given, then refused. The loop never sleeps on them: other sessions go on.
     waiting: Vec<(Cid, Event, Instant)>,
+    /// `hayate tunnel`: only the far side started over ssh (`--stdio`) opens them; a
+    /// daemon exposes its root and nothing else.
+    allow_tunnels: bool,
+    /// Each session's tunnel end (its TCP connection).
+    tunnels: HashMap<Cid, FarEnd>,
 }
 
 impl<'l> Server<'l> {
@@ -395,6 +403,8 @@ impl<'l> Server<'l> {
             save_states: false,
             busy_offers: Vec::new(),
             waiting: Vec::new(),
+            allow_tunnels: false,
+            tunnels: HashMap::new(),
         })
     }
 
@@ -541,6 +551,22 @@ impl Policy for Server<'_> {
     }
 
     fn on_event(&mut self, s: &mut Session<'_, SessionFiles>, ev: Event, _now: Instant) {
+        if let Event::TunnelRequested { host, port } = &ev {
+            if !self.allow_tunnels {
+                (self.log)(&format!("{}: refused a tunnel to {host}:{port}", s.addr));
+                s.conn.answer_tunnel(Err(NO_TUNNELS.to_string()));
+                return;
+            }
+            match FarEnd::connect(host, *port) {
+                Ok(t) => {
+                    self.tunnels.insert(s.cid, t);
+                    // An idle shell is not a dead session.
+                    s.conn.keep_alive(true);
+                }
+                Err(e) => s.conn.answer_tunnel(Err(e)),
+            }
+            return;
+        }
         let ev = place_into_dir(&self.root, ev);
         if let Some(busy) = on_event(&self.root, s.conn, s.files, ev, s.addr, self.log, false) {
             self.busy_offers.push((s.cid, busy));
@@ -548,6 +574,9 @@ impl Policy for Server<'_> {
     }
 
     fn turn(&mut self, s: &mut Session<'_, SessionFiles>, _now: Instant) -> bool {
+        if let Some(t) = self.tunnels.get_mut(&s.cid) {
+            t.turn(s.conn);
+        }
         let (c, f) = (&mut *s.conn, &mut *s.files);
         settle_verified(c, f, s.addr, self.log);
         settle_update_hashes(c, f);
@@ -570,10 +599,19 @@ impl Policy for Server<'_> {
         Flow::Go
     }
 
-    fn reaped(&mut self, _cid: Cid, f: SessionFiles) {
+    fn reaped(&mut self, cid: Cid, f: SessionFiles) {
+        self.tunnels.remove(&cid);
         abandon(f, self.log);
     }
+
+    fn wait_fds(&self) -> Vec<(std::os::fd::BorrowedFd<'_>, libc::c_short)> {
+        self.tunnels.values().flat_map(FarEnd::wait_fds).collect()
+    }
 }
+
+/// What a daemon answers a tunnel request.
+const NO_TUNNELS: &str = "this server opens no tunnels (a `hayate serve --root` daemon serves \
+                          files only; `hayate tunnel` starts its own far side over ssh)";
 
 fn abandon(f: SessionFiles, log: Log<'_>) {
     for (_, d) in f.deciding {
@@ -804,7 +842,11 @@ fn on_event(
         Event::Skipped { xfer, .. } => {
             f.out.remove(&xfer);
         }
-        Event::Bye | Event::MetaReplied { .. } | Event::Placed { .. } => {}
+        Event::Bye
+        | Event::MetaReplied { .. }
+        | Event::Placed { .. }
+        | Event::TunnelRequested { .. }
+        | Event::TunnelAnswered { .. } => {}
         Event::Closed { error } => {
             let s = c.stats();
             match error {

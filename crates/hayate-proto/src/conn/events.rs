@@ -99,6 +99,20 @@ pub enum Event {
     },
     /// Server: the client has no more requests.
     Bye,
+    /// Server: the client asks for a tunnel to `host:port` (`hayate tunnel`); answer with
+    /// [`Connection::answer_tunnel`](super::Connection::answer_tunnel).
+    TunnelRequested {
+        /// Where to connect, as the server resolves it.
+        host: String,
+        /// The TCP port there.
+        port: u16,
+    },
+    /// Client: the server's answer to
+    /// [`Connection::open_tunnel`](super::Connection::open_tunnel).
+    TunnelAnswered {
+        /// Connected, or why not (`"connection refused"`, …).
+        result: Result<(), String>,
+    },
     /// The session is over; `error` is None for a normal close.
     Closed {
         /// Why the session ended, for the user; `None`: normally.

@@ -28,6 +28,7 @@ mod streams;
 mod timers;
 mod transfers;
 mod transmit;
+mod tunnel;
 
 pub use events::Event;
 pub use paths::ReceiverState;
@@ -97,6 +98,8 @@ pub struct Connection {
     timers: Timers,
     ctrl: ControlStream,
     xfers: Transfers,
+    /// `hayate tunnel`'s byte stream, once asked for (see `tunnel.rs`).
+    tunnel: Option<Box<tunnel::Tunnel>>,
     events: VecDeque<Event>,
     stats: Stats,
     /// A reusable buffer (frames being built, blocks read only to hash them).
@@ -185,6 +188,7 @@ impl Connection {
                 hash_work: false,
                 external_hash: false,
             },
+            tunnel: None,
             events: VecDeque::new(),
             stats: Stats::default(),
             scratch: Vec::new(),
@@ -377,6 +381,21 @@ impl Connection {
                         ..Default::default()
                     });
                     self.on_loss_map(&lm, fb);
+                }
+                Frame::Stream { offset, fin, data } => {
+                    eliciting = true;
+                    has_data = true;
+                    if let Err(e) = self.on_stream(rx_at_us, offset, fin, data) {
+                        self.close(now, 2, &format!("protocol error: {e}"));
+                        return;
+                    }
+                }
+                Frame::StreamAck(a) => {
+                    let fb = fb.get_or_insert_with(|| Feedback {
+                        now_us,
+                        ..Default::default()
+                    });
+                    self.on_stream_ack(&a, fb);
                 }
                 Frame::PathChallenge(token) => self.on_path_challenge(token),
                 Frame::PathResponse(token) => self.on_path_response(token),

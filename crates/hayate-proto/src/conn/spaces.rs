@@ -115,20 +115,50 @@ impl Connection {
         fb
     }
 
+    pub(super) fn sent_record(&self, pn: u64) -> Option<SentRecord> {
+        self.space.sent_record(pn)
+    }
+}
+
+impl PacketSpace {
     pub(super) fn sent_time(&self, pn: u64) -> Option<u64> {
         self.sent_record(pn).map(|r| r.at_us)
     }
 
     pub(super) fn sent_record(&self, pn: u64) -> Option<SentRecord> {
-        if pn < self.space.sent_base {
+        if pn < self.sent_base {
             return None;
         }
-        self.space
-            .sent_times
-            .get((pn - self.space.sent_base) as usize)
-            .copied()
+        self.sent_times.get((pn - self.sent_base) as usize).copied()
     }
 
+    /// The loss rule of loss maps and the tunnel's stream acknowledgements alike: what was
+    /// sent in packet `pn` is lost once `largest` (the packet the peer acknowledged last)
+    /// overtook it by `REORDER_PACKETS` packets or by `reorder_us`; until then it may still
+    /// be on its way.
+    pub(super) fn overtaken(&self, largest: u64, reorder_us: u64) -> impl Fn(u64) -> bool + '_ {
+        let largest_time = self.sent_time(largest);
+        move |pn: u64| {
+            if pn >= largest {
+                return false;
+            }
+            if largest - pn >= REORDER_PACKETS {
+                return true;
+            }
+            match (self.sent_record(pn), largest_time) {
+                (Some(r), Some(lt)) => r.at_us + reorder_us <= lt,
+                _ => true,
+            }
+        }
+    }
+
+    /// Whether packet `pn` went out in the pacer's catch-up (see `Pacer::catching_up`).
+    pub(super) fn caught_up(&self) -> impl Fn(u64) -> bool + '_ {
+        move |pn: u64| self.sent_record(pn).is_some_and(|r| r.catch_up)
+    }
+}
+
+impl Connection {
     pub(super) fn write_ack(&mut self, now_us: u64, w: &mut Writer<'_>) {
         let (largest_pn, at) = self.space.largest_rx.unwrap_or((0, now_us));
         let ack = AckFrame {

@@ -247,6 +247,7 @@ impl Connection {
                     self.close(now, 0, "bye");
                 }
             }
+            m @ (Ctrl::Tunnel { .. } | Ctrl::TunnelReply { .. }) => self.on_tunnel_ctrl(now, m),
         }
     }
 

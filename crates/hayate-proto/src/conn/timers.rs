@@ -83,6 +83,7 @@ impl Connection {
     /// Something sent is still awaiting an answer from the peer.
     pub(super) fn outstanding(&self) -> bool {
         self.ctrl.tx.has_unacked()
+            || self.stream_outstanding()
             || self
                 .xfers.outgoing
                 .values()
@@ -152,6 +153,7 @@ impl Connection {
         }
         if self.outstanding() && now_us >= self.pto_deadline() {
             self.ctrl.tx.rewind();
+            self.stream_on_pto();
             self.timers.ping_pending = true;
             self.timers.pto_count += 1;
             self.timers.pto_base_us = now_us;

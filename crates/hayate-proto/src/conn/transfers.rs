@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use crate::cc::Feedback;
 use crate::control::{flags, Ctrl};
-use crate::transfer::{DataVerdict, Incoming, Layout, Outgoing, XferId, REORDER_PACKETS};
+use crate::transfer::{DataVerdict, Incoming, Layout, Outgoing, XferId};
 use crate::wire::{self, Writer};
 
 use super::{BlockSink, BlockSource, Connection, Event};
@@ -273,30 +273,8 @@ impl Connection {
             return;
         };
         let reorder_us = (self.path.rtt.srtt() / 8).max(1_000);
-        let largest_time = self.sent_time(largest);
-        let sent_base = self.space.sent_base;
-        let times = &self.space.sent_times;
-        let is_lost = |pn: u64| {
-            if pn >= largest {
-                return false;
-            }
-            if largest - pn >= REORDER_PACKETS {
-                return true;
-            }
-            match (
-                pn.checked_sub(sent_base)
-                    .and_then(|i| times.get(i as usize)),
-                largest_time,
-            ) {
-                (Some(r), Some(lt)) => r.at_us + reorder_us <= lt,
-                _ => true,
-            }
-        };
-        let caught_up = |pn: u64| {
-            pn.checked_sub(sent_base)
-                .and_then(|i| times.get(i as usize))
-                .is_some_and(|r| r.catch_up)
-        };
+        let is_lost = self.space.overtaken(largest, reorder_us);
+        let caught_up = self.space.caught_up();
         // Before its Ready (which may travel behind the first loss map in the same packet)
         // a map can only show resumed blocks: those are credited by Ready, not counted as
         // deliveries (they would inflate the delivery rate).
@@ -457,10 +435,11 @@ impl Connection {
 
     pub(super) fn has_data_to_send(&self) -> bool {
         !self.window_full()
-            && self.xfers.outgoing.values().any(|o| {
-                (o.ready && o.has_retx())
-                    || ((o.ready || (o.eager && self.eager_room())) && o.peek_new().is_some())
-            })
+            && (self.stream_sendable()
+                || self.xfers.outgoing.values().any(|o| {
+                    (o.ready && o.has_retx())
+                        || ((o.ready || (o.eager && self.eager_room())) && o.peek_new().is_some())
+                }))
     }
 
     /// Offered files not yet answered may take more data: under `EAGER_BYTES` went out so far.

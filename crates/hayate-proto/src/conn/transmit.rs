@@ -25,6 +25,7 @@ impl Connection {
         let mut w = Writer::new(&mut scratch);
         if with_ack {
             self.write_ack(now_us, &mut w);
+            self.write_stream_ack(&mut w);
             self.write_loss_maps(&mut w);
         }
         if ping {
@@ -59,6 +60,10 @@ impl Connection {
         buf: &mut [u8],
         src: &mut dyn BlockSource,
     ) -> Option<usize> {
+        // The tunnel's stream first: a keystroke does not wait behind a file.
+        if self.stream_sendable() {
+            return self.send_stream(now_us, buf);
+        }
         // Retransmissions first, then new blocks, in transfer order.
         let mut pick: Option<(XferId, u64, bool)> = None;
         let mut again = false;

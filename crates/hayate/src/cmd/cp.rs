@@ -348,7 +348,7 @@ pub enum Family {
 }
 
 impl Family {
-    fn admits(self, ip: IpAddr) -> bool {
+    pub fn admits(self, ip: IpAddr) -> bool {
         match self {
             Family::Any => true,
             Family::V4 => ip.is_ipv4(),
@@ -357,7 +357,7 @@ impl Family {
     }
 }
 
-fn resolve(host: &str, port: u16, family: Family) -> anyhow::Result<SocketAddr> {
+pub fn resolve(host: &str, port: u16, family: Family) -> anyhow::Result<SocketAddr> {
     let mut addrs = (host, port)
         .to_socket_addrs()
         .with_context(|| format!("cannot resolve {host}"))?;

@@ -4,6 +4,7 @@ pub mod docs;
 pub mod keygen;
 pub mod location;
 pub mod serve;
+pub mod tunnel;
 
 use std::path::Path;
 

@@ -208,7 +208,8 @@ impl Sshd {
              PrintMotd no\n\
              PrintLastLog no\n\
              MaxStartups 100:30:200\n\
-             MaxSessions 100\n",
+             MaxSessions 100\n\
+             Subsystem sftp internal-sftp\n",
             host_key.display(),
             authorized.display(),
             d.join("sshd.pid").display(),

@@ -1,0 +1,639 @@
+//! `hayate tunnel`: a byte stream between this host's standard input and output (ssh's
+//! `ProxyCommand` end) and a TCP connection the far side opens (normally to its own sshd),
+//! carried by the session's stream (`hayate_proto::stream`) under the same pacing, rate
+//! control and loss recovery as file blocks.
+//!
+//! The client's policy ([`run`]) asks for the tunnel once the session is up and then moves
+//! bytes between the fds and the stream each turn; the server's side is [`FarEnd`], which
+//! `driver/server.rs` keeps per session. Both wait on their fds through
+//! [`Policy::wait_fds`], in the one loop.
+
+use std::io;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::time::{Duration, Instant};
+
+use hayate_proto::crypto::Psk;
+use hayate_proto::wire::AddrFamily;
+use hayate_proto::{BlockSink, BlockSource, Config, Connection, Event, Stats, XferId};
+
+use super::engine::{self, Flow, Net, Policy, Session};
+use super::link::Links;
+use super::StopFlag;
+use crate::udp::UdpSocket;
+
+/// Bytes read from an fd at once.
+const READ_CHUNK: usize = 256 << 10;
+
+/// A tunnel session moves no files.
+#[derive(Debug, Default)]
+pub struct NoFiles;
+
+impl BlockSource for NoFiles {
+    fn read(&mut self, _: XferId, _: u64, _: &mut [u8]) -> Result<(), String> {
+        Err("a tunnel session has no files".into())
+    }
+}
+
+impl BlockSink for NoFiles {
+    fn write(&mut self, _: XferId, _: u64, _: &[u8]) -> Result<(), String> {
+        Err("a tunnel session has no files".into())
+    }
+}
+
+/// Moves bytes between a pair of fds (standard input and output, or both halves of a TCP
+/// socket) and a session's stream, never waiting on either.
+pub struct Pump {
+    rd: OwnedFd,
+    /// None once closed (the peer's stream ended and every byte went out).
+    wr: Option<OwnedFd>,
+    /// `wr` is a socket: its end is a `shutdown(SHUT_WR)`, not a close.
+    socket: bool,
+    read_eof: bool,
+    buf: Vec<u8>,
+    /// Why moving bytes failed, once it did.
+    pub error: Option<String>,
+    /// What the loop should wait for (set by [`Pump::pump`]).
+    want_read: bool,
+    want_write: bool,
+    /// Original file status flags of `rd` and `wr`, restored on drop.
+    flags: [(i32, i32); 2],
+}
+
+fn get_flags(fd: &OwnedFd) -> i32 {
+    // SAFETY: F_GETFL on an fd we own.
+    unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) }
+}
+
+fn set_flags(fd: &OwnedFd, fl: i32) -> io::Result<()> {
+    // SAFETY: F_SETFL on an fd we own.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+impl Pump {
+    /// `rd`/`wr` are made non-blocking (and put back as they were when the pump is dropped:
+    /// a terminal shares its flags with the shell).
+    pub fn new(rd: OwnedFd, wr: OwnedFd, socket: bool) -> io::Result<Pump> {
+        let (fr, fw) = (get_flags(&rd), get_flags(&wr));
+        set_flags(&rd, fr | libc::O_NONBLOCK)?;
+        set_flags(&wr, fw | libc::O_NONBLOCK)?;
+        Ok(Pump {
+            flags: [(rd.as_raw_fd(), fr), (wr.as_raw_fd(), fw)],
+            rd,
+            wr: Some(wr),
+            socket,
+            read_eof: false,
+            buf: vec![0; READ_CHUNK],
+            error: None,
+            want_read: true,
+            want_write: false,
+        })
+    }
+
+    /// Standard input ended (or the socket's reading half).
+    pub fn read_eof(&self) -> bool {
+        self.read_eof
+    }
+
+    /// The writing half is closed: the peer's stream ended and every byte was written.
+    pub fn write_closed(&self) -> bool {
+        self.wr.is_none()
+    }
+
+    /// Moves what can move now, both ways. `send`: bytes read may go to the stream (the
+    /// tunnel is asked for).
+    pub fn pump(&mut self, conn: &mut Connection, send: bool) {
+        // Towards the fd first: what arrived frees the peer's window.
+        while let Some(wr) = &self.wr {
+            let p = conn.stream_peek();
+            if p.is_empty() {
+                break;
+            }
+            // SAFETY: writes from a valid slice to an fd we own.
+            let n = unsafe { libc::write(wr.as_raw_fd(), p.as_ptr().cast(), p.len()) };
+            if n > 0 {
+                conn.stream_consume(n as usize);
+                continue;
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => {}
+                io::ErrorKind::WouldBlock => break,
+                _ => {
+                    self.error.get_or_insert(format!("cannot write: {e}"));
+                    self.close_write();
+                }
+            }
+        }
+        if self.wr.is_some() && conn.stream_read_done() {
+            self.close_write();
+        }
+        // From the fd, as much as the stream takes.
+        let mut reads = 0;
+        while send && !self.read_eof && reads < 16 {
+            let room = conn.stream_room().min(self.buf.len());
+            if room == 0 {
+                break;
+            }
+            reads += 1;
+            // SAFETY: reads into our own buffer from an fd we own.
+            let n = unsafe { libc::read(self.rd.as_raw_fd(), self.buf.as_mut_ptr().cast(), room) };
+            if n > 0 {
+                let took = conn.stream_write(&self.buf[..n as usize]);
+                debug_assert_eq!(took, n as usize);
+                continue;
+            }
+            if n == 0 {
+                self.read_eof = true;
+                conn.stream_finish();
+                break;
+            }
+            let e = io::Error::last_os_error();
+            match e.kind() {
+                io::ErrorKind::Interrupted => {}
+                io::ErrorKind::WouldBlock => break,
+                _ => {
+                    self.error.get_or_insert(format!("cannot read: {e}"));
+                    self.read_eof = true;
+                    conn.stream_finish();
+                }
+            }
+        }
+        self.want_read = send && !self.read_eof && conn.stream_room() > 0;
+        self.want_write = self.wr.is_some() && !conn.stream_peek().is_empty();
+    }
+
+    fn close_write(&mut self) {
+        if let Some(wr) = self.wr.take() {
+            if self.socket {
+                // SAFETY: shutdown of a socket we own.
+                unsafe { libc::shutdown(wr.as_raw_fd(), libc::SHUT_WR) };
+            }
+            self.restore(&wr, 1);
+        }
+    }
+
+    fn restore(&self, fd: &OwnedFd, i: usize) {
+        let (raw, fl) = self.flags[i];
+        if fd.as_raw_fd() == raw && fl >= 0 {
+            let _ = set_flags(fd, fl);
+        }
+    }
+
+    /// The fds the loop waits on for this pump.
+    pub fn wait_fds(&self) -> Vec<(BorrowedFd<'_>, libc::c_short)> {
+        let mut v = Vec::with_capacity(2);
+        if self.want_read {
+            v.push((self.rd.as_fd(), libc::POLLIN));
+        }
+        if let Some(wr) = self.wr.as_ref().filter(|_| self.want_write) {
+            v.push((wr.as_fd(), libc::POLLOUT));
+        }
+        v
+    }
+}
+
+impl Drop for Pump {
+    fn drop(&mut self) {
+        self.restore(&self.rd, 0);
+        if let Some(wr) = &self.wr {
+            self.restore(wr, 1);
+        }
+    }
+}
+
+/// The far side's end of a tunnel: a TCP connection being opened, then its pump.
+pub(crate) enum FarEnd {
+    Connecting {
+        sock: socket2::Socket,
+        /// Addresses still to try if this one fails.
+        rest: Vec<SocketAddr>,
+    },
+    Open(Pump),
+    Failed,
+}
+
+/// What an error connecting says to the client: "connection refused" for a closed port.
+fn connect_error(e: &io::Error) -> String {
+    match e.raw_os_error() {
+        Some(libc::ECONNREFUSED) => "connection refused".to_string(),
+        Some(libc::ETIMEDOUT) => "connection timed out".to_string(),
+        Some(libc::EHOSTUNREACH) | Some(libc::ENETUNREACH) => "no route to host".to_string(),
+        _ => e.to_string(),
+    }
+}
+
+fn start_connect(addr: SocketAddr) -> io::Result<socket2::Socket> {
+    let s = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM.cloexec(),
+        Some(socket2::Protocol::TCP),
+    )?;
+    s.set_nonblocking(true)?;
+    let _ = s.set_tcp_nodelay(true);
+    match s.connect(&addr.into()) {
+        Ok(()) => Ok(s),
+        Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => Ok(s),
+        Err(e) => Err(e),
+    }
+}
+
+impl FarEnd {
+    /// Starts connecting to `host:port` (as this host resolves it; each address in turn).
+    pub(crate) fn connect(host: &str, port: u16) -> Result<FarEnd, String> {
+        let mut addrs: Vec<SocketAddr> = (host, port)
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve {host}: {e}"))?
+            .collect();
+        addrs.reverse();
+        let mut last = None;
+        while let Some(a) = addrs.pop() {
+            match start_connect(a) {
+                Ok(sock) => return Ok(FarEnd::Connecting { sock, rest: addrs }),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.map_or_else(|| format!("no address for {host}"), |e| connect_error(&e)))
+    }
+
+    /// Moves the tunnel on: a connection attempt finishing (the client is told), bytes
+    /// moving, errors ending the session.
+    pub(crate) fn turn(&mut self, conn: &mut Connection) {
+        if let FarEnd::Connecting { sock, rest, .. } = self {
+            let ready = crate::clock::poll_fd(sock.as_fd(), libc::POLLOUT, Some(Duration::ZERO))
+                .unwrap_or(0);
+            if ready == 0 {
+                return;
+            }
+            let err = match sock.take_error() {
+                Ok(None) => sock.peer_addr().err(),
+                Ok(Some(e)) | Err(e) => Some(e),
+            };
+            if let Some(e) = err {
+                // The next address, if there is one ("localhost": ::1, then 127.0.0.1).
+                while let Some(a) = rest.pop() {
+                    if let Ok(s) = start_connect(a) {
+                        *sock = s;
+                        return;
+                    }
+                }
+                conn.answer_tunnel(Err(connect_error(&e)));
+                *self = FarEnd::Failed;
+                return;
+            }
+            let FarEnd::Connecting { sock, .. } = std::mem::replace(self, FarEnd::Failed) else {
+                unreachable!("matched above");
+            };
+            let fd = OwnedFd::from(sock);
+            match fd.try_clone().and_then(|wr| Pump::new(fd, wr, true)) {
+                Ok(p) => {
+                    conn.answer_tunnel(Ok(()));
+                    *self = FarEnd::Open(p);
+                }
+                Err(e) => {
+                    conn.answer_tunnel(Err(e.to_string()));
+                    return;
+                }
+            }
+        }
+        if let FarEnd::Open(p) = self {
+            p.pump(conn, true);
+            if let Some(e) = p.error.take() {
+                conn.close(
+                    Instant::now(),
+                    1,
+                    &format!("the far side's connection: {e}"),
+                );
+                *self = FarEnd::Failed;
+            }
+        }
+    }
+
+    pub(crate) fn wait_fds(&self) -> Vec<(BorrowedFd<'_>, libc::c_short)> {
+        match self {
+            FarEnd::Connecting { sock, .. } => vec![(sock.as_fd(), libc::POLLOUT)],
+            FarEnd::Open(p) => p.wait_fds(),
+            FarEnd::Failed => Vec::new(),
+        }
+    }
+}
+
+/// How to reach the far side and where its end connects.
+pub struct TunnelOptions {
+    /// The far side's UDP address and the session key (from the ssh banner).
+    pub addr: SocketAddr,
+    /// The session key from the banner.
+    pub psk: Psk,
+    /// MTU, rate, timeouts.
+    pub proto: Config,
+    /// No session within this long: [`Outcome::NoUdp`].
+    pub udp_timeout: Duration,
+    /// Where the far side connects, as it resolves it.
+    pub far_host: String,
+    /// The TCP port there.
+    pub far_port: u16,
+}
+
+/// How a tunnel ended.
+pub enum Outcome {
+    /// Both directions ended (or ssh stopped us): exit 0.
+    Done,
+    /// UDP never got an answer: the caller falls back (the fds are given back; nothing was
+    /// read from them).
+    NoUdp {
+        /// Standard input, as it was taken.
+        stdin: OwnedFd,
+        /// Standard output, as it was taken.
+        stdout: OwnedFd,
+    },
+    /// The far side refused (`"connection refused"`, …).
+    Refused(String),
+    /// The session or the fds failed (the reason).
+    Failed(String),
+}
+
+/// The client's policy.
+struct TunnelClient {
+    pump: Option<Pump>,
+    fds: Option<(OwnedFd, OwnedFd)>,
+    far: (String, u16),
+    stop: StopFlag,
+    start: Instant,
+    udp_timeout: Duration,
+    connected: bool,
+    no_udp: bool,
+    refused: Option<String>,
+    error: Option<String>,
+    bye_at: Option<Instant>,
+}
+
+impl Policy for TunnelClient {
+    type Files = NoFiles;
+
+    fn begin(&mut self, now: Instant, net: &mut Net<NoFiles>) -> Flow {
+        let Some((conn, _)) = net.the_one() else {
+            return Flow::Stop;
+        };
+        if self.stop.is_stopped() {
+            // ssh ended (it sends its ProxyCommand a SIGHUP): say goodbye and go.
+            conn.close(now, 0, "tunnel closed");
+            let cid = conn.my_cid();
+            net.transmit(cid);
+            return Flow::Stop;
+        }
+        if self.no_udp || (!self.connected && now.duration_since(self.start) >= self.udp_timeout) {
+            self.no_udp = true;
+            return Flow::Stop;
+        }
+        Flow::Go
+    }
+
+    fn on_event(&mut self, s: &mut Session<'_, NoFiles>, ev: Event, _now: Instant) {
+        match ev {
+            Event::Connected => {
+                self.connected = true;
+                s.conn.open_tunnel(&self.far.0, self.far.1);
+                // An idle shell is not a dead session.
+                s.conn.keep_alive(true);
+                if let Some((rd, wr)) = self.fds.take() {
+                    match Pump::new(rd, wr, false) {
+                        Ok(p) => self.pump = Some(p),
+                        Err(e) => {
+                            self.error = Some(format!("standard input/output: {e}"));
+                            s.conn.close(Instant::now(), 1, "tunnel failed");
+                        }
+                    }
+                }
+            }
+            Event::TunnelAnswered { result: Err(e) } => {
+                self.refused.get_or_insert(e);
+                s.conn.close(Instant::now(), 0, "tunnel refused");
+            }
+            Event::Closed { error: Some(_) } if !self.connected => {
+                // No handshake answer: UDP does not get through.
+                self.no_udp = true;
+            }
+            Event::Closed { error: Some(e) } if self.refused.is_none() => {
+                self.error.get_or_insert(e);
+            }
+            _ => {}
+        }
+    }
+
+    fn turn(&mut self, s: &mut Session<'_, NoFiles>, now: Instant) -> bool {
+        let Some(p) = self.pump.as_mut() else {
+            return false;
+        };
+        if self.refused.is_some() || self.error.is_some() {
+            return false;
+        }
+        p.pump(s.conn, true);
+        if let Some(e) = p.error.take() {
+            // ssh went away without a word (its end of our pipes closed).
+            let _ = e;
+            s.conn.stream_finish();
+        }
+        let done = p.read_eof() && s.conn.stream_write_done() && p.write_closed();
+        if done && self.bye_at.is_none() {
+            s.conn.bye();
+            self.bye_at = Some(now);
+        }
+        false
+    }
+
+    fn end(&mut self, now: Instant, net: &mut Net<NoFiles>) -> Flow {
+        let Some((conn, _)) = net.the_one() else {
+            return Flow::Stop;
+        };
+        if conn.is_draining() || conn.is_closed() {
+            return Flow::Stop;
+        }
+        if self
+            .bye_at
+            .is_some_and(|t| now.duration_since(t) > Duration::from_secs(2))
+        {
+            return Flow::Stop;
+        }
+        Flow::Go
+    }
+
+    fn wait_fds(&self) -> Vec<(BorrowedFd<'_>, libc::c_short)> {
+        self.pump.as_ref().map(Pump::wait_fds).unwrap_or_default()
+    }
+}
+
+/// Runs the client's end of a tunnel over UDP: standard input (`stdin`) into the stream,
+/// the stream out to `stdout`, until both directions ended.
+pub fn run(
+    opts: TunnelOptions,
+    stdin: OwnedFd,
+    stdout: OwnedFd,
+    stop: StopFlag,
+) -> (Outcome, Stats) {
+    let bind: SocketAddr = if opts.addr.is_ipv4() {
+        "0.0.0.0:0"
+    } else {
+        "[::]:0"
+    }
+    .parse()
+    .expect("addr");
+    let sock = match UdpSocket::bind(bind) {
+        Ok(s) => s,
+        Err(e) => {
+            return (
+                Outcome::Failed(format!("cannot open a UDP socket: {e}")),
+                Stats::default(),
+            )
+        }
+    };
+    let fam = if opts.addr.is_ipv4() {
+        AddrFamily::V4
+    } else {
+        AddrFamily::V6
+    };
+    let conn = Connection::client(opts.proto.clone(), &opts.psk, fam, Instant::now());
+    let mut net = Net::one(Links::new(Some(sock), None), conn, opts.addr);
+    let mut c = TunnelClient {
+        pump: None,
+        fds: Some((stdin, stdout)),
+        far: (opts.far_host, opts.far_port),
+        stop,
+        start: Instant::now(),
+        udp_timeout: opts.udp_timeout,
+        connected: false,
+        no_udp: false,
+        refused: None,
+        error: None,
+        bye_at: None,
+    };
+    if let Err(e) = engine::run(&mut c, &mut net) {
+        c.error.get_or_insert(e.to_string());
+    }
+    let stats = net
+        .the_one()
+        .map(|(conn, _)| conn.stats())
+        .unwrap_or_default();
+    drop(c.pump.take());
+    let out = if c.no_udp {
+        match c.fds.take() {
+            Some((stdin, stdout)) => Outcome::NoUdp { stdin, stdout },
+            None => Outcome::Failed("no UDP answer".into()),
+        }
+    } else if let Some(r) = c.refused {
+        Outcome::Refused(r)
+    } else if let Some(e) = c.error {
+        Outcome::Failed(e)
+    } else {
+        Outcome::Done
+    };
+    (out, stats)
+}
+
+/// Copies `r` to `w` until `r` ends; plain reads and writes (no splice: either may be a
+/// terminal or a pipe another process shares).
+fn copy_all(r: &mut dyn io::Read, w: &mut dyn io::Write) -> io::Result<u64> {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut n = 0u64;
+    loop {
+        let k = match r.read(&mut buf) {
+            Ok(0) => return Ok(n),
+            Ok(k) => k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        w.write_all(&buf[..k])?;
+        n += k as u64;
+    }
+}
+
+/// The fallback when UDP does not get through: the stream straight over TCP to `addr`
+/// (HOST:PORT as this host reaches it), both directions copied until both ended.
+pub fn run_tcp(
+    addr: SocketAddr,
+    stdin: OwnedFd,
+    stdout: OwnedFd,
+    stop: StopFlag,
+) -> io::Result<()> {
+    let tcp = std::net::TcpStream::connect(addr)?;
+    let _ = tcp.set_nodelay(true);
+    let up = tcp.try_clone()?;
+    let down = tcp;
+    let t = std::thread::Builder::new()
+        .name("tunnel-up".into())
+        .spawn(move || {
+            let mut r = std::fs::File::from(stdin);
+            let _ = copy_all(&mut r, &mut &up);
+            let _ = up.shutdown(std::net::Shutdown::Write);
+        })?;
+    let mut w = std::fs::File::from(stdout);
+    let res = copy_all(&mut &down, &mut w);
+    drop(w);
+    // The other direction ends with standard input, or with us.
+    while !t.is_finished() && !stop.is_stopped() {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    res.map(|_| ())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::driver::server::{serve, Scope, ServerOptions};
+    use std::os::fd::FromRawFd;
+
+    fn pipe() -> (OwnedFd, OwnedFd) {
+        let mut fds = [0i32; 2];
+        // SAFETY: pipe2 fills two fds we then own.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: fresh fds from pipe2, owned by nobody else.
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+    }
+
+    #[test]
+    fn a_daemon_refuses_tunnels() {
+        let root = tempfile::tempdir().unwrap();
+        let psk = Psk::generate();
+        let port = std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let stop = StopFlag::new();
+        let server = {
+            let (stop, psk, dir) = (stop.clone(), psk.clone(), root.path().to_path_buf());
+            std::thread::spawn(move || {
+                let opts = ServerOptions {
+                    listen: addr,
+                    scope: Scope::Confined(dir),
+                    psk,
+                    proto: Config::default(),
+                };
+                let mut log = |_: &str| {};
+                serve(opts, stop, &mut log).map_err(|e| e.to_string())
+            })
+        };
+        let (stdin, _keep_writing_end) = pipe();
+        let (_keep_reading_end, stdout) = pipe();
+        let opts = TunnelOptions {
+            addr,
+            psk,
+            proto: Config::default(),
+            udp_timeout: Duration::from_secs(5),
+            far_host: "localhost".into(),
+            far_port: 22,
+        };
+        let (out, _) = run(opts, stdin, stdout, StopFlag::new());
+        stop.stop();
+        server.join().unwrap().unwrap();
+        match out {
+            Outcome::Refused(r) => assert!(r.contains("opens no tunnels"), "{r}"),
+            Outcome::Done => panic!("a daemon opened a tunnel"),
+            Outcome::NoUdp { .. } => panic!("no answer from the daemon"),
+            Outcome::Failed(e) => panic!("failed: {e}"),
+        }
+    }
+}
