@@ -21,8 +21,7 @@ use super::resume::save_progress;
 use super::{dest_mode, systime, StopFlag};
 use crate::delta::{basis_for, pump_sums, Basis};
 use crate::fs::{
-    self, create_local_part, create_local_part_inplace, EntryKind, FsError, PartFile, Root,
-    SourceFile,
+    self, create_local_part, create_local_part_inplace, EntryKind, PartFile, Root, SourceFile,
 };
 use crate::udp::UdpSocket;
 use crate::verify::{Landing, Sending, WholeHash};
@@ -584,9 +583,11 @@ fn start_download(
             true
         }
         Err(e) => {
-            let e = FsError::Io(r.local.display().to_string(), e);
-            r.error = Some(e.to_string());
-            conn.reject(xfer, &format!("client cannot write: {e}"));
+            // Worded as a failed write is (`IncomingFailed`): a disk found full here (the
+            // background reserve already short) or at the first writes reads the same.
+            let e = format!("cannot write {}: {e}", r.local.display());
+            r.error = Some(e.clone());
+            conn.reject(xfer, &format!("client {e}"));
             // Short of space, say (the reserve failed): what this run made goes.
             if let Some(p) = a.part.take() {
                 p.drop_unstarted();
