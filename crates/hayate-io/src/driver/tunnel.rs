@@ -4,9 +4,9 @@
 //! control and loss recovery as file blocks.
 //!
 //! The client's policy ([`run`]) asks for the tunnel once the session is up and then moves
-//! bytes between the fds and the stream each turn; the server's side is [`FarEnd`], which
+//! bytes between the fds and the stream each turn; the server's side is `FarEnd`, which
 //! `driver/server.rs` keeps per session. Both wait on their fds through
-//! [`Policy::wait_fds`], in the one loop.
+//! `engine::Policy::wait_fds`, in the one loop.
 
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};

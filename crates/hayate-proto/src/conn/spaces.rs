@@ -26,7 +26,7 @@ pub(super) struct SentRecord {
     /// and left unused for want of data or room in flight ([`Feedback::send_idle_bytes`]).
     pub(super) stalled: u64,
     pub(super) idle: u64,
-    /// Sent as part of the pacer's catch-up (see [`Pacer::catching_up`]).
+    /// Sent as part of the pacer's catch-up (see `Pacer::catching_up`).
     pub(super) catch_up: bool,
 }
 
