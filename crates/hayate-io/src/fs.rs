@@ -211,27 +211,19 @@ impl Root {
     /// is written in place, in order, never replaced. [`FsError::Busy`] if another open
     /// `PartFile` holds the temp file.
     pub fn create_part(&self, rel: &str, size: u64) -> Result<PartFile, FsError> {
-        let expanded = self.expand(rel)?;
-        let rel = expanded.as_ref();
-        let (abs, parents, name) = self.parse_named(rel)?;
-        let dir_path = path_str(abs, &parents);
-        let dir = self.dir_at(abs, &parents, None).map_err(|e| match e {
-            FsError::NotFound(_) => FsError::NotFound(format!("{dir_path} (parent directory)")),
-            e => e,
-        })?;
-        let lookup = Lookup {
-            base: self.dir.as_fd(),
-            wait_for_reader: false,
-            resolve: self.resolve_flags(),
-            dir_path: Some(dir_path.clone()),
-        };
-        PartFile::create(&lookup, dir, name, rel, size, false)
+        self.create_part_with(rel, size, false)
     }
 
     /// [`create_part`](Self::create_part), but an existing regular file there is written in
     /// place (`--inplace`): no temp file; only what differs is written. Anything else there
     /// (nothing, a device) is treated as `create_part` treats it.
     pub fn create_part_inplace(&self, rel: &str, size: u64) -> Result<PartFile, FsError> {
+        self.create_part_with(rel, size, true)
+    }
+
+    /// [`create_part`](Self::create_part) (`in_place` false) or
+    /// [`create_part_inplace`](Self::create_part_inplace).
+    fn create_part_with(&self, rel: &str, size: u64, in_place: bool) -> Result<PartFile, FsError> {
         let expanded = self.expand(rel)?;
         let rel = expanded.as_ref();
         let (abs, parents, name) = self.parse_named(rel)?;
@@ -246,7 +238,7 @@ impl Root {
             resolve: self.resolve_flags(),
             dir_path: Some(dir_path.clone()),
         };
-        PartFile::create(&lookup, dir, name, rel, size, true)
+        PartFile::create(&lookup, dir, name, rel, size, in_place)
     }
 
     /// (device, inode) of what `rel` leads to now, as [`open_read`](Self::open_read) would

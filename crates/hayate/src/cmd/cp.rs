@@ -10,7 +10,7 @@ use clap::Args;
 use hayate_io::driver::client::{self, ClientOptions, Job, Transport, STDIO};
 use hayate_io::driver::link::StreamLink;
 use hayate_io::driver::StopFlag;
-use hayate_io::ssh::{shell_quote, split_command, SshChild, SshSpec};
+use hayate_io::ssh::{shell_quote, SshChild, SshSpec};
 use hayate_proto::cc::RateConfig;
 use hayate_proto::control::flags;
 use hayate_proto::crypto::Psk;
@@ -554,16 +554,7 @@ fn start_far_side(
     host: &str,
     out: &mut Output,
 ) -> anyhow::Result<(Transport, Psk, SshChild)> {
-    let command = split_command(&a.ssh).map_err(|e| anyhow::anyhow!("--ssh: {e}"))?;
-    if command.is_empty() {
-        bail!("--ssh: empty command");
-    }
-    let remote_cmd = format!(
-        "{} serve --stdio --port-range {}-{}",
-        shell_quote(&a.remote_path),
-        a.port_range.0,
-        a.port_range.1
-    );
+    let (command, remote_cmd) = super::far_side_command(&a.ssh, &a.remote_path, a.port_range)?;
     let spec = SshSpec {
         command,
         options: a.ssh_options(),

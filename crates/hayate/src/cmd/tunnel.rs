@@ -12,7 +12,7 @@ use anyhow::{bail, Context};
 use clap::Args;
 use hayate_io::driver::tunnel::{self, Outcome, TunnelOptions};
 use hayate_io::driver::StopFlag;
-use hayate_io::ssh::{shell_quote, split_command, SshChild, SshSpec};
+use hayate_io::ssh::{shell_quote, SshChild, SshSpec};
 use hayate_proto::cc::RateConfig;
 use hayate_proto::crypto::Psk;
 use hayate_proto::Config;
@@ -219,16 +219,7 @@ fn start_far_side(
     user: Option<String>,
     host: &str,
 ) -> anyhow::Result<(Psk, Option<SocketAddr>, SshChild)> {
-    let command = split_command(&a.ssh).map_err(|e| anyhow::anyhow!("--ssh: {e}"))?;
-    if command.is_empty() {
-        bail!("--ssh: empty command");
-    }
-    let remote_cmd = format!(
-        "{} serve --stdio --port-range {}-{}",
-        shell_quote(&a.remote_path),
-        a.port_range.0,
-        a.port_range.1
-    );
+    let (command, remote_cmd) = super::far_side_command(&a.ssh, &a.remote_path, a.port_range)?;
     let mut options = vec!["-oProxyCommand=none".to_string()];
     if a.ipv4 {
         options.push("-4".into());
