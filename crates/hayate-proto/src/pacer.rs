@@ -41,7 +41,11 @@ pub struct Pacer {
     /// Since when the sender has had nothing to send or no room in flight, and the bytes of
     /// sending time (at the rate) it spent so in all (see [`Pacer::idle_bytes`]).
     idle_since: Option<u64>,
+    /// The idle stretch under way had nothing to send (not only no room in flight).
+    idle_app: bool,
     idle_total: f64,
+    /// Of `idle_total`, the stretches with nothing to send.
+    app_idle_total: f64,
     /// What goes now is a catch-up: a burst past the usual quantum (a late wake-up's
     /// credit), or paid from the debt (see [`Pacer::catching_up`]).
     catching_up: bool,
@@ -66,7 +70,9 @@ impl Pacer {
             backlogged: false,
             lost_total: 0.0,
             idle_since: None,
+            idle_app: false,
             idle_total: 0.0,
+            app_idle_total: 0.0,
             catching_up: false,
             room: 1.0,
             catch_up_fates: (0.0, 0.0),
@@ -182,6 +188,18 @@ impl Pacer {
     /// taken away by the host, and owes nothing.
     pub fn idle(&mut self, now_us: u64) {
         self.idle_since.get_or_insert(now_us);
+        self.idle_lapse(now_us);
+    }
+
+    /// The same, with nothing at all to send (an application-limited sender, not a
+    /// window-limited one): see [`Pacer::app_idle_bytes`].
+    pub fn app_idle(&mut self, now_us: u64) {
+        self.idle_since.get_or_insert(now_us);
+        self.idle_app = true;
+        self.idle_lapse(now_us);
+    }
+
+    fn idle_lapse(&mut self, now_us: u64) {
         self.refill(now_us);
         self.backlogged = false;
         self.debt = 0.0;
@@ -206,13 +224,24 @@ impl Pacer {
         self.idle_total as u64
     }
 
+    /// Of [`Pacer::idle_bytes`], the sending time the sender had nothing at all to send
+    /// for (its application was slower than the rate: what arrives of such sending says
+    /// how fast the application was, not the path).
+    pub fn app_idle_bytes(&self) -> u64 {
+        self.app_idle_total as u64
+    }
+
     /// May a datagram of `len` bytes go now?
     pub fn can_send(&mut self, now_us: u64, len: usize) -> bool {
         let Some(r) = self.rate else {
             return true;
         };
         if let Some(t) = self.idle_since.take() {
-            self.idle_total += now_us.saturating_sub(t) as f64 * r as f64 * 1e-6;
+            let b = now_us.saturating_sub(t) as f64 * r as f64 * 1e-6;
+            self.idle_total += b;
+            if std::mem::take(&mut self.idle_app) {
+                self.app_idle_total += b;
+            }
         }
         self.refill(now_us);
         self.backlogged = true;

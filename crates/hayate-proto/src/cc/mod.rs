@@ -48,6 +48,10 @@ pub struct Feedback {
     /// app- or window-limited sender): what arrives after such a gap says nothing of the
     /// path's rate either.
     pub send_idle_bytes: u64,
+    /// Of `send_idle_bytes`, the time the sender had nothing at all to send (its
+    /// application was slower than the rate, as an ssh session through a tunnel is between
+    /// commands): such deliveries are application-limited, a floor under the path's rate.
+    pub send_app_idle_bytes: u64,
     /// Datagrams the receiver's OS dropped since the previous ACK.
     pub rx_drops: u64,
     /// Data bytes sent but not yet known delivered or lost.

@@ -481,11 +481,11 @@ impl Connection {
         } else if self.path.pacer.can_send(now_us, self.path.payload_limit) {
             let sent = self.send_data(now_us, buf, src);
             if sent.is_none() {
-                self.path.pacer.idle(now_us);
+                self.path.pacer.app_idle(now_us);
             }
             return sent;
         } else if !self.has_data_to_send() {
-            self.path.pacer.idle(now_us);
+            self.path.pacer.app_idle(now_us);
         }
         None
     }

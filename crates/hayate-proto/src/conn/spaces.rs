@@ -26,6 +26,8 @@ pub(super) struct SentRecord {
     /// and left unused for want of data or room in flight ([`Feedback::send_idle_bytes`]).
     pub(super) stalled: u64,
     pub(super) idle: u64,
+    /// Of `idle`, the time with nothing at all to send ([`Feedback::send_app_idle_bytes`]).
+    pub(super) app_idle: u64,
     /// Sent as part of the pacer's catch-up (see `Pacer::catching_up`).
     pub(super) catch_up: bool,
 }
@@ -70,6 +72,7 @@ impl Connection {
                 if let Some(before) = prev {
                     fb.send_stall_bytes = sent.stalled.saturating_sub(before.stalled);
                     fb.send_idle_bytes = sent.idle.saturating_sub(before.idle);
+                    fb.send_app_idle_bytes = sent.app_idle.saturating_sub(before.app_idle);
                 }
                 let raw = rx_at_us.saturating_sub(sent.at_us);
                 let rtt = if raw > a.ack_delay_us {
@@ -188,6 +191,7 @@ impl Connection {
             at_us: now_us,
             stalled: self.path.pacer.lost_bytes(),
             idle: self.path.pacer.idle_bytes(),
+            app_idle: self.path.pacer.app_idle_bytes(),
             catch_up: self.path.pacer.catching_up(),
         });
         if self.space.sent_times.len() > MAX_SENT_HISTORY {

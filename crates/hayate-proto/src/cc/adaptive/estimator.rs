@@ -77,6 +77,15 @@ fn sender_limited(p: &Params, fb: &Feedback, rx: u64, gap: bool) -> bool {
     (fb.send_stall_bytes + idle) as f64 > p.sender_limited * bytes
 }
 
+/// The sender had nothing at all to send for a good part of the time it sent what `rx`
+/// (bytes/s) measures: an application slower than the path (an ssh session through a
+/// tunnel: its handshake, the pauses between commands). Such a sample is a floor under the
+/// path's rate, never a measure of it (BBR's application-limited samples).
+fn app_limited(p: &Params, fb: &Feedback, rx: u64) -> bool {
+    let bytes = rx as f64 * fb.rx_interval_us as f64 / 1e6;
+    fb.send_app_idle_bytes as f64 > p.sender_limited * bytes
+}
+
 /// Delivery samples over the latest stretch of receiver time: what the path carries now.
 /// Startup paces at twice this, so its rate rises smoothly with what gets through, where a
 /// round's mean lags a rate that doubles within the round.
@@ -253,10 +262,20 @@ impl Adaptive {
             self.queue.path_queue_us <= self.p.busy_queue_us
                 && (rx as f64) < self.p.gap_rate * self.bottleneck() as f64
         };
-        if let Some(rx) = fb
-            .rx_rate
-            .filter(|&rx| !sender_limited(&self.p, fb, rx, gap(rx)))
-        {
+        // An application-limited sample is taken in only when it shows more than the pace
+        // in force presumes: taken as it came, an ssh handshake's trickle through a tunnel
+        // set startup's pace to 1 Mbit/s, and the copy that followed spent 0.7 s of a
+        // clean 10 ms path climbing back to 500 Mbit/s.
+        let app_floor = match self.state {
+            State::Startup => self
+                .bottleneck()
+                .max((self.rate as f64 / self.p.startup_gain) as u64),
+            _ => self.bottleneck(),
+        };
+        if let Some(rx) = fb.rx_rate.filter(|&rx| {
+            let floor_only = app_limited(&self.p, fb, rx) && rx <= app_floor;
+            !(sender_limited(&self.p, fb, rx, gap(rx)) || floor_only)
+        }) {
             let queue_empty = self.queue.queue_delay_us <= self.queue_target_us();
             // Random loss took its share before the receiver saw the data; the path itself
             // carried more. Here the recent loss ratio (a flow that overfills a short

@@ -492,3 +492,43 @@ fn startup_loss_counts_over_enough_datagrams() {
     a.loss.round_delivered = 93 * 1_436;
     assert!(!a.startup_still_growing());
 }
+
+/// An application slower than the path (an ssh handshake through a tunnel: a few hundred
+/// bytes per round trip) leaves startup's pace where it was; its samples are a floor under
+/// the path's rate, not a measure of it. A sample as slow that is not application-limited
+/// (the sender had data and was paced) still counts.
+#[test]
+fn application_limited_samples_do_not_lower_the_pace() {
+    let run = |app_limited: bool| {
+        let mut a = Adaptive::new(None, 0);
+        let initial = a.pacing_rate().unwrap();
+        let mut now = 0;
+        for _ in 0..200 {
+            now += 5_000;
+            a.on_sent(now, 600);
+            // 600 bytes in 5 ms: 120 kB/s, the rest of the pace unused.
+            let mut f = fb(now, 10_000, 10_000, 120_000);
+            if app_limited {
+                f.send_idle_bytes = initial * 5_000 / 1_000_000;
+                f.send_app_idle_bytes = f.send_idle_bytes;
+            }
+            a.on_feedback(&f);
+        }
+        (initial, a.pacing_rate().unwrap(), a.mode())
+    };
+    let (initial, rate, mode) = run(true);
+    assert_eq!(
+        mode,
+        Mode::Startup,
+        "an application-limited round is no plateau"
+    );
+    assert!(
+        rate >= initial,
+        "pace {rate} fell under the initial {initial}"
+    );
+    let (initial, rate, _) = run(false);
+    assert!(
+        rate < initial / 4,
+        "a slow path's samples were ignored: {rate}"
+    );
+}
