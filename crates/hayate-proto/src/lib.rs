@@ -33,7 +33,7 @@ pub mod wire;
 
 pub use conn::{
     BlockSink, BlockSource, CcTraceRow, Config, Connection, Event, FileOffer, ReceiverState, Side,
-    Stats,
+    Stats, StorageError,
 };
 pub use endpoint::{Endpoint, Route};
 pub use transfer::XferId;

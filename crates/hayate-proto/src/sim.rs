@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::cc::RateConfig;
-use crate::conn::{BlockSink, BlockSource, Config, Connection, Event, ReceiverState};
+use crate::conn::{BlockSink, BlockSource, Config, Connection, Event, ReceiverState, StorageError};
 use crate::crypto::Psk;
 use crate::endpoint::{Endpoint, Route};
 use crate::rng::Rng as KeyRng;
@@ -533,21 +533,34 @@ struct MemFiles {
     inc: HashMap<XferId, Vec<u8>>,
 }
 
+/// [`StorageError::PastEnd`] for `len` bytes at `offset` of the `size` bytes of a file.
+fn past_end(offset: u64, len: usize, size: usize) -> StorageError {
+    StorageError::PastEnd {
+        offset,
+        len: len as u64,
+        size: size as u64,
+    }
+}
+
 impl BlockSource for MemFiles {
-    fn read(&mut self, xfer: XferId, offset: u64, buf: &mut [u8]) -> Result<(), String> {
-        let f = self.out.get(&xfer).ok_or("no such transfer")?;
+    fn read(&mut self, xfer: XferId, offset: u64, buf: &mut [u8]) -> Result<(), StorageError> {
+        let f = self.out.get(&xfer).ok_or(StorageError::NotOpen)?;
         let o = offset as usize;
-        buf.copy_from_slice(f.get(o..o + buf.len()).ok_or("read beyond end")?);
+        let src = f
+            .get(o..o + buf.len())
+            .ok_or_else(|| past_end(offset, buf.len(), f.len()))?;
+        buf.copy_from_slice(src);
         Ok(())
     }
 }
 
 impl BlockSink for MemFiles {
-    fn write(&mut self, xfer: XferId, offset: u64, data: &[u8]) -> Result<(), String> {
-        let f = self.inc.get_mut(&xfer).ok_or("no such transfer")?;
+    fn write(&mut self, xfer: XferId, offset: u64, data: &[u8]) -> Result<(), StorageError> {
+        let f = self.inc.get_mut(&xfer).ok_or(StorageError::NotOpen)?;
         let o = offset as usize;
+        let size = f.len();
         f.get_mut(o..o + data.len())
-            .ok_or("write beyond end")?
+            .ok_or_else(|| past_end(offset, data.len(), size))?
             .copy_from_slice(data);
         Ok(())
     }

@@ -8,12 +8,15 @@ use std::fs::File;
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hayate_proto::control::{basis, flags, EntryKind as WireKind, MetaEntry, MetaOp};
 use hayate_proto::crypto::Psk;
 use hayate_proto::wire::AddrFamily;
-use hayate_proto::{BlockSink, BlockSource, Config, Connection, Event, FileOffer, Stats, XferId};
+use hayate_proto::{
+    BlockSink, BlockSource, Config, Connection, Event, FileOffer, Stats, StorageError, XferId,
+};
 
 use super::engine::{self, Flow, Net, Policy};
 use super::link::{Links, StreamLink, STREAM_PEER};
@@ -21,10 +24,11 @@ use super::resume::save_progress;
 use super::{dest_mode, systime, StopFlag};
 use crate::delta::{basis_for, pump_sums, Basis};
 use crate::fs::{
-    self, create_local_part, create_local_part_inplace, EntryKind, PartFile, Root, SourceFile,
+    self, create_local_part, create_local_part_inplace, EntryKind, PartFile, Root, SourceError,
+    SourceFile,
 };
 use crate::udp::UdpSocket;
-use crate::verify::{Landing, Sending, WholeHash};
+use crate::verify::{Landing, ReceiveError, Sending, WholeHash};
 
 /// Transfers in flight at once; more are queued (bounds open files and state).
 const MAX_ACTIVE: usize = 64;
@@ -331,7 +335,7 @@ struct Active {
     saved: Option<u64>,
     no_space: bool,
     /// Why writing this download's destination failed here, if it did.
-    write_error: Option<String>,
+    write_error: Option<Arc<std::io::Error>>,
     /// A download offered with `--update` over a local file of its size: skipped if that
     /// file hashes to the far side's hash (the first), else accepted.
     compare: Option<([u8; 32], WholeHash)>,
@@ -372,27 +376,29 @@ impl Files {
 }
 
 impl BlockSource for Files {
-    fn read(&mut self, xfer: XferId, offset: u64, buf: &mut [u8]) -> Result<(), String> {
-        self.act
+    fn read(&mut self, xfer: XferId, offset: u64, buf: &mut [u8]) -> Result<(), StorageError> {
+        Ok(self
+            .act
             .get_mut(&xfer)
             .and_then(|a| a.file.as_mut())
-            .ok_or("transfer not open")?
-            .read(offset, buf)
+            .ok_or(StorageError::NotOpen)?
+            .read(offset, buf)?)
     }
 }
 
 impl BlockSink for Files {
-    fn write(&mut self, xfer: XferId, offset: u64, data: &[u8]) -> Result<(), String> {
-        let a = self.act.get_mut(&xfer).ok_or("transfer not open")?;
+    fn write(&mut self, xfer: XferId, offset: u64, data: &[u8]) -> Result<(), StorageError> {
+        let a = self.act.get_mut(&xfer).ok_or(StorageError::NotOpen)?;
         let (Some(p), Some(l)) = (a.part.as_mut(), a.landing.as_mut()) else {
-            return Err("transfer not open".into());
+            return Err(StorageError::NotOpen);
         };
         p.write_at(offset, data)
             .and_then(|()| l.wrote(p, offset, data.len() as u64))
             .map_err(|e| {
                 a.no_space |= e.raw_os_error() == Some(libc::ENOSPC);
-                a.write_error.get_or_insert_with(|| e.to_string());
-                e.to_string()
+                let e = Arc::new(e);
+                a.write_error.get_or_insert_with(|| e.clone());
+                StorageError::Other(Box::new(e))
             })
     }
 
@@ -425,7 +431,7 @@ fn give_source_hashes(conn: &mut Connection, files: &mut Files) -> bool {
         if let Some(r) = a.file.as_mut().and_then(Sending::hash_ready) {
             match r {
                 Ok(h) => conn.set_source_hash(*x, h),
-                Err(e) => conn.fail_source(*x, &e),
+                Err(e) => conn.fail_source(*x, &e.to_string()),
             }
         }
     }
@@ -448,18 +454,21 @@ fn settle_update_hashes(
             continue;
         };
         let (up, _) = files.hashing.remove(i);
-        match r.and_then(|h| up.src.check().map(|()| h)) {
+        match r.map_err(SourceError::from).and_then(|h| {
+            up.src.check()?;
+            Ok(h)
+        }) {
             Ok(h) => {
                 if let Some((x, a)) = s.offer_upload(conn, up, Some(*h.as_bytes())) {
                     files.act.insert(x, a);
                 }
             }
             Err(e) => {
-                if s.retry_changed_source(up.idx, &e) {
+                if s.retry_changed_source(up.idx, e.changed()) {
                     let path = s.results[up.idx].local.display().to_string();
                     ui.note(&format!("{path}: {e}: sending it again from the start"));
                 } else {
-                    s.results[up.idx].error = Some(e);
+                    s.results[up.idx].error = Some(e.to_string());
                 }
             }
         }
@@ -600,7 +609,7 @@ fn start_download(
 /// Gives the verdict on every download whose blocks have all landed and whose hash the
 /// workers have finished: committed under its final name if it matches, else removed.
 fn settle_downloads(conn: &mut Connection, files: &mut Files, s: &mut Session<'_>) {
-    let ready: Vec<(XferId, Result<[u8; 32], String>)> = files
+    let ready: Vec<(XferId, Result<[u8; 32], ReceiveError>)> = files
         .act
         .iter_mut()
         .filter_map(|(x, a)| Some((*x, a.landing.as_ref()?.verdict(a.part.as_mut()?)?)))
@@ -614,7 +623,7 @@ fn settle_downloads(conn: &mut Connection, files: &mut Files, s: &mut Session<'_
                 let mode = dest_mode(a.mode, s.opts_flags);
                 part.commit(Some(mode), preserve.then(|| systime(a.mtime)))
                     .map(|_| h)
-                    .map_err(|e| format!("cannot rename into place: {e}"))
+                    .map_err(ReceiveError::Commit)
             }
             Err(e) => {
                 part.discard();
@@ -629,9 +638,9 @@ fn settle_downloads(conn: &mut Connection, files: &mut Files, s: &mut Session<'_
                 r.moved_bytes = a.size.saturating_sub(r.kept_bytes());
                 s.finished_bytes += a.size;
             }
-            Err(e) => r.error = Some(e.clone()),
+            Err(e) => r.error = Some(e.to_string()),
         }
-        conn.finish_incoming(xfer, verdict);
+        conn.finish_incoming(xfer, verdict.map_err(|e| e.to_string()));
     }
 }
 
@@ -762,11 +771,11 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// Whether file `i`, failed with `why`, is sent again (`--retry-changed`, once): if so
-    /// its result is reset and it goes to the front of the queue, to be opened (an upload)
-    /// or asked for (a download) afresh.
-    fn retry_changed_source(&mut self, i: usize, why: &str) -> bool {
-        if !self.retry_changed || !why.contains(fs::CHANGED_WHILE_SENT) || !self.retried.insert(i) {
+    /// Whether file `i`, failed (`changed`: because its source changed while it was sent),
+    /// is sent again (`--retry-changed`, once): if so its result is reset and it goes to the
+    /// front of the queue, to be opened (an upload) or asked for (a download) afresh.
+    fn retry_changed_source(&mut self, i: usize, changed: bool) -> bool {
+        if !self.retry_changed || !changed || !self.retried.insert(i) {
             return false;
         }
         let r = &mut self.results[i];
@@ -1856,11 +1865,11 @@ impl Policy for Client<'_, '_> {
                     // Checked after the far side's verdict too: a file changed after its
                     // last read is not the one that was verified.
                     let src = a.file.as_ref().map(|s| &s.file);
-                    let local = src.and_then(|f| f.failure().map(str::to_string));
+                    let local = src.and_then(|f| f.failure().cloned());
                     let changed = src.and_then(|f| f.check().err());
                     let failed = local.or(changed);
-                    if let Some(e) = failed.as_deref() {
-                        if s.retry_changed_source(a.idx, e) {
+                    if let Some(e) = &failed {
+                        if s.retry_changed_source(a.idx, e.changed()) {
                             let path = s.results[a.idx].local.display().to_string();
                             self.ui
                                 .note(&format!("{path}: {e}: sending it again from the start"));
@@ -1869,7 +1878,7 @@ impl Policy for Client<'_, '_> {
                     }
                     let r = &mut s.results[a.idx];
                     match (result, failed) {
-                        (_, Some(e)) => r.error = Some(e),
+                        (_, Some(e)) => r.error = Some(e.to_string()),
                         (Ok(h), None) => {
                             r.verified = true;
                             r.blake3 = Some(hex(&h));
@@ -1890,7 +1899,8 @@ impl Policy for Client<'_, '_> {
                 if let Some(a) = files.act.remove(&xfer) {
                     // A download whose source changed on the far side: what landed is
                     // of the old file, so it goes, and the file is asked for afresh.
-                    if !a.upload && s.retry_changed_source(a.idx, &reason) {
+                    let changed = reason.contains(fs::CHANGED_WHILE_SENT);
+                    if !a.upload && s.retry_changed_source(a.idx, changed) {
                         if let Some(p) = a.part {
                             p.discard();
                         }
