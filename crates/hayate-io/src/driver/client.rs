@@ -223,9 +223,56 @@ pub struct Report {
     /// ssh channel).
     pub stats: Stats,
     /// Session-level failure (no server, wrong key, interrupted, peer vanished).
-    pub error: Option<String>,
+    pub error: Option<SessionError>,
     /// The data went over the ssh channel because UDP got no answer.
     pub via_stream: bool,
+}
+
+/// Why a copy failed as a whole ([`Report::error`]); the files it left unfinished carry it
+/// too, with what each is missing.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The current directory cannot be used (local paths are resolved from it).
+    #[error("current directory: {0}")]
+    CurrentDir(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A download of several sources, or of a pattern, into something that is no
+    /// directory.
+    #[error(
+        "{}: not a directory ({})",
+        dest.display(),
+        if *pattern { "a pattern may match several files" } else { "several sources need one" }
+    )]
+    NotADirectory {
+        /// The destination as the user named it.
+        dest: PathBuf,
+        /// The source is one pattern (else there are several sources).
+        pattern: bool,
+    },
+    /// No UDP socket to talk to the far side from.
+    #[error("cannot open a UDP socket: {0}")]
+    UdpSocket(#[source] std::io::Error),
+    /// The driver's loop failed (its socket or channel).
+    #[error(transparent)]
+    Io(std::io::Error),
+    /// The session ended (the far side's channel closed, say) before its handshake was done.
+    #[error("the session ended before it started")]
+    NeverStarted,
+    /// Stopped by the user (a signal).
+    #[error("interrupted")]
+    Interrupted,
+    /// The ssh channel the data went over closed before the copy was done.
+    #[error("the ssh channel closed")]
+    ChannelClosed,
+    /// The connection ended with an error, in its own words (no answer, another key, the
+    /// far side went silent, or the reason the far side closed with).
+    #[error("{0}")]
+    Closed(String),
+}
+
+impl SessionError {
+    fn current_dir(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        SessionError::CurrentDir(e.into())
+    }
 }
 
 impl Report {
@@ -1507,40 +1554,27 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
     s.stdin = opts.stdin;
     s.stdout = opts.stdout;
     s.retry_changed = opts.retry_changed;
-    let report = |s: Session<'_>, stats: Stats, error: Option<String>, via_stream: bool| Report {
-        files: s.results,
-        seconds: start.elapsed().as_secs_f64(),
-        stats,
-        error,
-        via_stream,
-    };
+    let report =
+        |s: Session<'_>, stats: Stats, error: Option<SessionError>, via_stream: bool| Report {
+            files: s.results,
+            seconds: start.elapsed().as_secs_f64(),
+            stats,
+            error,
+            via_stream,
+        };
     match std::env::current_dir()
-        .map_err(|e| e.to_string())
-        .and_then(|d| Root::whole_fs(&d).map_err(|e| e.to_string()))
+        .map_err(SessionError::current_dir)
+        .and_then(|d| Root::whole_fs(&d).map_err(SessionError::current_dir))
     {
         Ok(r) => s.local = Some(r),
-        Err(e) => {
-            return report(
-                s,
-                Stats::default(),
-                Some(format!("current directory: {e}")),
-                false,
-            )
-        }
+        Err(e) => return report(s, Stats::default(), Some(e), false),
     }
     if let Job::Download { sources, dest } = &job {
         let patterns = sources.iter().any(|p| crate::glob::is_pattern(p));
         if (sources.len() > 1 || patterns) && !opts.stdout && !dest.is_dir() {
-            let e = if sources.len() > 1 {
-                format!(
-                    "{}: not a directory (several sources need one)",
-                    dest.display()
-                )
-            } else {
-                format!(
-                    "{}: not a directory (a pattern may match several files)",
-                    dest.display()
-                )
+            let e = SessionError::NotADirectory {
+                dest: dest.clone(),
+                pattern: sources.len() == 1,
             };
             return report(s, Stats::default(), Some(e), false);
         }
@@ -1563,12 +1597,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
             match UdpSocket::bind(bind) {
                 Ok(sock) => Links::new(Some(sock), None),
                 Err(e) => {
-                    return report(
-                        s,
-                        Stats::default(),
-                        Some(format!("cannot open a UDP socket: {e}")),
-                        false,
-                    )
+                    return report(s, Stats::default(), Some(SessionError::UdpSocket(e)), false)
                 }
             }
         }
@@ -1603,7 +1632,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
         last_state: Instant::now(),
     };
     if let Err(e) = engine::run(&mut c, &mut net) {
-        c.session_error.get_or_insert(e.to_string());
+        c.session_error.get_or_insert(SessionError::Io(e));
     }
     let Client {
         mut s,
@@ -1613,14 +1642,14 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
         ..
     } = c;
     if !started && session_error.is_none() {
-        session_error = Some("the session ended before it started".into());
+        session_error = Some(SessionError::NeverStarted);
     }
     let (conn, files) = net.the_one().expect("a client's one session");
 
     // Whatever is still open did not finish: say what is missing, keep partial files.
     let why = session_error
-        .clone()
-        .unwrap_or_else(|| "session ended".into());
+        .as_ref()
+        .map_or_else(|| "session ended".into(), ToString::to_string);
     for (xfer, mut a) in files.act.drain() {
         if !a.upload {
             save_download_state(conn, xfer, &mut a);
@@ -1679,7 +1708,7 @@ struct Client<'a, 'u> {
     via_stream: bool,
     connected: bool,
     started: bool,
-    session_error: Option<String>,
+    session_error: Option<SessionError>,
     bye_at: Option<Instant>,
     last_progress: Instant,
     last_state: Instant,
@@ -1773,11 +1802,11 @@ impl Policy for Client<'_, '_> {
         let stream_eof = net.links.stream_eof();
         let (conn, _) = net.the_one().expect("one session");
         if self.stop.is_stopped() && self.session_error.is_none() {
-            self.session_error = Some("interrupted".into());
+            self.session_error = Some(SessionError::Interrupted);
             conn.close(now, 1, "client interrupted");
         }
         if self.via_stream && stream_eof && self.session_error.is_none() && self.bye_at.is_none() {
-            self.session_error = Some("the ssh channel closed".into());
+            self.session_error = Some(SessionError::ChannelClosed);
             conn.close(now, 1, "channel closed");
         }
         Flow::Go
@@ -1930,7 +1959,7 @@ impl Policy for Client<'_, '_> {
             Event::Closed { error } => {
                 if let Some(e) = error {
                     if self.connected || self.spare_stream.is_none() {
-                        self.session_error.get_or_insert(e);
+                        self.session_error.get_or_insert(SessionError::Closed(e));
                     }
                 }
             }
