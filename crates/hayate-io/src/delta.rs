@@ -199,7 +199,7 @@ pub fn pump_sums<'a>(
             match s.next_sums() {
                 Some(Ok((first, v))) => c.send_sums(x, first, &v),
                 Some(Err(e)) => {
-                    c.fail_source(x, &e);
+                    c.fail_source(x, &e.to_string());
                     break;
                 }
                 None => break,

@@ -1878,8 +1878,90 @@ impl Stream {
     }
 }
 
-/// How every error about a source that changed while it was sent begins.
+/// How every error about a source that changed while it was sent begins (the far side's
+/// reasons are text: a client finds a changed source in them by these words).
 pub const CHANGED_WHILE_SENT: &str = "changed while being sent";
+
+/// Why a file being sent could not be read or hashed ([`SourceFile`], and
+/// [`Sending`](crate::verify::Sending) around it).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SourceError {
+    /// The file changed since it was opened: what was read of it would arrive as neither
+    /// its old nor its new self.
+    #[error("{} ({how})", CHANGED_WHILE_SENT)]
+    Changed {
+        /// What tells it changed.
+        how: Change,
+    },
+    /// A read of bytes `offset..end` past the end of the file as offered (`size` bytes).
+    #[error("read of bytes {offset}..{end} past the end of the file as offered ({size} bytes)")]
+    PastEnd {
+        /// Where the read started.
+        offset: u64,
+        /// Where it ended.
+        end: u64,
+        /// The file's size as offered.
+        size: u64,
+    },
+    /// Reading the file, or its metadata, failed.
+    #[error(transparent)]
+    Io(Arc<io::Error>),
+    /// Hashing it failed (the file is read again on the hashing threads).
+    #[error(transparent)]
+    Hash(#[from] crate::verify::HashError),
+}
+
+impl SourceError {
+    /// Whether the file changed while it was sent ([`SourceError::Changed`]): a rerun, or
+    /// `--retry-changed`, sends it afresh.
+    pub fn changed(&self) -> bool {
+        matches!(self, SourceError::Changed { .. })
+    }
+}
+
+impl From<io::Error> for SourceError {
+    fn from(e: io::Error) -> Self {
+        SourceError::Io(Arc::new(e))
+    }
+}
+
+impl From<SourceError> for hayate_proto::StorageError {
+    fn from(e: SourceError) -> Self {
+        hayate_proto::StorageError::Other(Box::new(e))
+    }
+}
+
+/// How a file being sent changed ([`SourceError::Changed`]).
+#[derive(Debug, Clone)]
+pub enum Change {
+    /// Its size is not what it was (bytes).
+    Size {
+        /// When it was opened.
+        was: u64,
+        /// Now.
+        now: u64,
+    },
+    /// Same size, another mtime: written to.
+    Modified,
+    /// Its name leads to another file now (an editor's save, a second copy).
+    Replaced,
+    /// Its name leads nowhere now (removed, or a directory on the way is gone).
+    NameGone(Arc<io::Error>),
+    /// A read found fewer bytes than the file had when opened.
+    Shrank,
+}
+
+impl std::fmt::Display for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Change::Size { was, now } => write!(f, "size {was} -> {now} bytes"),
+            Change::Modified => f.write_str("modified"),
+            Change::Replaced => f.write_str("replaced by another file"),
+            Change::NameGone(e) => write!(f, "its name now leads nowhere: {e}"),
+            Change::Shrank => f.write_str("it shrank"),
+        }
+    }
+}
 
 /// A file being sent. New data goes out in order, a datagram's worth at a time: reading
 /// ahead in chunks makes each block a copy instead of a system call (at 1 Gbit/s that is
@@ -1905,8 +1987,8 @@ pub struct SourceFile {
     /// The file as it was opened.
     was: Ident,
     locate: Option<Locate>,
-    /// Why a read failed, in this side's own words.
-    failure: Option<String>,
+    /// Why a read failed.
+    failure: Option<SourceError>,
 }
 
 /// Where a source's name leads now: (device, inode).
@@ -1979,34 +2061,36 @@ impl SourceFile {
         self.size
     }
 
-    /// Why a read failed, if one did (this side's words; the protocol's error names the
-    /// far side's path).
-    pub fn failure(&self) -> Option<&str> {
-        self.failure.as_deref()
+    /// Why a read failed, if one did (the protocol's error names the far side's path).
+    pub fn failure(&self) -> Option<&SourceError> {
+        self.failure.as_ref()
     }
 
-    /// Whether the file is still as it was opened: "changed while being sent" and how, if not.
-    pub fn check(&self) -> Result<(), String> {
-        let now = Ident::of(&self.file).map_err(|e| e.to_string())?;
+    /// Whether the file is still as it was opened: [`SourceError::Changed`] and how, if not.
+    pub fn check(&self) -> Result<(), SourceError> {
+        let now = Ident::of(&self.file)?;
         let how = if now.size != self.was.size {
-            format!("size {} -> {} bytes", self.was.size, now.size)
+            Change::Size {
+                was: self.was.size,
+                now: now.size,
+            }
         } else if now.mtime != self.was.mtime {
-            "modified".to_string()
+            Change::Modified
         } else if let Some(l) = &self.locate {
             match l() {
                 Ok(at) if at == (self.was.dev, self.was.ino) => return Ok(()),
-                Ok(_) => "replaced by another file".to_string(),
-                Err(e) => format!("its name now leads nowhere: {e}"),
+                Ok(_) => Change::Replaced,
+                Err(e) => Change::NameGone(Arc::new(e)),
             }
         } else {
             return Ok(());
         };
-        Err(format!("{CHANGED_WHILE_SENT} ({how})"))
+        Err(SourceError::Changed { how })
     }
 
     /// Fills `out` with the file's bytes at `offset`; an error if the file ends first or
     /// changed since it was opened.
-    pub fn read_block(&mut self, offset: u64, out: &mut [u8]) -> Result<(), String> {
+    pub fn read_block(&mut self, offset: u64, out: &mut [u8]) -> Result<(), SourceError> {
         let r = self.read_checked(offset, out);
         if let Err(e) = &r {
             self.failure.get_or_insert_with(|| e.clone());
@@ -2014,13 +2098,14 @@ impl SourceFile {
         r
     }
 
-    fn read_checked(&mut self, offset: u64, out: &mut [u8]) -> Result<(), String> {
+    fn read_checked(&mut self, offset: u64, out: &mut [u8]) -> Result<(), SourceError> {
         let end = offset + out.len() as u64;
         if end > self.size {
-            return Err(format!(
-                "read of bytes {offset}..{end} past the end of the file as offered ({} bytes)",
-                self.size
-            ));
+            return Err(SourceError::PastEnd {
+                offset,
+                end,
+                size: self.size,
+            });
         }
         let mut pos = offset;
         let mut done = 0;
@@ -2041,10 +2126,12 @@ impl SourceFile {
                 self.read_ahead(pos)?;
                 continue;
             }
-            let n = read_at(&self.file, pos, &mut out[done..]).map_err(|e| e.to_string())?;
+            let n = read_at(&self.file, pos, &mut out[done..])?;
             self.check()?;
             if n < out.len() - done {
-                return Err(format!("{CHANGED_WHILE_SENT} (it shrank)"));
+                return Err(SourceError::Changed {
+                    how: Change::Shrank,
+                });
             }
             return Ok(());
         }
@@ -2057,7 +2144,7 @@ impl SourceFile {
 
     /// Reads the aligned [`CHUNK`](Self::CHUNK) that holds `pos` into a fresh buffer, and
     /// keeps it for [`take_chunks`](Self::take_chunks) too.
-    fn read_ahead(&mut self, pos: u64) -> Result<(), String> {
+    fn read_ahead(&mut self, pos: u64) -> Result<(), SourceError> {
         let start = pos - pos % Self::CHUNK as u64;
         let want = (self.size - start).min(Self::CHUNK as u64) as usize;
         // The previous buffer is reused unless a hash job still holds it.
@@ -2066,10 +2153,12 @@ impl SourceFile {
             _ => vec![0; want],
         };
         self.len = 0;
-        let n = read_at(&self.file, start, &mut buf).map_err(|e| e.to_string())?;
+        let n = read_at(&self.file, start, &mut buf)?;
         self.check()?;
         if n < want {
-            return Err(format!("{CHANGED_WHILE_SENT} (it shrank)"));
+            return Err(SourceError::Changed {
+                how: Change::Shrank,
+            });
         }
         self.ahead = Arc::new(buf);
         self.start = start;

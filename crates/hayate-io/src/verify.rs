@@ -20,6 +20,8 @@ use blake3::hazmat::{
     left_subtree_len, merge_subtrees_non_root, merge_subtrees_root, ChainingValue, HasherExt, Mode,
 };
 
+use crate::fs::SourceError;
+
 /// Bytes per subtree hashed as one job: big enough that BLAKE3 runs its widest SIMD path
 /// and a job's overhead is noise, small enough that a subtree completes soon after its
 /// bytes arrive.
@@ -69,6 +71,57 @@ fn hash_leaves(
     )
 }
 
+/// Why a file's hash could not be had.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum HashError {
+    /// Reading bytes `start..end` of the file for the workers failed (the file shrank, or
+    /// the disk failed).
+    #[error("cannot read bytes {start}..{end} to hash them: {source}")]
+    Read {
+        /// Where the subtree starts in the file.
+        start: u64,
+        /// Where it ends.
+        end: u64,
+        /// What the read said.
+        source: Arc<std::io::Error>,
+    },
+    /// A delta transfer's blocks could not be copied from the file at the destination into
+    /// the temp file before it was hashed.
+    #[error("cannot copy from the destination: {source}")]
+    Copy {
+        /// What the copy said.
+        source: Arc<std::io::Error>,
+    },
+    /// The hashing threads have ended (the process is going down).
+    #[error("the hashing threads are gone")]
+    WorkersGone,
+}
+
+/// Why a received file was not put under its name ([`Landing::verdict`], and the commit
+/// after it).
+#[derive(Debug, thiserror::Error)]
+pub enum ReceiveError {
+    /// The file's BLAKE3 is not the sender's.
+    #[error("BLAKE3 mismatch: the data written differs from the source")]
+    Mismatch {
+        /// The sender's hash.
+        expected: [u8; 32],
+        /// The hash of what was written.
+        got: [u8; 32],
+    },
+    /// The file's hash could not be had.
+    #[error(transparent)]
+    Hash(#[from] HashError),
+    /// A device or FIFO destination: writing the last bytes out, or their in-order hash,
+    /// failed.
+    #[error("cannot verify: {0}")]
+    Unfinished(#[source] std::io::Error),
+    /// It verified, but the temp file could not be renamed to its name (or its mode and
+    /// mtime set).
+    #[error("cannot rename into place: {0}")]
+    Commit(#[source] std::io::Error),
+}
+
 /// What the workers fill in.
 #[derive(Default)]
 struct Shared {
@@ -76,7 +129,7 @@ struct Shared {
     /// A file of one subtree: its root hash directly.
     single: Option<blake3::Hash>,
     outstanding: usize,
-    error: Option<String>,
+    error: Option<HashError>,
     /// Subtrees hashed from the bytes as they were written (`Feed`), not read back.
     fed: usize,
     /// [`LEAF_LEN`] leaf hashes of each subtree hashed with leaves (delta), until taken.
@@ -148,11 +201,11 @@ fn worker(rx: &Mutex<Receiver<Job>>) {
         s.outstanding -= 1;
         match read {
             Err(e) => {
-                s.error.get_or_insert(format!(
-                    "cannot read bytes {}..{} to hash them: {e}",
-                    job.offset,
-                    job.offset + job.len as u64
-                ));
+                s.error.get_or_insert(HashError::Read {
+                    start: job.offset,
+                    end: job.offset + job.len as u64,
+                    source: Arc::new(e),
+                });
             }
             Ok(()) if job.leaves => {
                 drop(s);
@@ -294,7 +347,7 @@ impl StreamHash {
 
     /// The file's BLAKE3 once every subtree is hashed; `None` while some are not (not yet
     /// landed, or still with a worker); `Err` if reading one back failed.
-    pub fn result(&self) -> Option<Result<blake3::Hash, String>> {
+    pub fn result(&self) -> Option<Result<blake3::Hash, HashError>> {
         let s = self.shared.lock().expect("hash state");
         if let Some(e) = &s.error {
             return Some(Err(e.clone()));
@@ -412,7 +465,7 @@ impl Jobs {
             if let Err(e) = tx.send(job) {
                 let mut s = e.0.shared.lock().expect("hash state");
                 s.outstanding -= 1;
-                s.error.get_or_insert("the hashing threads are gone".into());
+                s.error.get_or_insert(HashError::WorkersGone);
             }
         }
     }
@@ -459,7 +512,7 @@ impl WholeHash {
 
     /// The hash once every subtree is hashed, `None` until then (more go to the workers as
     /// earlier ones finish); `Err` if the file could not be read (it shrank meanwhile).
-    pub fn poll(&mut self) -> Option<Result<blake3::Hash, String>> {
+    pub fn poll(&mut self) -> Option<Result<blake3::Hash, HashError>> {
         if let Some(r) = self.hash.result() {
             return Some(r);
         }
@@ -536,7 +589,7 @@ impl LeafHash {
 
     /// Leaves `[first, first + n)` of the next subtree once the workers have them; `Err`
     /// if the file could not be read (it shrank meanwhile).
-    pub fn take(&mut self) -> Option<Result<(u64, Vec<Leaf>), String>> {
+    pub fn take(&mut self) -> Option<Result<(u64, Vec<Leaf>), HashError>> {
         if self.done() {
             return None;
         }
@@ -560,7 +613,7 @@ impl LeafHash {
     }
 
     /// The whole file's BLAKE3, once every subtree is hashed.
-    pub fn result(&self) -> Option<Result<blake3::Hash, String>> {
+    pub fn result(&self) -> Option<Result<blake3::Hash, HashError>> {
         self.hash.result()
     }
 }
@@ -641,8 +694,9 @@ impl Landing {
                 part.after_writes(move || {
                     if let Err(e) = crate::fs::copy_ranges(&basis, &to, &ranges) {
                         let mut s = shared.lock().expect("hash state");
-                        s.error
-                            .get_or_insert(format!("cannot copy from the destination: {e}"));
+                        s.error.get_or_insert(HashError::Copy {
+                            source: Arc::new(e),
+                        });
                     }
                     if let Some(jobs) = jobs {
                         jobs.send();
@@ -687,22 +741,27 @@ impl Landing {
     }
 
     /// Once due and ready: `Ok(hash)` if the file matches the sender's hash, else why not.
-    pub fn verdict(&self, part: &mut crate::fs::PartFile) -> Option<Result<[u8; 32], String>> {
+    pub fn verdict(
+        &self,
+        part: &mut crate::fs::PartFile,
+    ) -> Option<Result<[u8; 32], ReceiveError>> {
         let want = self.expect?;
         let got = match &self.tree {
-            Some(t) => t.result()?,
+            Some(t) => t.result()?.map_err(ReceiveError::Hash),
             // In order as it went out: due once the writer has put every byte out.
             None => match part.pump() {
                 Ok(false) => return None,
-                Ok(true) => part.hash().map_err(|e| format!("cannot verify: {e}")),
-                Err(e) => Err(format!("cannot verify: {e}")),
+                Ok(true) => part.hash().map_err(ReceiveError::Unfinished),
+                Err(e) => Err(ReceiveError::Unfinished(e)),
             },
         };
-        Some(match got {
-            Ok(h) if *h.as_bytes() == want => Ok(want),
-            Ok(_) => Err("BLAKE3 mismatch: the data written differs from the source".into()),
-            Err(e) => Err(e),
-        })
+        Some(got.and_then(|h| match *h.as_bytes() {
+            got if got == want => Ok(want),
+            got => Err(ReceiveError::Mismatch {
+                expected: want,
+                got,
+            }),
+        }))
     }
 }
 
@@ -743,7 +802,7 @@ impl Sending {
     /// Reads a block for sending (see [`SourceFile::read_block`](crate::fs::SourceFile)).
     /// The aligned chunks the file reads ahead go to the workers as they are: the file is
     /// not read a second time to be hashed.
-    pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), String> {
+    pub fn read(&mut self, offset: u64, buf: &mut [u8]) -> Result<(), SourceError> {
         let r = self.file.read_block(offset, buf);
         for (start, data) in self.file.take_chunks() {
             let i = (start / SUBTREE_LEN) as usize;
@@ -790,7 +849,7 @@ impl Sending {
 
     /// The next piece of leaf hashes, once the workers have it; `Err` if the file cannot
     /// be read.
-    pub fn next_sums(&mut self) -> Option<Result<(u64, Vec<Leaf>), String>> {
+    pub fn next_sums(&mut self) -> Option<Result<(u64, Vec<Leaf>), HashError>> {
         self.sums.as_mut()?.take()
     }
 
@@ -806,7 +865,7 @@ impl Sending {
 
     /// The file's hash, once, when the workers have it, if the file is still as it was
     /// opened; else why not.
-    pub fn hash_ready(&mut self) -> Option<Result<[u8; 32], String>> {
+    pub fn hash_ready(&mut self) -> Option<Result<[u8; 32], SourceError>> {
         if self.given {
             return None;
         }
@@ -815,10 +874,10 @@ impl Sending {
             None => self.hash.result()?,
         };
         self.given = true;
-        Some(
-            r.and_then(|h| self.file.check().map(|()| *h.as_bytes()))
-                .map_err(|e| e.to_string()),
-        )
+        Some(r.map_err(SourceError::from).and_then(|h| {
+            self.file.check()?;
+            Ok(*h.as_bytes())
+        }))
     }
 }
 
@@ -828,7 +887,7 @@ mod tests {
     use std::io::Write;
     use std::time::{Duration, Instant};
 
-    fn wait(h: &StreamHash) -> Result<blake3::Hash, String> {
+    fn wait(h: &StreamHash) -> Result<blake3::Hash, HashError> {
         let until = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(r) = h.result() {
@@ -899,10 +958,11 @@ mod tests {
         let whole = h.landed(0, 3 * SUBTREE_LEN);
         h.submit(&whole);
         let e = wait(&h).unwrap_err();
-        assert!(e.contains("cannot read bytes"), "{e}");
+        assert!(matches!(e, HashError::Read { .. }), "{e}");
+        assert!(e.to_string().starts_with("cannot read bytes"), "{e}");
     }
 
-    fn wait_whole(w: &mut WholeHash) -> Result<blake3::Hash, String> {
+    fn wait_whole(w: &mut WholeHash) -> Result<blake3::Hash, HashError> {
         let until = Instant::now() + Duration::from_secs(20);
         loop {
             if let Some(r) = w.poll() {
@@ -936,7 +996,7 @@ mod tests {
         f.write_all(&data(1000)).unwrap();
         let mut w = WholeHash::start(f, 3 * SUBTREE_LEN);
         let e = wait_whole(&mut w).unwrap_err();
-        assert!(e.contains("cannot read bytes"), "{e}");
+        assert!(matches!(e, HashError::Read { .. }), "{e}");
     }
 
     #[test]

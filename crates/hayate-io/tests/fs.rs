@@ -6,7 +6,8 @@ use std::path::Path;
 use std::time::{Duration, SystemTime};
 
 use hayate_io::fs::{
-    create_local_part, hash_file, read_at, umask, EntryKind, FsError, PartFile, Root, SourceFile,
+    create_local_part, hash_file, read_at, umask, Change, EntryKind, FsError, PartFile, Root,
+    SourceError, SourceFile,
 };
 
 fn setup() -> (tempfile::TempDir, Root) {
@@ -859,7 +860,15 @@ fn a_source_file_reads_ahead_and_back() {
         .unwrap();
     let mut src = SourceFile::new(std::fs::File::open(&path).unwrap(), data.len() as u64);
     let err = src.read_block(0, &mut buf).unwrap_err();
-    assert!(err.contains("shrank"), "{err}");
+    assert!(
+        matches!(
+            err,
+            SourceError::Changed {
+                how: Change::Shrank | Change::Size { .. }
+            }
+        ),
+        "{err}"
+    );
 }
 
 #[test]
@@ -1250,15 +1259,16 @@ fn a_source_that_changes_fails_its_reads_and_says_how() {
         .write_all(b"more")
         .unwrap();
     let e = src.read_block(last, &mut buf).unwrap_err();
-    assert_eq!(
-        e,
-        format!(
-            "changed while being sent (size {} -> {} bytes)",
-            data.len(),
-            data.len() + 4
-        )
+    let (was, now) = (data.len() as u64, data.len() as u64 + 4);
+    assert!(
+        matches!(e, SourceError::Changed { how: Change::Size { was: w, now: n } } if (w, n) == (was, now)),
+        "{e}"
     );
-    assert_eq!(src.failure(), Some(e.as_str()));
+    assert_eq!(
+        e.to_string(),
+        format!("changed while being sent (size {was} -> {now} bytes)")
+    );
+    assert_eq!(src.failure().map(ToString::to_string), Some(e.to_string()));
 
     // Overwritten in place, same size: the mtime tells, even for a block read ahead.
     fs::write(&path, &data).unwrap();
@@ -1273,7 +1283,8 @@ fn a_source_that_changes_fails_its_reads_and_says_how() {
         .write_all_at(b"x", 10)
         .unwrap();
     let e = src.read_block(last, &mut buf).unwrap_err();
-    assert_eq!(e, "changed while being sent (modified)");
+    assert!(e.changed(), "{e}");
+    assert_eq!(e.to_string(), "changed while being sent (modified)");
 
     // Replaced under its name (the open file itself unchanged).
     let mut src = open(&path);
@@ -1281,5 +1292,17 @@ fn a_source_that_changes_fails_its_reads_and_says_how() {
     fs::write(&other, &data).unwrap();
     fs::rename(&other, &path).unwrap();
     let e = src.read_block(last, &mut buf).unwrap_err();
-    assert_eq!(e, "changed while being sent (replaced by another file)");
+    assert!(
+        matches!(
+            e,
+            SourceError::Changed {
+                how: Change::Replaced
+            }
+        ),
+        "{e}"
+    );
+    assert_eq!(
+        e.to_string(),
+        "changed while being sent (replaced by another file)"
+    );
 }

@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 /// Control messages; `docs/PROTOCOL.md` gives their meaning. Order of variants is wire format.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Ctrl {
+pub(crate) enum Ctrl {
     Offer {
         xfer: u32,
         path: String,
@@ -107,7 +107,7 @@ pub const LEAF_LEN: u64 = 4096;
 pub type LeafHash = [u8; 16];
 
 /// Most leaf hashes in one `Sums` message (512 KiB of them: well within [`MAX_MESSAGE`]).
-pub const SUMS_PER_MESSAGE: usize = 32768;
+pub(crate) const SUMS_PER_MESSAGE: usize = 32768;
 
 /// `WantSums.basis`: what the receiver compares the sender's leaves with.
 pub mod basis {
@@ -145,51 +145,87 @@ pub mod flags {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MetaOp {
     /// `path` itself (lstat), then, if it is a directory and `recursive`, everything beneath.
-    List { path: String, recursive: bool },
+    List {
+        /// The path to list (relative to the server's root, or the ssh user's).
+        path: String,
+        /// Also everything beneath a directory, parents before children, never following
+        /// links.
+        recursive: bool,
+    },
     /// mkdir -p, applying `mode` to the last component.
-    Mkdir { path: String, mode: Option<u32> },
+    Mkdir {
+        /// The directory to create, with any missing parents.
+        path: String,
+        /// Permission bits for the last component (`None`: 0777 masked by the server's
+        /// umask).
+        mode: Option<u32>,
+    },
     /// Create (or replace) a symbolic link; the target is stored verbatim.
-    Symlink { path: String, target: String },
+    Symlink {
+        /// Where the link goes.
+        path: String,
+        /// What it points to, as given.
+        target: String,
+    },
     /// Set mode and/or mtime (seconds) without following a final symlink.
     SetMeta {
+        /// The file or directory to change.
         path: String,
+        /// Permission bits to set (`None`: leave them).
         mode: Option<u32>,
+        /// Modification time to set, seconds since the Unix epoch (`None`: leave it).
         mtime: Option<i64>,
     },
     /// The entries of one directory whose names match the pattern's last component (`*`,
     /// `?`, `[...]`, `\\` escapes; no shell), expanded by the server; each entry's `path` is
     /// the pattern's directory part joined with the name. No match is an empty list.
-    Glob { pattern: String },
+    Glob {
+        /// A path whose last component is the pattern.
+        pattern: String,
+    },
 }
 
+/// What a [`MetaEntry`] is (by lstat: links are not followed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum EntryKind {
+    /// A regular file.
     File,
+    /// A directory.
     Dir,
+    /// A symbolic link ([`MetaEntry::target`] holds where it points).
     Symlink,
+    /// Anything else (device, FIFO, socket): not copied.
     Other,
 }
 
 /// One listed entry; `path` is relative to the listed path ("" for the path itself).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MetaEntry {
+    /// Relative to the listed path, `/`-separated ("" for the path itself); for a
+    /// [`MetaOp::Glob`], the pattern's directory part joined with the name.
     pub path: String,
+    /// What it is.
     pub kind: EntryKind,
+    /// Size in bytes of a regular file (0 for anything else).
     pub size: u64,
+    /// Permission bits (`st_mode & 0o7777`).
     pub mode: u32,
+    /// Modification time, seconds since the Unix epoch.
     pub mtime: i64,
+    /// A symbolic link's target, verbatim ("" for anything else).
     pub target: String,
 }
 
 /// Largest encoded message accepted; bounds the memory a peer can make us buffer.
-pub const MAX_MESSAGE: usize = 1 << 20;
+pub(crate) const MAX_MESSAGE: usize = 1 << 20;
 
 /// How far past its contiguous offset a receiver takes control stream bytes; a sender never
 /// sends past what the peer acknowledged plus this.
-pub const WINDOW: u64 = 4 * MAX_MESSAGE as u64;
+pub(crate) const WINDOW: u64 = 4 * MAX_MESSAGE as u64;
 
+/// Why the control stream cannot go on (the session closes with a protocol error).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum CtrlError {
+pub(crate) enum CtrlError {
     #[error("control message too large ({0} bytes)")]
     TooLarge(usize),
     #[error("undecodable control message")]
@@ -200,7 +236,7 @@ pub enum CtrlError {
 
 /// Outgoing half: bytes from `acked` onwards are kept until the peer acknowledges them.
 #[derive(Debug, Default)]
-pub struct CtrlSend {
+pub(crate) struct CtrlSend {
     buf: VecDeque<u8>,
     acked: u64,
     /// Next offset to transmit; rewound to `acked` on a probe timeout.
@@ -273,7 +309,7 @@ impl CtrlSend {
 
 /// Incoming half: reassembles out-of-order chunks and yields whole messages in order.
 #[derive(Debug, Default)]
-pub struct CtrlRecv {
+pub(crate) struct CtrlRecv {
     /// Every byte below this has been received (and is reported in ACK frames).
     next: u64,
     pending: BTreeMap<u64, Vec<u8>>,

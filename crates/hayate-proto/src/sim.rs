@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::cc::RateConfig;
-use crate::conn::{BlockSink, BlockSource, Config, Connection, Event, ReceiverState};
+use crate::conn::{BlockSink, BlockSource, Config, Connection, Event, ReceiverState, StorageError};
 use crate::crypto::Psk;
 use crate::endpoint::{Endpoint, Route};
 use crate::rng::Rng as KeyRng;
@@ -34,13 +34,16 @@ pub struct LinkParams {
     pub loss: f64,
     /// Probability a datagram is held back by `reorder_us` extra (overtaken by later ones).
     pub reorder: f64,
+    /// How long a reordered datagram is held back, µs.
     pub reorder_us: u64,
+    /// Probability a datagram is delivered twice (the copy up to 1 ms later).
     pub duplicate: f64,
     /// Probability one random bit of a datagram is flipped.
     pub corrupt: f64,
     /// A busy host: every `stall_every_us` (0 = never) on average the link holds everything
     /// for `stall_us`, then lets it all go at once (a descheduled VM, router or receiver).
     pub stall_every_us: u64,
+    /// How long each stall lasts, µs.
     pub stall_us: u64,
     /// How the held datagrams go after a stall: 0, all at one instant; `n`, in order at `n`
     /// times the pace they came in (a real emulator or router catching up at CPU speed, so a
@@ -69,7 +72,9 @@ impl Default for LinkParams {
 /// A rate change of the forward link at a moment in virtual time.
 #[derive(Debug, Clone)]
 pub struct RateStep {
+    /// When, µs of virtual time.
     pub at_us: u64,
+    /// The forward link's bottleneck rate from then on, bytes/s (`None`: infinitely fast).
     pub rate: Option<u64>,
 }
 
@@ -87,7 +92,10 @@ pub struct ReceiverParams {
     /// never); meanwhile datagrams wait in the buffer, and it catches up at `catch_up` times
     /// the pace they came in (a receiver on a busy 2-core host: 2-4).
     pub stall_every_us: u64,
+    /// How long each stall lasts, µs.
     pub stall_us: u64,
+    /// After a stall the held datagrams are taken at this many times the pace they came in
+    /// (0: all at once).
     pub catch_up: u64,
 }
 
@@ -96,31 +104,46 @@ pub struct ReceiverParams {
 pub struct ClientSpec {
     /// When it connects, µs of virtual time.
     pub start_us: u64,
+    /// Its connection's configuration.
     pub config: Config,
+    /// Its key (the server's is [`Scenario::psk`]).
     pub psk: Psk,
+    /// Files it uploads: (remote path, contents).
     pub uploads: Vec<(String, Vec<u8>)>,
+    /// Files on the server it downloads: (path, contents).
     pub downloads: Vec<(String, Vec<u8>)>,
+    /// Paths it asks for that the server does not have.
     pub missing_downloads: Vec<String>,
     /// Record what its rate controller saw and did ([`ClientResult::cc_trace`]).
     pub cc_trace: bool,
     /// Its host is descheduled for `stall_us` every `stall_every_us` on average (0: never):
     /// meanwhile it neither sends nor reads what arrives (a sender on a busy 2-core VM).
     pub stall_every_us: u64,
+    /// How long each stall lasts, µs.
     pub stall_us: u64,
 }
 
+/// A whole simulated run: the path both ways, the server and its clients, and what they
+/// transfer. [`Scenario::new`] gives a 10 ms, lossless, unlimited path and 50 MB/s fixed
+/// rates; [`run`] plays it.
 #[derive(Debug, Clone)]
 pub struct Scenario {
+    /// Seeds every random choice (the links', the stalls', the keys and connection ids), so
+    /// a run repeats exactly.
     pub seed: u64,
     /// client → server
     pub forward: LinkParams,
     /// server → client
     pub reverse: LinkParams,
+    /// Changes of the forward link's rate over time, in any order.
     pub forward_steps: Vec<RateStep>,
+    /// The client's connection configuration (and, by default, every extra client's).
     pub client: Config,
+    /// The server endpoint's configuration.
     pub server: Config,
     /// The server's key; the client uses `client_psk` (normally the same).
     pub psk: Psk,
+    /// The client's key: another than `psk` makes the handshake fail.
     pub client_psk: Psk,
     /// Files the client uploads: (remote path, contents).
     pub uploads: Vec<(String, Vec<u8>)>,
@@ -139,12 +162,15 @@ pub struct Scenario {
     pub cc_trace: bool,
     /// Every client's host stalls like this (see [`ClientSpec::stall_every_us`]).
     pub client_stall_every_us: u64,
+    /// How long each of those stalls lasts, µs.
     pub client_stall_us: u64,
     /// TCP CUBIC bulk flows through the same forward link (cross traffic).
     pub tcp_flows: Vec<TcpSpec>,
 }
 
 impl Scenario {
+    /// A scenario with defaults: [`LinkParams::default`] both ways, fixed 50 MB/s rates, one
+    /// client with nothing to transfer, the same key on both sides, a 120 s time limit.
     pub fn new(seed: u64) -> Self {
         let psk = Psk::from_bytes([7; 32]);
         Scenario {
@@ -206,13 +232,18 @@ impl Scenario {
 pub struct ClientResult {
     /// Its transfers all finished verified, and its session closed normally.
     pub ok: bool,
+    /// What went wrong, if anything: its session closed with an error, a download failed or
+    /// did not match.
     pub error: Option<String>,
+    /// When it connected, µs of virtual time.
     pub start_us: u64,
     /// When its session ended (or the simulation stopped).
     pub end_us: u64,
     /// Its own connection, and the server's connection for it.
     pub stats: crate::conn::Stats,
+    /// The server's connection for it (see `stats`).
     pub server: crate::conn::Stats,
+    /// Transfers refused or failed on the far side: (path, reason).
     pub rejected: Vec<(String, String)>,
     /// Files it downloaded.
     pub files: HashMap<String, Vec<u8>>,
@@ -222,15 +253,21 @@ pub struct ClientResult {
     pub rx_trace: Vec<u64>,
     /// Its pacing rate (bytes/s) and smoothed RTT (µs) at the start of each 100 ms.
     pub pace_trace: Vec<u64>,
+    /// Its smoothed RTT at the start of each 100 ms, µs (see `pace_trace`).
     pub srtt_trace: Vec<u64>,
     /// Every feedback its rate controller got, with [`Scenario::cc_trace`].
     pub cc_trace: Vec<crate::conn::CcTraceRow>,
 }
 
+/// What [`run`] saw: the outcome, the files as each side holds them, every side's counters
+/// and traces of rates over virtual time.
 #[derive(Debug, Default)]
 pub struct SimResult {
     /// Every transfer (of every client) finished verified, and every session closed normally.
     pub ok: bool,
+    /// The error of the first client (in order) that had one (see [`ClientResult::error`]),
+    /// else why the simulation stopped early (nothing left to do, or [`Scenario::limit_us`]
+    /// reached).
     pub error: Option<String>,
     /// Until the last client was done.
     pub elapsed_us: u64,
@@ -243,17 +280,24 @@ pub struct SimResult {
     pub server_heard_verified: u64,
     /// Files as the server holds them after the run (uploads) and the client (downloads).
     pub server_files: HashMap<String, Vec<u8>>,
+    /// Files the scenario's own client downloaded: path → contents.
     pub client_files: HashMap<String, Vec<u8>>,
     /// The scenario's own client, and the server's connection for it.
     pub client: crate::conn::Stats,
+    /// The server's connection for the scenario's own client (see `client`).
     pub server: crate::conn::Stats,
+    /// Every client's refused or failed transfers: (path, reason).
     pub rejected: Vec<(String, String)>,
+    /// The server endpoint's counters (hellos accepted, retried and rejected; datagrams
+    /// dropped).
     pub endpoint: crate::endpoint::EndpointStats,
     /// Corrupted datagrams the simulated wire delivered to a connection (both directions).
     pub corrupted: u64,
     /// Forward link: datagrams delivered / dropped by the queue / lost at random.
     pub fwd_delivered: u64,
+    /// Forward link: datagrams the bottleneck's full queue dropped.
     pub fwd_queue_drops: u64,
+    /// Forward link: datagrams lost at random ([`LinkParams::loss`]).
     pub fwd_random_losses: u64,
     /// Datagrams the server's receive buffer dropped (with [`Scenario::server_receiver`]).
     pub server_os_drops: u64,
@@ -264,6 +308,7 @@ pub struct SimResult {
     /// Each of `tcp_flows`: data bytes delivered per 100 ms of virtual time, and its loss
     /// events (window cuts).
     pub tcp_rx_trace: Vec<Vec<u64>>,
+    /// Each of `tcp_flows`: how many loss events (window cuts) it had.
     pub tcp_loss_events: Vec<u64>,
 }
 
@@ -272,9 +317,11 @@ pub struct SimResult {
 pub struct Rng(u64);
 
 impl Rng {
+    /// A generator whose stream is fixed by `seed`.
     pub fn new(seed: u64) -> Self {
         Rng(seed ^ 0x5DEE_CE66_D1CE_4E5B)
     }
+    /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
@@ -282,7 +329,7 @@ impl Rng {
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     }
-    pub fn chance(&mut self, p: f64) -> bool {
+    pub(crate) fn chance(&mut self, p: f64) -> bool {
         p > 0.0 && (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 <= p
     }
 }
@@ -486,21 +533,34 @@ struct MemFiles {
     inc: HashMap<XferId, Vec<u8>>,
 }
 
+/// [`StorageError::PastEnd`] for `len` bytes at `offset` of the `size` bytes of a file.
+fn past_end(offset: u64, len: usize, size: usize) -> StorageError {
+    StorageError::PastEnd {
+        offset,
+        len: len as u64,
+        size: size as u64,
+    }
+}
+
 impl BlockSource for MemFiles {
-    fn read(&mut self, xfer: XferId, offset: u64, buf: &mut [u8]) -> Result<(), String> {
-        let f = self.out.get(&xfer).ok_or("no such transfer")?;
+    fn read(&mut self, xfer: XferId, offset: u64, buf: &mut [u8]) -> Result<(), StorageError> {
+        let f = self.out.get(&xfer).ok_or(StorageError::NotOpen)?;
         let o = offset as usize;
-        buf.copy_from_slice(f.get(o..o + buf.len()).ok_or("read beyond end")?);
+        let src = f
+            .get(o..o + buf.len())
+            .ok_or_else(|| past_end(offset, buf.len(), f.len()))?;
+        buf.copy_from_slice(src);
         Ok(())
     }
 }
 
 impl BlockSink for MemFiles {
-    fn write(&mut self, xfer: XferId, offset: u64, data: &[u8]) -> Result<(), String> {
-        let f = self.inc.get_mut(&xfer).ok_or("no such transfer")?;
+    fn write(&mut self, xfer: XferId, offset: u64, data: &[u8]) -> Result<(), StorageError> {
+        let f = self.inc.get_mut(&xfer).ok_or(StorageError::NotOpen)?;
         let o = offset as usize;
+        let size = f.len();
         f.get_mut(o..o + data.len())
-            .ok_or("write beyond end")?
+            .ok_or_else(|| past_end(offset, data.len(), size))?
             .copy_from_slice(data);
         Ok(())
     }

@@ -6,10 +6,12 @@ use std::collections::{BTreeMap, VecDeque};
 use crate::bitset::Bitset;
 use crate::wire::LossMapFrame;
 
+/// A transfer's id: chosen by the client, unique within a session; DATA frames, loss maps
+/// and control messages name their transfer by it.
 pub type XferId = u32;
 
 /// Packet-count reordering threshold: a block is lost once 16 later packets have arrived.
-pub const REORDER_PACKETS: u64 = 16;
+pub(crate) const REORDER_PACKETS: u64 = 16;
 
 /// Marks in the sender's per-block "last packet number" window.
 const UNSENT: u64 = u64::MAX;
@@ -17,7 +19,7 @@ const QUEUED: u64 = u64::MAX - 1;
 
 /// Blocks of a transfer: sizes and offsets.
 #[derive(Debug, Clone, Copy)]
-pub struct Layout {
+pub(crate) struct Layout {
     pub size: u64,
     pub block_size: u64,
 }
@@ -45,7 +47,7 @@ impl Layout {
 
 /// Sender-side state of one file.
 #[derive(Debug)]
-pub struct Outgoing {
+pub(crate) struct Outgoing {
     pub id: XferId,
     pub path: String,
     pub layout: Layout,
@@ -88,7 +90,7 @@ pub struct Outgoing {
 
 /// Result of applying a loss map.
 #[derive(Debug, Default, Clone, Copy)]
-pub struct MapOutcome {
+pub(crate) struct MapOutcome {
     pub newly_acked_bytes: u64,
     pub lost_blocks: u64,
     pub lost_bytes: u64,
@@ -371,28 +373,14 @@ impl Outgoing {
             }
         }
     }
-
-    /// Probe timeout with nothing acknowledged for a while: every unacked block that was sent
-    /// before `pn_limit` is presumed lost (the tail of the transfer vanished).
-    pub fn unacked_in_flight(&self) -> u64 {
-        let mut c = 0;
-        let mut b = self.acked.next_zero(self.cum);
-        while b < self.next_new {
-            c += 1;
-            b = self.acked.next_zero(b + 1);
-        }
-        c
-    }
 }
 
 /// Receiver-side state of one file.
 #[derive(Debug)]
-pub struct Incoming {
+pub(crate) struct Incoming {
     pub id: XferId,
     pub path: String,
     pub layout: Layout,
-    pub mode: u32,
-    pub mtime: i64,
     /// The local side accepted it (Ready sent): data is written.
     pub accepted: bool,
     received: Bitset,
@@ -413,21 +401,20 @@ pub struct Incoming {
     pub sums_received: u64,
 }
 
+/// What [`Incoming::check`] makes of an arriving block.
 #[derive(Debug, PartialEq, Eq)]
-pub enum DataVerdict {
+pub(crate) enum DataVerdict {
     New,
     Duplicate,
     Invalid,
 }
 
 impl Incoming {
-    pub fn new(id: XferId, path: String, layout: Layout, mode: u32, mtime: i64) -> Self {
+    pub fn new(id: XferId, path: String, layout: Layout) -> Self {
         Incoming {
             id,
             path,
             layout,
-            mode,
-            mtime,
             accepted: false,
             // Allocated when accepted (`allocate`): an offer costs no loss map until the
             // receiver has taken it on (and reserved its space).
@@ -563,7 +550,7 @@ mod tests {
     #[test]
     fn loss_map_round_trip_between_receiver_and_sender() {
         let layout = Layout::new(1000 * 10, 10);
-        let mut rx = Incoming::new(1, "f".into(), layout, 0o644, 0);
+        let mut rx = Incoming::new(1, "f".into(), layout);
         rx.allocate();
         let mut tx = Outgoing::new(1, "f".into(), layout);
         tx.ready = true;
@@ -607,7 +594,7 @@ mod tests {
     #[test]
     fn tail_losses_beyond_top_are_found() {
         let layout = Layout::new(100, 10);
-        let mut rx = Incoming::new(1, "f".into(), layout, 0, 0);
+        let mut rx = Incoming::new(1, "f".into(), layout);
         rx.allocate();
         let mut tx = Outgoing::new(1, "f".into(), layout);
         for b in 0..10 {
@@ -630,7 +617,7 @@ mod tests {
         // on past the blocks already queued, not stop at them.
         let n = 20_000u64;
         let layout = Layout::new(n * 10, 10);
-        let mut rx = Incoming::new(1, "f".into(), layout, 0o644, 0);
+        let mut rx = Incoming::new(1, "f".into(), layout);
         rx.allocate();
         let mut tx = Outgoing::new(1, "f".into(), layout);
         tx.ready = true;
@@ -654,7 +641,7 @@ mod tests {
         // not walk an empty map for ever (a delta's receiver saves its resume state while it
         // still compares leaves).
         let layout = Layout::new(1000 * 10 + 3, 10);
-        let mut rx = Incoming::new(1, "f".into(), layout, 0o644, 0);
+        let mut rx = Incoming::new(1, "f".into(), layout);
         assert_eq!(rx.missing_ranges(), vec![(0, 1001)]);
         rx.allocate();
         rx.accepted = true;

@@ -10,9 +10,15 @@ use std::ops::Range;
 /// 7: the tunnel's byte stream: STREAM / STREAM_ACK frames, `Tunnel` / `TunnelReply` control
 ///    messages.
 pub const VERSION: u8 = 7;
+/// The first three bytes of every hello (ClientHello, ServerHello, HelloReject, HelloRetry):
+/// ASCII `HYT`.
 pub const MAGIC: [u8; 3] = *b"HYT";
+/// Size of a ClientHello, bytes: exactly this, padded, so any path of [`MIN_MTU`] carries it
+/// and every reply to it is smaller (no amplification).
 pub const CLIENT_HELLO_LEN: usize = 1200;
+/// Size of a ServerHello, bytes.
 pub const SERVER_HELLO_LEN: usize = 120;
+/// Size of a HelloReject, bytes (the same in every version).
 pub const HELLO_REJECT_LEN: usize = 48;
 /// Magic, kind, version, client cid slot, client random, token.
 pub const HELLO_RETRY_LEN: usize = 5 + 8 + 32 + RETRY_TOKEN_LEN;
@@ -22,41 +28,49 @@ pub const RETRY_TOKEN_LEN: usize = 32;
 pub const PATH_TOKEN_LEN: usize = 8;
 /// kind u8, dest_cid u32, pn u32 (the low half of the packet number; see [`decode_pn`]).
 pub const SEALED_HEADER_LEN: usize = 9;
+/// The AES-256-GCM tag at the end of every sealed packet, bytes.
 pub const TAG_LEN: usize = 16;
 /// DATA frame header: type u8, xfer u32, block u48.
 pub const DATA_HEADER_LEN: usize = 11;
 /// Block numbers must be below this (6 bytes on the wire): files up to ~400 PB.
 pub const BLOCK_LIMIT: u64 = 1 << 48;
+/// Smallest `mtu` (largest IP packet, bytes) either side may announce in its hello.
 pub const MIN_MTU: u16 = 1280;
 /// Largest value a QUIC varint can carry.
 pub const MAX_VARINT: u64 = (1 << 62) - 1;
 
-pub const KIND_CLIENT_HELLO: u8 = 0x01;
-pub const KIND_SERVER_HELLO: u8 = 0x02;
-pub const KIND_SEALED: u8 = 0x03;
-pub const KIND_HELLO_REJECT: u8 = 0x04;
-pub const KIND_HELLO_RETRY: u8 = 0x05;
+// Packet kinds: the byte after the magic in a hello, the first byte of a sealed packet.
+pub(crate) const KIND_CLIENT_HELLO: u8 = 0x01;
+pub(crate) const KIND_SERVER_HELLO: u8 = 0x02;
+pub(crate) const KIND_SEALED: u8 = 0x03;
+pub(crate) const KIND_HELLO_REJECT: u8 = 0x04;
+pub(crate) const KIND_HELLO_RETRY: u8 = 0x05;
 
-pub const FRAME_PADDING: u8 = 0x00;
-pub const FRAME_PING: u8 = 0x01;
-pub const FRAME_ACK: u8 = 0x02;
-pub const FRAME_CTRL: u8 = 0x03;
-pub const FRAME_DATA: u8 = 0x04;
-pub const FRAME_LOSSMAP: u8 = 0x05;
-pub const FRAME_CLOSE: u8 = 0x06;
-pub const FRAME_PATH_CHALLENGE: u8 = 0x07;
-pub const FRAME_PATH_RESPONSE: u8 = 0x08;
-pub const FRAME_STREAM: u8 = 0x09;
-pub const FRAME_STREAM_ACK: u8 = 0x0a;
+// Frame types: the first byte of each frame in a sealed packet's plaintext.
+pub(crate) const FRAME_PADDING: u8 = 0x00;
+pub(crate) const FRAME_PING: u8 = 0x01;
+pub(crate) const FRAME_ACK: u8 = 0x02;
+pub(crate) const FRAME_CTRL: u8 = 0x03;
+pub(crate) const FRAME_DATA: u8 = 0x04;
+pub(crate) const FRAME_LOSSMAP: u8 = 0x05;
+pub(crate) const FRAME_CLOSE: u8 = 0x06;
+pub(crate) const FRAME_PATH_CHALLENGE: u8 = 0x07;
+pub(crate) const FRAME_PATH_RESPONSE: u8 = 0x08;
+pub(crate) const FRAME_STREAM: u8 = 0x09;
+pub(crate) const FRAME_STREAM_ACK: u8 = 0x0a;
 /// STREAM frame flag: the chunk ends the stream (its end is the stream's end).
-pub const STREAM_FIN: u8 = 0x01;
+pub(crate) const STREAM_FIN: u8 = 0x01;
 
 /// Connection id: chosen by each side for the packets it receives, routed on before opening.
 pub type Cid = u32;
 
+/// The address family of a session's UDP flow: it sets the IP header's size, and so how
+/// many file bytes a datagram of a given MTU carries ([`block_size`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AddrFamily {
+    /// IPv4: 28 bytes of IP and UDP headers.
     V4,
+    /// IPv6: 48 bytes of IP and UDP headers.
     V6,
 }
 
@@ -75,32 +89,49 @@ pub fn block_size(mtu: u16, fam: AddrFamily) -> usize {
     udp_payload_limit(mtu, fam).saturating_sub(SEALED_HEADER_LEN + TAG_LEN + DATA_HEADER_LEN)
 }
 
+/// Why bytes could not be decoded, or a value could not be encoded. A datagram that fails
+/// to decode is dropped and counted, never answered (`docs/PROTOCOL.md`).
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
 pub enum WireError {
+    /// The input ended before the layout did.
     #[error("truncated")]
     Truncated,
+    /// A hello does not start with [`MAGIC`].
     #[error("bad magic")]
     BadMagic,
+    /// The packet kind byte is none of the known kinds (or not the kind being decoded).
     #[error("unknown packet kind {0:#04x}")]
     UnknownKind(u8),
+    /// A hello of another protocol version than [`VERSION`].
     #[error("unsupported version {0}")]
     UnsupportedVersion(u8),
+    /// A frame type byte that names no frame: the whole packet is malformed.
     #[error("unknown frame type {0:#04x}")]
     UnknownFrame(u8),
+    /// A field out of its range or breaking an invariant (named in the message).
     #[error("bad value: {0}")]
     BadValue(&'static str),
+    /// Bytes after the end of a fixed-size layout.
     #[error("trailing bytes")]
     TrailingBytes,
+    /// Encoding: the output buffer is too small (nothing was written).
     #[error("no space left in the output buffer")]
     NoSpace,
 }
 
+/// What a datagram is, from its first bytes ([`peek_kind`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PacketKind {
+    /// A [`ClientHello`] (client → server), kind `0x01`.
     ClientHello,
+    /// A [`ServerHello`] (server → client), kind `0x02`.
     ServerHello,
+    /// A sealed packet of an established session, kind `0x03`: header, AEAD-sealed frames,
+    /// tag.
     Sealed,
+    /// A [`HelloReject`] (server → client), kind `0x04`.
     HelloReject,
+    /// A [`HelloRetry`] (server → client), kind `0x05`.
     HelloRetry,
 }
 
@@ -200,13 +231,13 @@ pub fn write_data_header(buf: &mut [u8], xfer: u32, block: u64) {
     h[5..11].copy_from_slice(&block.to_be_bytes()[2..]);
 }
 
-/// Encoded size of `v` as a QUIC varint (8 for values too large to encode, which
-/// `put_varint` rejects).
 /// Bytes a STREAM frame takes before its data: type, flags, offset, length.
-pub fn stream_header_len(offset: u64, len: usize) -> usize {
+pub(crate) fn stream_header_len(offset: u64, len: usize) -> usize {
     2 + varint_len(offset) + varint_len(len as u64)
 }
 
+/// Encoded size of `v` as a QUIC varint (8 for values too large to encode, which
+/// [`Writer::put_varint`] rejects).
 pub fn varint_len(v: u64) -> usize {
     if v < (1 << 6) {
         1
@@ -227,14 +258,17 @@ pub struct Writer<'a> {
 }
 
 impl<'a> Writer<'a> {
+    /// A writer at the start of `buf`.
     pub fn new(buf: &'a mut [u8]) -> Self {
         Writer { buf, pos: 0 }
     }
 
+    /// Bytes written so far (the offset of the next byte in the buffer).
     pub fn pos(&self) -> usize {
         self.pos
     }
 
+    /// Bytes left in the buffer.
     pub fn remaining(&self) -> usize {
         self.buf.len() - self.pos
     }
@@ -253,19 +287,23 @@ impl<'a> Writer<'a> {
         Ok(s)
     }
 
+    /// Writes one byte.
     pub fn put_u8(&mut self, v: u8) -> Result<(), WireError> {
         self.take(1)?[0] = v;
         Ok(())
     }
 
+    /// Writes `v` big-endian, 2 bytes.
     pub fn put_u16(&mut self, v: u16) -> Result<(), WireError> {
         self.put_bytes(&v.to_be_bytes())
     }
 
+    /// Writes `v` big-endian, 4 bytes.
     pub fn put_u32(&mut self, v: u32) -> Result<(), WireError> {
         self.put_bytes(&v.to_be_bytes())
     }
 
+    /// Writes `v` big-endian, 8 bytes.
     pub fn put_u64(&mut self, v: u64) -> Result<(), WireError> {
         self.put_bytes(&v.to_be_bytes())
     }
@@ -275,6 +313,8 @@ impl<'a> Writer<'a> {
         self.put_bytes(&v.to_be_bytes()[2..])
     }
 
+    /// Writes `v` as a QUIC varint (RFC 9000 §16) in [`varint_len`] bytes;
+    /// `Err(BadValue)` above [`MAX_VARINT`].
     pub fn put_varint(&mut self, v: u64) -> Result<(), WireError> {
         if v > MAX_VARINT {
             return Err(WireError::BadValue("varint out of range"));
@@ -287,6 +327,7 @@ impl<'a> Writer<'a> {
         }
     }
 
+    /// Writes `b` as it is.
     pub fn put_bytes(&mut self, b: &[u8]) -> Result<(), WireError> {
         self.take(b.len())?.copy_from_slice(b);
         Ok(())
@@ -300,14 +341,17 @@ pub struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    /// A reader at the start of `buf`.
     pub fn new(buf: &'a [u8]) -> Self {
         Reader { buf }
     }
 
+    /// Bytes not read yet.
     pub fn remaining(&self) -> usize {
         self.buf.len()
     }
 
+    /// Whether every byte has been read.
     pub fn is_empty(&self) -> bool {
         self.buf.is_empty()
     }
@@ -321,28 +365,34 @@ impl<'a> Reader<'a> {
         Ok(*head)
     }
 
+    /// Reads one byte.
     pub fn get_u8(&mut self) -> Result<u8, WireError> {
         Ok(self.array::<1>()?[0])
     }
 
+    /// Reads a big-endian u16.
     pub fn get_u16(&mut self) -> Result<u16, WireError> {
         Ok(u16::from_be_bytes(self.array()?))
     }
 
+    /// Reads a big-endian u32.
     pub fn get_u32(&mut self) -> Result<u32, WireError> {
         Ok(u32::from_be_bytes(self.array()?))
     }
 
+    /// Reads a big-endian u64.
     pub fn get_u64(&mut self) -> Result<u64, WireError> {
         Ok(u64::from_be_bytes(self.array()?))
     }
 
+    /// Reads a big-endian 6-byte number (a DATA frame's block number).
     pub fn get_u48(&mut self) -> Result<u64, WireError> {
         let mut b = [0u8; 8];
         b[2..].copy_from_slice(&self.array::<6>()?);
         Ok(u64::from_be_bytes(b))
     }
 
+    /// Reads a QUIC varint (RFC 9000 §16).
     pub fn get_varint(&mut self) -> Result<u64, WireError> {
         let first = *self.buf.first().ok_or(WireError::Truncated)?;
         let len = 1usize << (first >> 6);
@@ -357,6 +407,7 @@ impl<'a> Reader<'a> {
         Ok(v)
     }
 
+    /// Takes the next `n` bytes, borrowed from the input.
     pub fn get_bytes(&mut self, n: usize) -> Result<&'a [u8], WireError> {
         if self.buf.len() < n {
             return Err(WireError::Truncated);
@@ -372,17 +423,29 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// ACK: what a side has received from its peer and how its receive path is doing; the
+/// sender's RTT and delivery-rate samples come from it (`docs/PROTOCOL.md`, ACK). Every field
+/// is a varint on the wire.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AckFrame {
+    /// Highest packet number received from the peer.
     pub largest_pn: u64,
+    /// µs between `largest_pn` arriving at the receiver's host (its kernel timestamp where
+    /// there is one) and this ACK being sent: the deliberate delay plus the receiver's backlog.
     pub ack_delay_us: u64,
+    /// Every control-stream byte below this offset has been received.
     pub ctrl_offset: u64,
+    /// DATA (and tunnel stream) payload bytes received in this session, duplicates excluded.
     pub rx_bytes: u64,
+    /// When the last bytes counted in `rx_bytes` arrived at the receiver's host, µs since its
+    /// session start.
     pub rx_time_us: u64,
     /// Bytes waiting in the receiver's socket buffer, and the buffer's size, both as the
     /// kernel counts them (overhead included; size 0: unknown).
     pub rx_buffered: u64,
+    /// The receiver's socket receive buffer size, in `rx_buffered`'s units; 0: unknown.
     pub rx_buffer: u64,
+    /// Datagrams the receiver's OS dropped (socket buffer full), in total.
     pub rx_drops: u64,
 }
 
@@ -408,11 +471,18 @@ impl AckFrame {
 /// On the wire they are deltas (PROTOCOL.md, LOSSMAP).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LossMapFrame {
+    /// The transfer (or, in a [`StreamAckFrame`], the stream) this map is about.
     pub xfer: u32,
+    /// Every block below `cum` has been received.
     pub cum: u64,
+    /// One past the highest block received: no block at or above it has arrived.
     pub top: u64,
+    /// First block this map covers (`>= cum`).
     pub start: u64,
+    /// One past the last block this map covers.
     pub end: u64,
+    /// The missing runs within `[start, end)`, absolute block ranges; every other block of
+    /// `[start, end)` has been received.
     pub gaps: Vec<Range<u64>>,
 }
 
@@ -453,6 +523,7 @@ impl LossMapFrame {
             + varint_len(self.start)
     }
 
+    /// Bytes the whole frame takes, type byte included.
     pub fn encoded_len(&self) -> usize {
         self.encoded_len_after(&[FRAME_LOSSMAP])
     }
@@ -605,6 +676,7 @@ impl LossMapFrame {
 pub struct StreamAckFrame {
     /// The sender may send stream bytes below this offset.
     pub limit: u64,
+    /// What the receiver holds, over stream positions.
     pub map: LossMapFrame,
 }
 
@@ -618,6 +690,7 @@ impl StreamAckFrame {
         (b, n)
     }
 
+    /// Bytes the whole frame takes, type byte included.
     pub fn encoded_len(&self) -> usize {
         let (_, n) = self.lead();
         self.map.encoded_len_after(&[0u8; 9][..n])
@@ -651,38 +724,57 @@ impl StreamAckFrame {
     }
 }
 
+/// One frame of a sealed packet's plaintext, borrowing its bytes from the packet
+/// (`docs/PROTOCOL.md`, Frames).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame<'a> {
     /// Ends the frame list; the rest of the packet is zeros. Encodes as a single zero byte.
     Padding,
+    /// Asks the peer for an immediate ACK.
     Ping,
+    /// What the sender of the frame has received (see [`AckFrame`]).
     Ack(AckFrame),
+    /// Bytes of the reliable control stream.
     Ctrl {
+        /// Stream offset of `data`'s first byte.
         offset: u64,
+        /// The bytes (length-prefixed on the wire).
         data: &'a [u8],
     },
     /// Payload runs to the end of the packet, so DATA must be the last frame.
     Data {
+        /// The transfer the block belongs to.
         xfer: u32,
+        /// Block number (below [`BLOCK_LIMIT`]): the file bytes at `block × block_size`.
         block: u64,
+        /// The block's file bytes.
         payload: &'a [u8],
     },
+    /// A receiver's view of one incoming transfer (see [`LossMapFrame`]).
     LossMap(LossMapFrame),
+    /// Ends the session at once.
     Close {
+        /// 0: a normal close; anything else an error.
         code: u64,
+        /// Why, in words (UTF-8).
         reason: &'a str,
     },
     /// Asks the peer to echo `token` in a PATH_RESPONSE (RFC 9000 section 8.2): sent by a
     /// server to a client's new address before it moves the session there.
     PathChallenge([u8; PATH_TOKEN_LEN]),
+    /// The echo of a PATH_CHALLENGE's token, from the address being validated.
     PathResponse([u8; PATH_TOKEN_LEN]),
     /// Bytes of the tunnel's stream at `offset`; `fin`: they end it (an empty chunk may carry
     /// only the end).
     Stream {
+        /// Stream position of `data`'s first byte.
         offset: u64,
+        /// The stream ends right after `data`.
         fin: bool,
+        /// The bytes (length-prefixed on the wire).
         data: &'a [u8],
     },
+    /// The receiver's acknowledgement and flow-control limit of the tunnel's stream.
     StreamAck(StreamAckFrame),
 }
 
@@ -699,6 +791,7 @@ impl Frame<'_> {
         )
     }
 
+    /// Bytes the frame takes, type byte included.
     pub fn encoded_len(&self) -> usize {
         match self {
             Frame::Padding | Frame::Ping => 1,
@@ -1002,18 +1095,25 @@ fn check_mtu(mtu: u16) -> Result<u16, WireError> {
     }
 }
 
+/// The client's first message, [`CLIENT_HELLO_LEN`] bytes (`docs/PROTOCOL.md`, ClientHello).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ClientHello {
+    /// The client's connection id: the server puts it in every packet it sends.
     pub client_cid: Cid,
+    /// Fresh random bytes (key derivation salt; echoed by a reject or retry).
     pub client_random: [u8; 32],
+    /// The client's ephemeral X25519 public key.
     pub client_eph: [u8; 32],
+    /// The client's path MTU (largest IP packet, bytes), at least [`MIN_MTU`].
     pub mtu: u16,
     /// The token of the server's HelloRetry, all zeros in a first hello.
     pub token: [u8; RETRY_TOKEN_LEN],
+    /// HMAC-SHA256 under the PSK's hello key of bytes `0..CLIENT_HELLO_MAC_OFFSET`.
     pub mac: [u8; 32],
 }
 
 impl ClientHello {
+    /// The hello's bytes, padding zeroed.
     pub fn encode(&self) -> [u8; CLIENT_HELLO_LEN] {
         let mut b = [0u8; CLIENT_HELLO_LEN];
         write_hello_prefix(&mut b, KIND_CLIENT_HELLO);
@@ -1054,17 +1154,27 @@ pub fn client_hello_ids(d: &[u8]) -> Option<(u64, [u8; 32])> {
     Some((u64_at(d, 5), arr32_at(d, 13)))
 }
 
+/// The server's answer to a ClientHello whose MAC verified, [`SERVER_HELLO_LEN`] bytes
+/// (`docs/PROTOCOL.md`, ServerHello).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ServerHello {
+    /// Echo of the hello's `client_cid`.
     pub client_cid: Cid,
+    /// The server's connection id: the client puts it in every packet it sends.
     pub server_cid: Cid,
+    /// Fresh random bytes (key derivation salt).
     pub server_random: [u8; 32],
+    /// The server's ephemeral X25519 public key.
     pub server_eph: [u8; 32],
+    /// The negotiated MTU: the smaller of the client's and the server's limit.
     pub mtu: u16,
+    /// HMAC-SHA256 under the session's server hello key of the ClientHello followed by
+    /// bytes `0..SERVER_HELLO_MAC_OFFSET`.
     pub mac: [u8; 32],
 }
 
 impl ServerHello {
+    /// The hello's bytes.
     pub fn encode(&self) -> [u8; SERVER_HELLO_LEN] {
         let mut b = [0u8; SERVER_HELLO_LEN];
         write_hello_prefix(&mut b, KIND_SERVER_HELLO);
@@ -1095,16 +1205,21 @@ impl ServerHello {
     }
 }
 
+/// Why a server refused a ClientHello ([`HelloReject::reason`]; its byte on the wire).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum RejectReason {
+    /// The hello's MAC does not verify: the client holds another key.
     AuthFailed = 1,
+    /// The server does not speak the hello's version.
     VersionUnsupported = 2,
+    /// The server is busy. Clients understand it; this server does not send it (it
+    /// answers a flood of hellos with a [`HelloRetry`]).
     Busy = 3,
 }
 
 impl RejectReason {
-    pub fn from_u8(v: u8) -> Option<Self> {
+    pub(crate) fn from_u8(v: u8) -> Option<Self> {
         match v {
             1 => Some(RejectReason::AuthFailed),
             2 => Some(RejectReason::VersionUnsupported),
@@ -1114,15 +1229,22 @@ impl RejectReason {
     }
 }
 
+/// A server's refusal of a well-formed ClientHello, [`HELLO_REJECT_LEN`] bytes, so the client
+/// can say why instead of timing out (`docs/PROTOCOL.md`, HelloReject).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HelloReject {
+    /// Echo of the hello's cid slot, all 8 bytes as received (any version's hello).
     pub client_cid: u64,
+    /// Echo of the hello's random: only someone who saw the hello can forge a reject.
     pub client_random: [u8; 32],
+    /// Why.
     pub reason: RejectReason,
+    /// The highest protocol version the server supports.
     pub max_version: u16,
 }
 
 impl HelloReject {
+    /// The reject's bytes.
     pub fn encode(&self) -> [u8; HELLO_REJECT_LEN] {
         let mut b = [0u8; HELLO_REJECT_LEN];
         write_hello_prefix(&mut b, KIND_HELLO_REJECT);
@@ -1152,12 +1274,17 @@ impl HelloReject {
 /// cid and random, like a [`HelloReject`]; it is smaller than the hello it answers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HelloRetry {
+    /// Echo of the hello's cid slot (8 bytes).
     pub client_cid: u64,
+    /// Echo of the hello's random.
     pub client_random: [u8; 32],
+    /// What the client puts in its next hello's `token`: issue time and a MAC over the
+    /// client's address and hello ids (see [`crate::retry`]).
     pub token: [u8; RETRY_TOKEN_LEN],
 }
 
 impl HelloRetry {
+    /// The retry's bytes.
     pub fn encode(&self) -> [u8; HELLO_RETRY_LEN] {
         let mut b = [0u8; HELLO_RETRY_LEN];
         write_hello_prefix(&mut b, KIND_HELLO_RETRY);
@@ -1167,6 +1294,7 @@ impl HelloRetry {
         b
     }
 
+    /// Strict: exact length, magic, kind and version.
     pub fn decode(d: &[u8]) -> Result<Self, WireError> {
         check_hello_prefix(d, HELLO_RETRY_LEN, KIND_HELLO_RETRY)?;
         Ok(HelloRetry {

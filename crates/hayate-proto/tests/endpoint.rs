@@ -7,7 +7,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use hayate_proto::conn::{BlockSink, BlockSource, Config, Connection};
+use hayate_proto::conn::{BlockSink, BlockSource, Config, Connection, StorageError};
 use hayate_proto::crypto::Psk;
 use hayate_proto::endpoint::{Endpoint, Route, PATH_AMPLIFICATION};
 use hayate_proto::handshake::ClientHandshake;
@@ -19,13 +19,13 @@ use hayate_proto::XferId;
 struct Null;
 
 impl BlockSink for Null {
-    fn write(&mut self, _: XferId, _: u64, _: &[u8]) -> Result<(), String> {
+    fn write(&mut self, _: XferId, _: u64, _: &[u8]) -> Result<(), StorageError> {
         Ok(())
     }
 }
 
 impl BlockSource for Null {
-    fn read(&mut self, _: XferId, _: u64, buf: &mut [u8]) -> Result<(), String> {
+    fn read(&mut self, _: XferId, _: u64, buf: &mut [u8]) -> Result<(), StorageError> {
         buf.fill(7);
         Ok(())
     }

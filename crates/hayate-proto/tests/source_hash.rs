@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use hayate_proto::conn::{BlockSink, BlockSource, Config, Connection};
+use hayate_proto::conn::{BlockSink, BlockSource, Config, Connection, StorageError};
 use hayate_proto::crypto::Psk;
 use hayate_proto::endpoint::{Endpoint, Route};
 use hayate_proto::rng::Rng;
@@ -19,7 +19,7 @@ struct Source {
 }
 
 impl BlockSource for Source {
-    fn read(&mut self, _: XferId, offset: u64, buf: &mut [u8]) -> Result<(), String> {
+    fn read(&mut self, _: XferId, offset: u64, buf: &mut [u8]) -> Result<(), StorageError> {
         for (i, b) in buf.iter_mut().enumerate() {
             *b = (offset + i as u64) as u8;
         }
@@ -34,7 +34,7 @@ struct Sink {
 }
 
 impl BlockSink for Sink {
-    fn write(&mut self, _: XferId, _: u64, data: &[u8]) -> Result<(), String> {
+    fn write(&mut self, _: XferId, _: u64, data: &[u8]) -> Result<(), StorageError> {
         self.written += data.len() as u64;
         Ok(())
     }

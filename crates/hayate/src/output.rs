@@ -355,7 +355,7 @@ pub fn report_json(r: &Report) -> serde_json::Value {
         let h = r.files.iter().find(|f| f.kind == Kind::File);
         put("blake3", json!(h.and_then(|f| f.blake3.clone())));
     }
-    put("error", json!(r.error));
+    put("error", json!(r.error.as_ref().map(ToString::to_string)));
     let entry = |f: &hayate_io::driver::client::FileResult| {
         let mut e = Map::new();
         for (k, v) in [

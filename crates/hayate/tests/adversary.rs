@@ -548,19 +548,21 @@ fn a_peer_that_stops_acknowledging_is_let_go_and_others_are_served() {
 /// the protocol core over a plain UDP socket.
 #[test]
 fn a_peer_offering_100_000_files_is_refused_beyond_a_bound_and_others_are_served() {
-    use hayate_proto::conn::{BlockSink, BlockSource, Config, Connection, MAX_OPEN_INCOMING};
+    use hayate_proto::conn::{
+        BlockSink, BlockSource, Config, Connection, StorageError, MAX_OPEN_INCOMING,
+    };
     use hayate_proto::wire::AddrFamily;
     use hayate_proto::{Event, XferId};
 
     struct Ones;
     impl BlockSource for Ones {
-        fn read(&mut self, _: XferId, _: u64, buf: &mut [u8]) -> Result<(), String> {
+        fn read(&mut self, _: XferId, _: u64, buf: &mut [u8]) -> Result<(), StorageError> {
             buf.fill(1);
             Ok(())
         }
     }
     impl BlockSink for Ones {
-        fn write(&mut self, _: XferId, _: u64, _: &[u8]) -> Result<(), String> {
+        fn write(&mut self, _: XferId, _: u64, _: &[u8]) -> Result<(), StorageError> {
             Ok(())
         }
     }

@@ -8,12 +8,15 @@ use std::fs::File;
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hayate_proto::control::{basis, flags, EntryKind as WireKind, MetaEntry, MetaOp};
 use hayate_proto::crypto::Psk;
 use hayate_proto::wire::AddrFamily;
-use hayate_proto::{BlockSink, BlockSource, Config, Connection, Event, FileOffer, Stats, XferId};
+use hayate_proto::{
+    BlockSink, BlockSource, Config, Connection, Event, FileOffer, Stats, StorageError, XferId,
+};
 
 use super::engine::{self, Flow, Net, Policy};
 use super::link::{Links, StreamLink, STREAM_PEER};
@@ -21,10 +24,11 @@ use super::resume::save_progress;
 use super::{dest_mode, systime, StopFlag};
 use crate::delta::{basis_for, pump_sums, Basis};
 use crate::fs::{
-    self, create_local_part, create_local_part_inplace, EntryKind, PartFile, Root, SourceFile,
+    self, create_local_part, create_local_part_inplace, EntryKind, PartFile, Root, SourceError,
+    SourceFile,
 };
 use crate::udp::UdpSocket;
-use crate::verify::{Landing, Sending, WholeHash};
+use crate::verify::{Landing, ReceiveError, Sending, WholeHash};
 
 /// Transfers in flight at once; more are queued (bounds open files and state).
 const MAX_ACTIVE: usize = 64;
@@ -219,9 +223,56 @@ pub struct Report {
     /// ssh channel).
     pub stats: Stats,
     /// Session-level failure (no server, wrong key, interrupted, peer vanished).
-    pub error: Option<String>,
+    pub error: Option<SessionError>,
     /// The data went over the ssh channel because UDP got no answer.
     pub via_stream: bool,
+}
+
+/// Why a copy failed as a whole ([`Report::error`]); the files it left unfinished carry it
+/// too, with what each is missing.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The current directory cannot be used (local paths are resolved from it).
+    #[error("current directory: {0}")]
+    CurrentDir(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A download of several sources, or of a pattern, into something that is no
+    /// directory.
+    #[error(
+        "{}: not a directory ({})",
+        dest.display(),
+        if *pattern { "a pattern may match several files" } else { "several sources need one" }
+    )]
+    NotADirectory {
+        /// The destination as the user named it.
+        dest: PathBuf,
+        /// The source is one pattern (else there are several sources).
+        pattern: bool,
+    },
+    /// No UDP socket to talk to the far side from.
+    #[error("cannot open a UDP socket: {0}")]
+    UdpSocket(#[source] std::io::Error),
+    /// The driver's loop failed (its socket or channel).
+    #[error(transparent)]
+    Io(std::io::Error),
+    /// The session ended (the far side's channel closed, say) before its handshake was done.
+    #[error("the session ended before it started")]
+    NeverStarted,
+    /// Stopped by the user (a signal).
+    #[error("interrupted")]
+    Interrupted,
+    /// The ssh channel the data went over closed before the copy was done.
+    #[error("the ssh channel closed")]
+    ChannelClosed,
+    /// The connection ended with an error, in its own words (no answer, another key, the
+    /// far side went silent, or the reason the far side closed with).
+    #[error("{0}")]
+    Closed(String),
+}
+
+impl SessionError {
+    fn current_dir(e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        SessionError::CurrentDir(e.into())
+    }
 }
 
 impl Report {
@@ -331,7 +382,7 @@ struct Active {
     saved: Option<u64>,
     no_space: bool,
     /// Why writing this download's destination failed here, if it did.
-    write_error: Option<String>,
+    write_error: Option<Arc<std::io::Error>>,
     /// A download offered with `--update` over a local file of its size: skipped if that
     /// file hashes to the far side's hash (the first), else accepted.
     compare: Option<([u8; 32], WholeHash)>,
@@ -372,27 +423,29 @@ impl Files {
 }
 
 impl BlockSource for Files {
-    fn read(&mut self, xfer: XferId, offset: u64, buf: &mut [u8]) -> Result<(), String> {
-        self.act
+    fn read(&mut self, xfer: XferId, offset: u64, buf: &mut [u8]) -> Result<(), StorageError> {
+        Ok(self
+            .act
             .get_mut(&xfer)
             .and_then(|a| a.file.as_mut())
-            .ok_or("transfer not open")?
-            .read(offset, buf)
+            .ok_or(StorageError::NotOpen)?
+            .read(offset, buf)?)
     }
 }
 
 impl BlockSink for Files {
-    fn write(&mut self, xfer: XferId, offset: u64, data: &[u8]) -> Result<(), String> {
-        let a = self.act.get_mut(&xfer).ok_or("transfer not open")?;
+    fn write(&mut self, xfer: XferId, offset: u64, data: &[u8]) -> Result<(), StorageError> {
+        let a = self.act.get_mut(&xfer).ok_or(StorageError::NotOpen)?;
         let (Some(p), Some(l)) = (a.part.as_mut(), a.landing.as_mut()) else {
-            return Err("transfer not open".into());
+            return Err(StorageError::NotOpen);
         };
         p.write_at(offset, data)
             .and_then(|()| l.wrote(p, offset, data.len() as u64))
             .map_err(|e| {
                 a.no_space |= e.raw_os_error() == Some(libc::ENOSPC);
-                a.write_error.get_or_insert_with(|| e.to_string());
-                e.to_string()
+                let e = Arc::new(e);
+                a.write_error.get_or_insert_with(|| e.clone());
+                StorageError::Other(Box::new(e))
             })
     }
 
@@ -425,7 +478,7 @@ fn give_source_hashes(conn: &mut Connection, files: &mut Files) -> bool {
         if let Some(r) = a.file.as_mut().and_then(Sending::hash_ready) {
             match r {
                 Ok(h) => conn.set_source_hash(*x, h),
-                Err(e) => conn.fail_source(*x, &e),
+                Err(e) => conn.fail_source(*x, &e.to_string()),
             }
         }
     }
@@ -448,18 +501,21 @@ fn settle_update_hashes(
             continue;
         };
         let (up, _) = files.hashing.remove(i);
-        match r.and_then(|h| up.src.check().map(|()| h)) {
+        match r.map_err(SourceError::from).and_then(|h| {
+            up.src.check()?;
+            Ok(h)
+        }) {
             Ok(h) => {
                 if let Some((x, a)) = s.offer_upload(conn, up, Some(*h.as_bytes())) {
                     files.act.insert(x, a);
                 }
             }
             Err(e) => {
-                if s.retry_changed_source(up.idx, &e) {
+                if s.retry_changed_source(up.idx, e.changed()) {
                     let path = s.results[up.idx].local.display().to_string();
                     ui.note(&format!("{path}: {e}: sending it again from the start"));
                 } else {
-                    s.results[up.idx].error = Some(e);
+                    s.results[up.idx].error = Some(e.to_string());
                 }
             }
         }
@@ -600,7 +656,7 @@ fn start_download(
 /// Gives the verdict on every download whose blocks have all landed and whose hash the
 /// workers have finished: committed under its final name if it matches, else removed.
 fn settle_downloads(conn: &mut Connection, files: &mut Files, s: &mut Session<'_>) {
-    let ready: Vec<(XferId, Result<[u8; 32], String>)> = files
+    let ready: Vec<(XferId, Result<[u8; 32], ReceiveError>)> = files
         .act
         .iter_mut()
         .filter_map(|(x, a)| Some((*x, a.landing.as_ref()?.verdict(a.part.as_mut()?)?)))
@@ -614,7 +670,7 @@ fn settle_downloads(conn: &mut Connection, files: &mut Files, s: &mut Session<'_
                 let mode = dest_mode(a.mode, s.opts_flags);
                 part.commit(Some(mode), preserve.then(|| systime(a.mtime)))
                     .map(|_| h)
-                    .map_err(|e| format!("cannot rename into place: {e}"))
+                    .map_err(ReceiveError::Commit)
             }
             Err(e) => {
                 part.discard();
@@ -629,9 +685,9 @@ fn settle_downloads(conn: &mut Connection, files: &mut Files, s: &mut Session<'_
                 r.moved_bytes = a.size.saturating_sub(r.kept_bytes());
                 s.finished_bytes += a.size;
             }
-            Err(e) => r.error = Some(e.clone()),
+            Err(e) => r.error = Some(e.to_string()),
         }
-        conn.finish_incoming(xfer, verdict);
+        conn.finish_incoming(xfer, verdict.map_err(|e| e.to_string()));
     }
 }
 
@@ -762,11 +818,11 @@ impl<'a> Session<'a> {
         }
     }
 
-    /// Whether file `i`, failed with `why`, is sent again (`--retry-changed`, once): if so
-    /// its result is reset and it goes to the front of the queue, to be opened (an upload)
-    /// or asked for (a download) afresh.
-    fn retry_changed_source(&mut self, i: usize, why: &str) -> bool {
-        if !self.retry_changed || !why.contains(fs::CHANGED_WHILE_SENT) || !self.retried.insert(i) {
+    /// Whether file `i`, failed (`changed`: because its source changed while it was sent),
+    /// is sent again (`--retry-changed`, once): if so its result is reset and it goes to the
+    /// front of the queue, to be opened (an upload) or asked for (a download) afresh.
+    fn retry_changed_source(&mut self, i: usize, changed: bool) -> bool {
+        if !self.retry_changed || !changed || !self.retried.insert(i) {
             return false;
         }
         let r = &mut self.results[i];
@@ -1498,40 +1554,27 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
     s.stdin = opts.stdin;
     s.stdout = opts.stdout;
     s.retry_changed = opts.retry_changed;
-    let report = |s: Session<'_>, stats: Stats, error: Option<String>, via_stream: bool| Report {
-        files: s.results,
-        seconds: start.elapsed().as_secs_f64(),
-        stats,
-        error,
-        via_stream,
-    };
+    let report =
+        |s: Session<'_>, stats: Stats, error: Option<SessionError>, via_stream: bool| Report {
+            files: s.results,
+            seconds: start.elapsed().as_secs_f64(),
+            stats,
+            error,
+            via_stream,
+        };
     match std::env::current_dir()
-        .map_err(|e| e.to_string())
-        .and_then(|d| Root::whole_fs(&d).map_err(|e| e.to_string()))
+        .map_err(SessionError::current_dir)
+        .and_then(|d| Root::whole_fs(&d).map_err(SessionError::current_dir))
     {
         Ok(r) => s.local = Some(r),
-        Err(e) => {
-            return report(
-                s,
-                Stats::default(),
-                Some(format!("current directory: {e}")),
-                false,
-            )
-        }
+        Err(e) => return report(s, Stats::default(), Some(e), false),
     }
     if let Job::Download { sources, dest } = &job {
         let patterns = sources.iter().any(|p| crate::glob::is_pattern(p));
         if (sources.len() > 1 || patterns) && !opts.stdout && !dest.is_dir() {
-            let e = if sources.len() > 1 {
-                format!(
-                    "{}: not a directory (several sources need one)",
-                    dest.display()
-                )
-            } else {
-                format!(
-                    "{}: not a directory (a pattern may match several files)",
-                    dest.display()
-                )
+            let e = SessionError::NotADirectory {
+                dest: dest.clone(),
+                pattern: sources.len() == 1,
             };
             return report(s, Stats::default(), Some(e), false);
         }
@@ -1554,12 +1597,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
             match UdpSocket::bind(bind) {
                 Ok(sock) => Links::new(Some(sock), None),
                 Err(e) => {
-                    return report(
-                        s,
-                        Stats::default(),
-                        Some(format!("cannot open a UDP socket: {e}")),
-                        false,
-                    )
+                    return report(s, Stats::default(), Some(SessionError::UdpSocket(e)), false)
                 }
             }
         }
@@ -1594,7 +1632,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
         last_state: Instant::now(),
     };
     if let Err(e) = engine::run(&mut c, &mut net) {
-        c.session_error.get_or_insert(e.to_string());
+        c.session_error.get_or_insert(SessionError::Io(e));
     }
     let Client {
         mut s,
@@ -1604,14 +1642,14 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
         ..
     } = c;
     if !started && session_error.is_none() {
-        session_error = Some("the session ended before it started".into());
+        session_error = Some(SessionError::NeverStarted);
     }
     let (conn, files) = net.the_one().expect("a client's one session");
 
     // Whatever is still open did not finish: say what is missing, keep partial files.
     let why = session_error
-        .clone()
-        .unwrap_or_else(|| "session ended".into());
+        .as_ref()
+        .map_or_else(|| "session ended".into(), ToString::to_string);
     for (xfer, mut a) in files.act.drain() {
         if !a.upload {
             save_download_state(conn, xfer, &mut a);
@@ -1670,7 +1708,7 @@ struct Client<'a, 'u> {
     via_stream: bool,
     connected: bool,
     started: bool,
-    session_error: Option<String>,
+    session_error: Option<SessionError>,
     bye_at: Option<Instant>,
     last_progress: Instant,
     last_state: Instant,
@@ -1764,11 +1802,11 @@ impl Policy for Client<'_, '_> {
         let stream_eof = net.links.stream_eof();
         let (conn, _) = net.the_one().expect("one session");
         if self.stop.is_stopped() && self.session_error.is_none() {
-            self.session_error = Some("interrupted".into());
+            self.session_error = Some(SessionError::Interrupted);
             conn.close(now, 1, "client interrupted");
         }
         if self.via_stream && stream_eof && self.session_error.is_none() && self.bye_at.is_none() {
-            self.session_error = Some("the ssh channel closed".into());
+            self.session_error = Some(SessionError::ChannelClosed);
             conn.close(now, 1, "channel closed");
         }
         Flow::Go
@@ -1856,11 +1894,11 @@ impl Policy for Client<'_, '_> {
                     // Checked after the far side's verdict too: a file changed after its
                     // last read is not the one that was verified.
                     let src = a.file.as_ref().map(|s| &s.file);
-                    let local = src.and_then(|f| f.failure().map(str::to_string));
+                    let local = src.and_then(|f| f.failure().cloned());
                     let changed = src.and_then(|f| f.check().err());
                     let failed = local.or(changed);
-                    if let Some(e) = failed.as_deref() {
-                        if s.retry_changed_source(a.idx, e) {
+                    if let Some(e) = &failed {
+                        if s.retry_changed_source(a.idx, e.changed()) {
                             let path = s.results[a.idx].local.display().to_string();
                             self.ui
                                 .note(&format!("{path}: {e}: sending it again from the start"));
@@ -1869,7 +1907,7 @@ impl Policy for Client<'_, '_> {
                     }
                     let r = &mut s.results[a.idx];
                     match (result, failed) {
-                        (_, Some(e)) => r.error = Some(e),
+                        (_, Some(e)) => r.error = Some(e.to_string()),
                         (Ok(h), None) => {
                             r.verified = true;
                             r.blake3 = Some(hex(&h));
@@ -1890,7 +1928,8 @@ impl Policy for Client<'_, '_> {
                 if let Some(a) = files.act.remove(&xfer) {
                     // A download whose source changed on the far side: what landed is
                     // of the old file, so it goes, and the file is asked for afresh.
-                    if !a.upload && s.retry_changed_source(a.idx, &reason) {
+                    let changed = reason.contains(fs::CHANGED_WHILE_SENT);
+                    if !a.upload && s.retry_changed_source(a.idx, changed) {
                         if let Some(p) = a.part {
                             p.discard();
                         }
@@ -1920,7 +1959,7 @@ impl Policy for Client<'_, '_> {
             Event::Closed { error } => {
                 if let Some(e) = error {
                     if self.connected || self.spare_stream.is_none() {
-                        self.session_error.get_or_insert(e);
+                        self.session_error.get_or_insert(SessionError::Closed(e));
                     }
                 }
             }

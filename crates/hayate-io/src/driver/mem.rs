@@ -24,7 +24,9 @@ use std::time::{Duration, Instant};
 
 use hayate_proto::crypto::Psk;
 use hayate_proto::wire::{AddrFamily, Cid};
-use hayate_proto::{BlockSink, BlockSource, Config, Connection, Endpoint, Event, Stats, XferId};
+use hayate_proto::{
+    BlockSink, BlockSource, Config, Connection, Endpoint, Event, Stats, StorageError, XferId,
+};
 
 use super::engine::{self, Flow, Net, Policy, Session};
 use super::link::Links;
@@ -235,28 +237,45 @@ impl RecvFile {
         }
     }
 
-    /// The receiver's verdict on a complete file, as `Connection::finish_incoming` wants it.
-    fn finish(mut self, expected: &[u8; 32]) -> Result<[u8; 32], String> {
+    /// The receiver's verdict on a complete file (for `Connection::finish_incoming`).
+    fn finish(mut self, expected: &[u8; 32]) -> Result<[u8; 32], Verdict> {
         self.hasher.update(&self.buf);
         if self.frontier != self.size || !self.ahead.is_empty() {
-            return Err(format!(
-                "receiver saw {} of {} bytes in order",
-                self.frontier, self.size
-            ));
+            return Err(Verdict::Gaps {
+                in_order: self.frontier,
+                size: self.size,
+            });
         }
         if self.mismatches > 0 {
-            return Err(format!(
-                "{} blocks differ from the pattern",
-                self.mismatches
-            ));
+            return Err(Verdict::Pattern(self.mismatches));
         }
         let h = *self.hasher.finalize().as_bytes();
         if &h == expected {
             Ok(h)
         } else {
-            Err("BLAKE3 mismatch: the data received differs from the data sent".into())
+            Err(Verdict::Mismatch {
+                expected: *expected,
+                got: h,
+            })
         }
     }
+}
+
+/// Why the receiver refused a complete probe file.
+#[derive(Debug, thiserror::Error)]
+enum Verdict {
+    /// The core completed a transfer this side holds no file for.
+    #[error("transfer not open")]
+    NotOpen,
+    /// Not every byte reached the hash in order (bytes).
+    #[error("receiver saw {in_order} of {size} bytes in order")]
+    Gaps { in_order: u64, size: u64 },
+    /// Blocks whose bytes are not the pattern's.
+    #[error("{0} blocks differ from the pattern")]
+    Pattern(u64),
+    /// The sender's hash is another.
+    #[error("BLAKE3 mismatch: the data received differs from the data sent")]
+    Mismatch { expected: [u8; 32], got: [u8; 32] },
 }
 
 /// The virtual files of one session: a source on the sender, a sink on the receiver.
@@ -268,23 +287,31 @@ struct Mem {
     mismatches: u64,
 }
 
+/// [`StorageError::PastEnd`] unless `len` bytes at `offset` are within `size`.
+fn within(offset: u64, len: usize, size: u64) -> Result<(), StorageError> {
+    if offset + len as u64 > size {
+        return Err(StorageError::PastEnd {
+            offset,
+            len: len as u64,
+            size,
+        });
+    }
+    Ok(())
+}
+
 impl BlockSource for Mem {
-    fn read(&mut self, xfer: XferId, offset: u64, buf: &mut [u8]) -> Result<(), String> {
-        let f = self.send.get(&xfer).ok_or("transfer not open")?;
-        if offset + buf.len() as u64 > f.size {
-            return Err("read past the end of the virtual file".into());
-        }
+    fn read(&mut self, xfer: XferId, offset: u64, buf: &mut [u8]) -> Result<(), StorageError> {
+        let f = self.send.get(&xfer).ok_or(StorageError::NotOpen)?;
+        within(offset, buf.len(), f.size)?;
         pattern::fill(f.seed, offset, buf);
         Ok(())
     }
 }
 
 impl BlockSink for Mem {
-    fn write(&mut self, xfer: XferId, offset: u64, data: &[u8]) -> Result<(), String> {
-        let f = self.recv.get_mut(&xfer).ok_or("transfer not open")?;
-        if offset + data.len() as u64 > f.size {
-            return Err("write past the end of the virtual file".into());
-        }
+    fn write(&mut self, xfer: XferId, offset: u64, data: &[u8]) -> Result<(), StorageError> {
+        let f = self.recv.get_mut(&xfer).ok_or(StorageError::NotOpen)?;
+        within(offset, data.len(), f.size)?;
         if !f.write(offset, data) {
             self.mismatches += 1;
         }
@@ -322,7 +349,7 @@ struct Test {
     failures: Vec<String>,
     /// Receiver verdicts on complete files, given to the core only after the next transmit
     /// pass (see [`Test::settle`]).
-    verdicts: Vec<(XferId, Result<[u8; 32], String>)>,
+    verdicts: Vec<(XferId, Result<[u8; 32], Verdict>)>,
 }
 
 impl Test {
@@ -466,7 +493,7 @@ impl Test {
                 let size = self.open.remove(&xfer).unwrap_or(0);
                 let verdict = match mem.recv.remove(&xfer) {
                     Some(f) => f.finish(&blake3),
-                    None => Err("transfer not open".into()),
+                    None => Err(Verdict::NotOpen),
                 };
                 match &verdict {
                     Ok(_) => {
@@ -533,7 +560,7 @@ impl Test {
     /// good, and after a few files its in-flight cap stalled the session.
     fn settle(&mut self, conn: &mut Connection) {
         for (xfer, verdict) in self.verdicts.drain(..) {
-            conn.finish_incoming(xfer, verdict);
+            conn.finish_incoming(xfer, verdict.map_err(|e| e.to_string()));
         }
     }
 
@@ -883,7 +910,7 @@ mod tests {
             let (o, l) = **b;
             assert!(f.write(o, &data[o as usize..o as usize + l]));
         }
-        assert_eq!(f.finish(&want), Ok(want));
+        assert_eq!(f.finish(&want).unwrap(), want);
         // A corrupted block is caught.
         let mut f = RecvFile::new(name, size);
         let mut bad = data.clone();
@@ -891,10 +918,8 @@ mod tests {
         for &(o, l) in &blocks {
             f.write(o, &bad[o as usize..o as usize + l]);
         }
-        assert!(f
-            .finish(&want)
-            .unwrap_err()
-            .contains("differ from the pattern"));
+        let e = f.finish(&want).unwrap_err();
+        assert!(matches!(e, Verdict::Pattern(1)), "{e}");
     }
 
     fn run_pair(reverse: bool) -> (MemReport, MemReport) {

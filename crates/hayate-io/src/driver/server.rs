@@ -14,7 +14,7 @@ use hayate_proto::control::{flags, EntryKind as WireKind, MetaEntry, MetaOp};
 use hayate_proto::crypto::Psk;
 use hayate_proto::wire::Cid;
 use hayate_proto::{
-    BlockSink, BlockSource, Config, Connection, Endpoint, Event, FileOffer, XferId,
+    BlockSink, BlockSource, Config, Connection, Endpoint, Event, FileOffer, StorageError, XferId,
 };
 
 use super::engine::{self, Flow, Net, Policy, Session};
@@ -23,9 +23,9 @@ use super::resume::save_progress;
 use super::tunnel::FarEnd;
 use super::{dest_mode, systime, StopFlag};
 use crate::delta::{basis_for, pump_sums, Basis};
-use crate::fs::{Entry, EntryKind, FsError, PartFile, Root, SourceFile};
+use crate::fs::{Entry, EntryKind, FsError, PartFile, Root, SourceError, SourceFile};
 use crate::udp::UdpSocket;
-use crate::verify::{Landing, Sending, WholeHash};
+use crate::verify::{HashError, Landing, ReceiveError, Sending, WholeHash};
 
 /// Most entries one listing may return (a runaway tree is an error, not an OOM).
 const MAX_LIST: usize = 4_000_000;
@@ -132,23 +132,24 @@ impl SessionFiles {
 }
 
 impl BlockSource for SessionFiles {
-    fn read(&mut self, xfer: XferId, offset: u64, buf: &mut [u8]) -> Result<(), String> {
-        self.out
+    fn read(&mut self, xfer: XferId, offset: u64, buf: &mut [u8]) -> Result<(), StorageError> {
+        Ok(self
+            .out
             .get_mut(&xfer)
-            .ok_or("transfer not open")?
-            .read(offset, buf)
+            .ok_or(StorageError::NotOpen)?
+            .read(offset, buf)?)
     }
 }
 
 impl BlockSink for SessionFiles {
-    fn write(&mut self, xfer: XferId, offset: u64, data: &[u8]) -> Result<(), String> {
-        let f = self.inc.get_mut(&xfer).ok_or("transfer not open")?;
+    fn write(&mut self, xfer: XferId, offset: u64, data: &[u8]) -> Result<(), StorageError> {
+        let f = self.inc.get_mut(&xfer).ok_or(StorageError::NotOpen)?;
         f.part
             .write_at(offset, data)
             .and_then(|()| f.landing.wrote(&mut f.part, offset, data.len() as u64))
             .map_err(|e| {
                 f.no_space |= e.raw_os_error() == Some(libc::ENOSPC);
-                e.to_string()
+                StorageError::from(e)
             })
     }
 
@@ -171,7 +172,7 @@ fn give_source_hashes(c: &mut Connection, f: &mut SessionFiles) -> bool {
         if let Some(r) = s.hash_ready() {
             match r {
                 Ok(h) => c.set_source_hash(*x, h),
-                Err(e) => c.fail_source(*x, &e),
+                Err(e) => c.fail_source(*x, &e.to_string()),
             }
         }
     }
@@ -182,14 +183,17 @@ fn give_source_hashes(c: &mut Connection, f: &mut SessionFiles) -> bool {
 /// finished: the download is offered with its hash (or refused if it cannot be read); the
 /// upload skipped if the file there is the same, else received.
 fn settle_update_hashes(c: &mut Connection, f: &mut SessionFiles) {
-    let offers: Vec<(XferId, Result<blake3::Hash, String>)> = f
+    let offers: Vec<(XferId, Result<blake3::Hash, HashError>)> = f
         .offering
         .iter_mut()
         .filter_map(|(x, (_, h))| Some((*x, h.poll()?)))
         .collect();
     for (xfer, r) in offers {
         let (d, _) = f.offering.remove(&xfer).expect("listed");
-        match r.and_then(|h| d.src.check().map(|()| h)) {
+        match r.map_err(SourceError::from).and_then(|h| {
+            d.src.check()?;
+            Ok(h)
+        }) {
             Ok(h) => offer_download(c, f, xfer, d, Some(h)),
             Err(e) => c.reject(xfer, &format!("{}: {e}", d.path)),
         }
@@ -237,7 +241,7 @@ fn settle_bases(c: &mut Connection, f: &mut SessionFiles) {
 /// Gives the verdict on every upload whose blocks have all landed and whose hash the workers
 /// have finished: committed under its final name if it matches the sender's, else removed.
 fn settle_verified(c: &mut Connection, f: &mut SessionFiles, addr: SocketAddr, log: Log<'_>) {
-    let ready: Vec<(XferId, Result<[u8; 32], String>)> = f
+    let ready: Vec<(XferId, Result<[u8; 32], ReceiveError>)> = f
         .inc
         .iter_mut()
         .filter_map(|(x, i)| Some((*x, i.landing.verdict(&mut i.part)?)))
@@ -252,7 +256,7 @@ fn settle_verified(c: &mut Connection, f: &mut SessionFiles, addr: SocketAddr, l
                         log(&format!("{addr}: received {} (verified)", inc.path));
                         Ok(h)
                     }
-                    Err(e) => Err(format!("cannot rename into place: {e}")),
+                    Err(e) => Err(ReceiveError::Commit(e)),
                 }
             }
             Err(e) => {
@@ -263,7 +267,7 @@ fn settle_verified(c: &mut Connection, f: &mut SessionFiles, addr: SocketAddr, l
         if let Err(e) = &result {
             log(&format!("{addr}: upload {} failed: {e}", inc.path));
         }
-        c.finish_incoming(xfer, result);
+        c.finish_incoming(xfer, result.map_err(|e| e.to_string()));
     }
 }
 

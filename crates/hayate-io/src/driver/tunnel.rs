@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 
 use hayate_proto::crypto::Psk;
 use hayate_proto::wire::AddrFamily;
-use hayate_proto::{BlockSink, BlockSource, Config, Connection, Event, Stats, XferId};
+use hayate_proto::{
+    BlockSink, BlockSource, Config, Connection, Event, Stats, StorageError, XferId,
+};
 
 use super::engine::{self, Flow, Net, Policy, Session};
 use super::link::Links;
@@ -30,14 +32,14 @@ const READ_CHUNK: usize = 256 << 10;
 pub struct NoFiles;
 
 impl BlockSource for NoFiles {
-    fn read(&mut self, _: XferId, _: u64, _: &mut [u8]) -> Result<(), String> {
-        Err("a tunnel session has no files".into())
+    fn read(&mut self, _: XferId, _: u64, _: &mut [u8]) -> Result<(), StorageError> {
+        Err(StorageError::NotOpen)
     }
 }
 
 impl BlockSink for NoFiles {
-    fn write(&mut self, _: XferId, _: u64, _: &[u8]) -> Result<(), String> {
-        Err("a tunnel session has no files".into())
+    fn write(&mut self, _: XferId, _: u64, _: &[u8]) -> Result<(), StorageError> {
+        Err(StorageError::NotOpen)
     }
 }
 

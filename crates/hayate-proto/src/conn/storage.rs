@@ -5,15 +5,17 @@ use crate::transfer::XferId;
 /// Where outgoing file data comes from.
 pub trait BlockSource {
     /// Fill `buf` with the file bytes of transfer `xfer` at `offset` (exactly `buf.len()`).
-    fn read(&mut self, xfer: XferId, offset: u64, buf: &mut [u8]) -> Result<(), String>;
+    /// An error fails the transfer: the receiver is told "cannot read PATH: ERROR" and an
+    /// [`Event::OutgoingDone`](super::Event::OutgoingDone) with that error is raised.
+    fn read(&mut self, xfer: XferId, offset: u64, buf: &mut [u8]) -> Result<(), StorageError>;
 }
 
 /// Where incoming file data goes.
 pub trait BlockSink {
     /// Write `data`, the bytes of transfer `xfer` at `offset`. An error fails the transfer
-    /// (the sender is told, and an [`Event::IncomingFailed`](super::Event::IncomingFailed)
-    /// raised).
-    fn write(&mut self, xfer: XferId, offset: u64, data: &[u8]) -> Result<(), String>;
+    /// (the sender is told "cannot write PATH: ERROR", and an
+    /// [`Event::IncomingFailed`](super::Event::IncomingFailed) raised).
+    fn write(&mut self, xfer: XferId, offset: u64, data: &[u8]) -> Result<(), StorageError>;
 
     /// Whether a new block of `xfer` can be taken now without waiting (storage
     /// backpressure). A block the sink is not ready for is dropped as if the path had lost
@@ -22,5 +24,35 @@ pub trait BlockSink {
     /// the sender as a slow link would, and the driver's loop never waits on storage.
     fn ready(&mut self, _xfer: XferId) -> bool {
         true
+    }
+}
+
+/// Why a [`BlockSource`] or [`BlockSink`] could not move a block. The core only shows it,
+/// in the reason the transfer fails with; a driver's own error goes in
+/// [`StorageError::Other`], where `downcast_ref` finds it.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// The driver holds no open file for the transfer (it never opened it, or closed it).
+    #[error("transfer not open")]
+    NotOpen,
+    /// The block lies past the end of the file as offered (`offset + len > size`, bytes).
+    #[error("bytes {offset}..{} past the end of the file ({size} bytes)", offset + len)]
+    PastEnd {
+        /// Where the block starts.
+        offset: u64,
+        /// Its length.
+        len: u64,
+        /// The file's size.
+        size: u64,
+    },
+    /// The driver's storage failed (a system call, a file that changed while being sent,
+    /// ...): its own error, shown as it is.
+    #[error(transparent)]
+    Other(Box<dyn std::error::Error + Send + Sync>),
+}
+
+impl From<std::io::Error> for StorageError {
+    fn from(e: std::io::Error) -> Self {
+        StorageError::Other(Box::new(e))
     }
 }

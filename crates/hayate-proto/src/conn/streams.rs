@@ -131,7 +131,7 @@ impl Connection {
                 }
                 self.xfers
                     .incoming
-                    .insert(xfer, Incoming::new(xfer, path.clone(), layout, mode, mtime));
+                    .insert(xfer, Incoming::new(xfer, path.clone(), layout));
                 self.events.push_back(Event::Offered {
                     xfer,
                     path,

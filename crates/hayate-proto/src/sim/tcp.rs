@@ -20,7 +20,9 @@ const MIN_RTO_US: u64 = 200_000;
 /// One bulk flow: sends from `start_us` until `stop_us`.
 #[derive(Debug, Clone)]
 pub struct TcpSpec {
+    /// When it starts sending, µs of virtual time.
     pub start_us: u64,
+    /// When it stops, µs of virtual time.
     pub stop_us: u64,
 }
 
