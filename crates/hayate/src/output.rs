@@ -492,7 +492,10 @@ mod tests {
             waiting: Some(Waiting::Hashing),
             ..p
         });
-        assert!(m.contains("(--update: hashing to compare)"), "{m}");
+        assert!(
+            m.contains("(hashing to compare with the destination)"),
+            "{m}"
+        );
         let m = out.bar_message(&Progress { waiting: None, ..p });
         assert!(!m.contains('('), "{m}");
     }

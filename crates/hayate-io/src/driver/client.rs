@@ -321,7 +321,8 @@ pub enum Waiting {
     FarSideVerifying,
     /// Every byte is here: the last subtrees are written and hashed.
     Verifying,
-    /// `--update`: a whole file is hashed here to compare it with the far side's.
+    /// A file is hashed to be compared with what is at the destination: whole (`--update`),
+    /// or in leaves (a delta, a verified resume), and the leaf hashes exchanged.
     Hashing,
 }
 
@@ -330,7 +331,7 @@ impl std::fmt::Display for Waiting {
         f.write_str(match self {
             Waiting::FarSideVerifying => "the far side is writing and verifying",
             Waiting::Verifying => "verifying",
-            Waiting::Hashing => "--update: hashing to compare",
+            Waiting::Hashing => "hashing to compare with the destination",
         })
     }
 }
