@@ -37,8 +37,7 @@ Examples:
   hayate cp big.iso me@server:isos/          upload (relative paths are from the remote home)
   hayate cp me@server:/data/big.iso .        download
   hayate cp -r -p photos/ server:backup/     a tree, with modes and mtimes
-  hayate cp -r --delete photos server:backup/  the same, and backup/photos loses what
-                                             photos/ no longer has (as rsync --delete)
+  hayate cp -r --delete photos server:bk/    and bk/photos loses what photos no longer has
   hayate cp 'server:logs/*.log' dst/        a pattern, expanded by the far side (no shell)
   tar c dir | hayate cp - server:dir.tar     - is standard input (as SOURCE) or output (as DEST)
   hayate cp --key-file ~/.hayate.key big.iso hayate://server:5300/isos/
