@@ -486,6 +486,80 @@ impl Root {
         Ok(())
     }
 
+    /// Removes the entry `rel` beneath the directory `top` (`cp -r --delete`): a file, link
+    /// or other entry when `dir` is false (a link itself, never what it leads to), an empty
+    /// directory when `dir` is true (anything else there is an error: what was listed
+    /// changed). `top` is resolved as [`list`](Self::list) resolves `top/` (a final link to a
+    /// directory followed; beneath the root when confined); `rel` must be plain names beneath
+    /// it (no `..`, `.`, empty component or leading `/`) and no link on the way to its last
+    /// component is followed (`RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS` from `top`): nothing
+    /// outside `top` is ever touched. Temp and state files (`.hayate-part`, `.hayate-state`)
+    /// are refused. An entry already gone is no error.
+    pub fn remove(&self, top: &str, rel: &str, dir: bool) -> Result<(), FsError> {
+        let shown = match top.trim_end_matches('/') {
+            "" => rel.to_string(),
+            t => format!("{t}/{rel}"),
+        };
+        if rel.is_empty()
+            || rel.starts_with('/')
+            || rel.contains('\0')
+            || rel.split('/').any(|c| matches!(c, "" | "." | ".."))
+        {
+            return Err(FsError::InvalidPath(format!(
+                "{}: not a path beneath the directory it is removed from",
+                shown.replace('\0', "\\0")
+            )));
+        }
+        let expanded = self.expand(top)?;
+        let top_rel = expanded.as_ref();
+        let (abs, comps) = self.parse(top_rel, true)?;
+        let top_fd = self.at(
+            &path_str(abs, &comps),
+            OFlags::PATH | OFlags::DIRECTORY,
+            top_rel,
+        )?;
+        let (parents, name) = match rel.rsplit_once('/') {
+            Some((p, n)) => (Some(p), n),
+            None => (None, rel),
+        };
+        reserved(name, &shown)?;
+        let parent = match parents {
+            None => top_fd,
+            Some(p) => openat2_retry(
+                &top_fd,
+                p,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW,
+                ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
+                &shown,
+            )
+            .map_err(|e| match e {
+                // A link on the way (ELOOP under RESOLVE_NO_SYMLINKS): not followed.
+                FsError::InvalidPath(m) if m.ends_with("too many symbolic links") => {
+                    FsError::InvalidPath(format!(
+                        "{shown}: a symbolic link on the way, not followed"
+                    ))
+                }
+                e => e,
+            })?,
+        };
+        let flags = if dir {
+            AtFlags::REMOVEDIR
+        } else {
+            AtFlags::empty()
+        };
+        match rfs::unlinkat(&parent, name, flags) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(Errno::ISDIR) => Err(FsError::InvalidPath(format!("{shown}: is a directory now"))),
+            Err(Errno::NOTDIR) => Err(FsError::InvalidPath(format!(
+                "{shown}: no longer a directory"
+            ))),
+            Err(Errno::NOTEMPTY | Errno::EXIST) => Err(FsError::InvalidPath(format!(
+                "{shown}: directory not empty"
+            ))),
+            Err(e) => Err(errno_error(e, &shown)),
+        }
+    }
+
     fn resolve_flags(&self) -> ResolveFlags {
         if self.confined {
             ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS

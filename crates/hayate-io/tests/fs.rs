@@ -1306,3 +1306,98 @@ fn a_source_that_changes_fails_its_reads_and_says_how() {
         "changed while being sent (replaced by another file)"
     );
 }
+
+/// `--delete`'s removal: one entry beneath a directory, a link as a link, an empty directory;
+/// nothing outside that directory (no `..`, no link on the way, none out of a confined root).
+#[test]
+fn remove_takes_one_entry_beneath_its_directory_and_nothing_outside() {
+    for confined in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        fs::write(outside.path().join("secret"), b"secret").unwrap();
+        fs::create_dir(outside.path().join("d")).unwrap();
+        fs::write(outside.path().join("d/f"), b"f").unwrap();
+        let d = dir.path();
+        fs::create_dir_all(d.join("t/sub/empty")).unwrap();
+        fs::write(d.join("t/f"), b"x").unwrap();
+        fs::write(d.join("t/sub/g"), b"y").unwrap();
+        fs::write(d.join("t/.f.hayate-part"), b"part").unwrap();
+        symlink(outside.path().join("secret"), d.join("t/out-file")).unwrap();
+        symlink(outside.path().join("d"), d.join("t/out-dir")).unwrap();
+        symlink("sub", d.join("t/in-dir")).unwrap();
+        // The top itself may be a link to a directory (followed, as the copy followed it).
+        symlink("t", d.join("top-link")).unwrap();
+        let (root, top) = if confined {
+            (Root::open(d).unwrap(), "top-link".to_string())
+        } else {
+            (
+                Root::whole_fs(outside.path()).unwrap(),
+                d.join("top-link").display().to_string(),
+            )
+        };
+
+        // Plain entries: a file, a link (itself, not its target), an empty directory.
+        root.remove(&top, "f", false).unwrap();
+        root.remove(&top, "out-file", false).unwrap();
+        root.remove(&top, "out-dir", false).unwrap();
+        root.remove(&top, "sub/empty", true).unwrap();
+        assert!(!d.join("t/f").exists() && !d.join("t/sub/empty").exists());
+        assert!(fs::symlink_metadata(d.join("t/out-file")).is_err());
+        assert!(fs::symlink_metadata(d.join("t/out-dir")).is_err());
+        assert_eq!(fs::read(outside.path().join("secret")).unwrap(), b"secret");
+        assert_eq!(fs::read(outside.path().join("d/f")).unwrap(), b"f");
+        // Already gone: no error.
+        root.remove(&top, "f", false).unwrap();
+
+        // What was listed changed: a directory is not removed as a file, a file not as a
+        // directory, a directory with something in it not at all.
+        let e = root.remove(&top, "sub", false).unwrap_err();
+        assert!(e.to_string().contains("is a directory now"), "{e}");
+        let e = root.remove(&top, "sub/g", true).unwrap_err();
+        assert!(e.to_string().contains("no longer a directory"), "{e}");
+        let e = root.remove(&top, "sub", true).unwrap_err();
+        assert!(e.to_string().contains("directory not empty"), "{e}");
+
+        // Never through a link on the way, never a `..`, `.`, empty or absolute path.
+        symlink(outside.path().join("d"), d.join("t/sub/link")).unwrap();
+        for (rel, is_dir) in [
+            ("in-dir/g", false),
+            ("sub/link/f", false),
+            ("../t/sub/g", false),
+            ("sub/../f", false),
+            ("./sub/g", false),
+            ("sub//g", false),
+            ("/etc/passwd", false),
+            ("", true),
+            ("sub/", true),
+        ] {
+            let e = root.remove(&top, rel, is_dir).unwrap_err();
+            assert!(
+                matches!(e, FsError::InvalidPath(_)),
+                "{rel}: {e:?} (confined: {confined})"
+            );
+            if confined {
+                assert_no_leak(&e, d);
+            }
+        }
+        assert_eq!(fs::read(d.join("t/sub/g")).unwrap(), b"y");
+        assert_eq!(fs::read(outside.path().join("d/f")).unwrap(), b"f");
+        // Temp and state files are left to `hayate clean`.
+        let e = root.remove(&top, ".f.hayate-part", false).unwrap_err();
+        assert!(e.to_string().contains("reserved"), "{e}");
+        assert!(d.join("t/.f.hayate-part").exists());
+    }
+
+    // Confined: the top must be beneath the root too.
+    let dir = tempfile::tempdir().unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    fs::write(outside.path().join("secret"), b"secret").unwrap();
+    symlink(outside.path(), dir.path().join("out")).unwrap();
+    let root = Root::open(dir.path()).unwrap();
+    for top in ["out", "..", "/tmp", "../x"] {
+        let e = root.remove(top, "secret", false).unwrap_err();
+        assert!(matches!(e, FsError::Escapes(_)), "{top}: {e:?}");
+        assert_no_leak(&e, dir.path());
+    }
+    assert_eq!(fs::read(outside.path().join("secret")).unwrap(), b"secret");
+}

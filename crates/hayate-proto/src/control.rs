@@ -183,6 +183,18 @@ pub enum MetaOp {
         /// A path whose last component is the pattern.
         pattern: String,
     },
+    /// (`cp -r --delete`) Remove the one entry `path` beneath the directory `top`: a file,
+    /// link or other entry (`dir` false; a link itself, never what it leads to) or an empty
+    /// directory (`dir` true). `top` is resolved as `List` resolves `top/`; `path` is plain
+    /// names beneath it, and no link on the way to its last component is followed.
+    Remove {
+        /// The directory the tree was copied to.
+        top: String,
+        /// Plain names beneath `top`, joined with `/`.
+        path: String,
+        /// The entry is a directory (removed only if empty).
+        dir: bool,
+    },
 }
 
 /// What a [`MetaEntry`] is (by lstat: links are not followed).
@@ -542,5 +554,27 @@ mod tests {
             rx.on_chunk(u64::MAX - 1, &[1, 2, 3]),
             Err(CtrlError::Window)
         );
+    }
+
+    /// `MetaOp::Remove` (version 8) is tag 5 of `MetaOp`, after the five before it, and comes
+    /// through the stream intact.
+    #[test]
+    fn remove_is_the_sixth_meta_op() {
+        let m = Ctrl::Meta {
+            id: 3,
+            op: MetaOp::Remove {
+                top: "t".into(),
+                path: "a/b".into(),
+                dir: true,
+            },
+        };
+        let body = postcard::to_allocvec(&m).unwrap();
+        assert_eq!(body[..3], [10, 3, 5]);
+        let mut tx = CtrlSend::default();
+        tx.push(&m);
+        let (off, data) = tx.next_chunk(1000).unwrap();
+        let mut rx = CtrlRecv::default();
+        rx.on_chunk(off, &data).unwrap();
+        assert_eq!(rx.next_message().unwrap(), Some(m));
     }
 }

@@ -9,7 +9,8 @@ use std::ops::Range;
 /// 6: delta transfers and verified resume (`WantSums` / `Sums` messages).
 /// 7: the tunnel's byte stream: STREAM / STREAM_ACK frames, `Tunnel` / `TunnelReply` control
 ///    messages.
-pub const VERSION: u8 = 7;
+/// 8: `MetaOp::Remove` (`cp -r --delete`).
+pub const VERSION: u8 = 8;
 /// The first three bytes of every hello (ClientHello, ServerHello, HelloReject, HelloRetry):
 /// ASCII `HYT`.
 pub const MAGIC: [u8; 3] = *b"HYT";

@@ -232,6 +232,20 @@ impl Output {
                 eprintln!("hayate: {name}: {e}");
             }
         }
+        // `--delete`: as rsync says it, a directory with a trailing `/`.
+        for d in &r.deleted {
+            let slash = if d.kind == Kind::Dir { "/" } else { "" };
+            match &d.error {
+                Some(e) => eprintln!("hayate: cannot delete {}{slash}: {e}", d.path),
+                None if !self.quiet => eprintln!("deleting {}{slash}", d.path),
+                None => {}
+            }
+        }
+        if let Some(why) = &r.not_deleted {
+            if !self.quiet {
+                eprintln!("hayate: --delete: {why}");
+            }
+        }
         if let Some(e) = &r.error {
             eprintln!("hayate: {e}");
         }
@@ -292,6 +306,10 @@ pub fn summary_line(r: &Report) -> String {
             files(skipped),
             fmt_bytes(r.skipped_bytes())
         ));
+    }
+    let deleted = r.deleted.iter().filter(|d| d.error.is_none()).count();
+    if deleted > 0 {
+        line.push_str(&format!(", {deleted} deleted"));
     }
     if s.data_packets_sent > 0 {
         line.push_str(&format!(
@@ -398,6 +416,22 @@ pub fn report_json(r: &Report) -> serde_json::Value {
         "other_entries".into(),
         Value::Array(others.into_iter().map(entry).collect()),
     );
+    // `--delete`: what was removed, and what could not be (with `error`).
+    let deleted = r.deleted.iter().map(|d| {
+        let mut e = Map::new();
+        e.insert("kind".into(), json!(d.kind));
+        e.insert("path".into(), json!(d.path));
+        let dir = if d.upload { "upload" } else { "download" };
+        e.insert("direction".into(), json!(dir));
+        if let Some(err) = &d.error {
+            e.insert("error".into(), json!(err));
+        }
+        Value::Object(e)
+    });
+    o.insert("deleted".into(), Value::Array(deleted.collect()));
+    if let Some(why) = &r.not_deleted {
+        o.insert("not_deleted".into(), json!(why));
+    }
     Value::Object(o)
 }
 
@@ -458,7 +492,10 @@ mod tests {
             waiting: Some(Waiting::Hashing),
             ..p
         });
-        assert!(m.contains("(--update: hashing to compare)"), "{m}");
+        assert!(
+            m.contains("(hashing to compare with the destination)"),
+            "{m}"
+        );
         let m = out.bar_message(&Progress { waiting: None, ..p });
         assert!(!m.contains('('), "{m}");
     }
@@ -572,6 +609,8 @@ mod tests {
     fn report(files: Vec<FileResult>, seconds: f64, sent: u64, retx: u64) -> Report {
         Report {
             files,
+            deleted: Vec::new(),
+            not_deleted: None,
             seconds,
             stats: Stats {
                 data_packets_sent: sent,

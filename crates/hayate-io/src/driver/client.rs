@@ -3,7 +3,7 @@
 //! (`--no-clobber`, `--update`), or is reported with what is missing (and its temp file and
 //! resume state are kept for a rerun).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::fs::File;
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
@@ -36,6 +36,8 @@ const MAX_ACTIVE: usize = 64;
 const STREAM_MTU: u16 = 16384;
 /// Why a directory source without `-r` is not copied (any direction, any number of sources).
 const DIR_NEEDS_R: &str = "is a directory (use -r)";
+/// Most entries a listing of a tree may hold (a runaway tree is an error, not an OOM).
+const MAX_LIST: usize = 4_000_000;
 
 /// How datagrams reach the far side.
 pub enum Transport {
@@ -80,6 +82,9 @@ pub struct ClientOptions {
     /// `--retry-changed`: a file whose source changed while it was sent (by either side) is
     /// sent once more from the start (opened afresh); only a second change fails it.
     pub retry_changed: bool,
+    /// `--delete` (with `recursive`): once the whole copy has succeeded, each directory a
+    /// source directory was copied to loses what that source does not have ([`Deleted`]).
+    pub delete: bool,
 }
 
 impl ClientOptions {
@@ -95,6 +100,7 @@ impl ClientOptions {
             stdin: None,
             stdout: false,
             retry_changed: false,
+            delete: false,
         }
     }
 }
@@ -212,11 +218,29 @@ impl FileResult {
     }
 }
 
+/// An entry `--delete` removed, or tried to: beneath a directory a source directory was
+/// copied to, and not in that source.
+#[derive(Debug, Clone)]
+pub struct Deleted {
+    /// A directory, a link, or a file (anything else that is not a directory, too).
+    pub kind: Kind,
+    /// True when it was on the far side (an upload's destination), false when local.
+    pub upload: bool,
+    /// Its path: on the far side as sent to it (relative to its home or `--root`), or local.
+    pub path: String,
+    /// Why it is still there; None when it was removed (or was gone already).
+    pub error: Option<String>,
+}
+
 /// What [`run`] did: every entry's outcome and the session's.
 #[derive(Debug)]
 pub struct Report {
     /// One result per file, directory and link of the job, in the order they were planned.
     pub files: Vec<FileResult>,
+    /// `--delete`: what was removed (or failed to be), children before their directory.
+    pub deleted: Vec<Deleted>,
+    /// `--delete`: why nothing was removed, when the copy did not fully succeed.
+    pub not_deleted: Option<String>,
     /// Wall-clock seconds from the start of [`run`] to its end (ssh startup not included).
     pub seconds: f64,
     /// The session's counters at the end (after a fallback, those of the session on the
@@ -279,7 +303,9 @@ impl Report {
     /// No session-level error and every result [`ok`](FileResult::ok): the copy fully
     /// succeeded.
     pub fn all_verified(&self) -> bool {
-        self.error.is_none() && self.files.iter().all(|f| f.ok())
+        self.error.is_none()
+            && self.files.iter().all(|f| f.ok())
+            && self.deleted.iter().all(|d| d.error.is_none())
     }
     /// Total size of the files verified at the destination (skipped ones not counted).
     pub fn bytes_verified(&self) -> u64 {
@@ -346,7 +372,8 @@ pub enum Waiting {
     FarSideVerifying,
     /// Every byte is here: the last subtrees are written and hashed.
     Verifying,
-    /// `--update`: a whole file is hashed here to compare it with the far side's.
+    /// A file is hashed to be compared with what is at the destination: whole (`--update`),
+    /// or in leaves (a delta, a verified resume), and the leaf hashes exchanged.
     Hashing,
 }
 
@@ -355,7 +382,7 @@ impl std::fmt::Display for Waiting {
         f.write_str(match self {
             Waiting::FarSideVerifying => "the far side is writing and verifying",
             Waiting::Verifying => "verifying",
-            Waiting::Hashing => "--update: hashing to compare",
+            Waiting::Hashing => "hashing to compare with the destination",
         })
     }
 }
@@ -716,6 +743,43 @@ enum Pending {
     /// The listing of the unlisted download source `results[i]` after the server refused
     /// it: a directory is then reported as one.
     Refused(usize),
+    /// `--delete`: the far side's listing of where `trees[i]` went.
+    PruneList(usize, Vec<MetaEntry>),
+    /// `--delete`: the removal of `deleted[i]` on the far side.
+    Remove(usize),
+}
+
+/// `--delete`: a source directory copied with `-r`, and where it went.
+struct Tree {
+    /// Where it went: a path on the far side (an upload) or a local one (a download).
+    dest: String,
+    /// Every path beneath the source directory, relative to it (`""` for itself): what the
+    /// destination keeps.
+    keep: HashSet<String>,
+}
+
+/// Whether a path a listing from the far side gave (relative to what was listed) is plain
+/// names only: a far side that sends `..` or `/` must not steer a download out of its
+/// destination.
+fn plain_relative(p: &str) -> bool {
+    p.is_empty() || p.split('/').all(|c| !matches!(c, "" | "." | ".."))
+}
+
+/// Whether the last component of `path` names a temp or state file of an interrupted copy:
+/// `--delete` leaves those to `hayate clean`.
+fn temp_file_name(path: &str) -> bool {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    name.ends_with(fs::PART_SUFFIX) || name.ends_with(fs::STATE_SUFFIX)
+}
+
+/// `dir` as a directory to list: with a trailing `/`, so a final link to a directory is
+/// followed, as the copy into it followed it.
+fn as_dir(dir: &str) -> String {
+    if dir.ends_with('/') {
+        dir.to_string()
+    } else {
+        format!("{dir}/")
+    }
 }
 
 /// Directory metadata applied last (writing files into a directory changes its mtime).
@@ -793,6 +857,13 @@ struct Session<'a> {
     /// `--retry-changed`, and the uploads (result indexes) already sent again once.
     retry_changed: bool,
     retried: std::collections::HashSet<usize>,
+    /// See [`ClientOptions::delete`]; the trees to prune, whether pruning has begun (or was
+    /// given up), what it removed, and why it removed nothing.
+    delete: bool,
+    trees: Vec<Tree>,
+    pruned: bool,
+    deleted: Vec<Deleted>,
+    not_deleted: Option<String>,
 }
 
 impl<'a> Session<'a> {
@@ -815,6 +886,11 @@ impl<'a> Session<'a> {
             stdout: false,
             retry_changed: false,
             retried: Default::default(),
+            delete: false,
+            trees: Vec::new(),
+            pruned: false,
+            deleted: Vec::new(),
+            not_deleted: None,
         }
     }
 
@@ -988,6 +1064,23 @@ impl<'a> Session<'a> {
                     self.results[i].error = Some(DIR_NEEDS_R.into());
                 }
             }
+            Pending::PruneList(t, mut acc) => match result {
+                Ok(v) if more => {
+                    acc.extend(v);
+                    self.pending.insert(id, Pending::PruneList(t, acc));
+                }
+                Ok(v) => {
+                    acc.extend(v);
+                    let listed = acc.into_iter().map(|e| (e.path, e.kind)).collect();
+                    self.prune_tree(conn, t, Ok(listed));
+                }
+                Err(e) => self.prune_tree(conn, t, Err(e)),
+            },
+            Pending::Remove(i) => {
+                if let Err(e) = result {
+                    self.deleted[i].error = Some(e);
+                }
+            }
         }
     }
 
@@ -1135,7 +1228,7 @@ impl<'a> Session<'a> {
             self.local
                 .as_ref()
                 .ok_or_else(|| "no local root".to_string())?
-                .list(s, true, 4_000_000)
+                .list(s, true, MAX_LIST)
                 .map_err(|e| e.to_string())
         });
         let entries = match listed {
@@ -1145,6 +1238,12 @@ impl<'a> Session<'a> {
                 return;
             }
         };
+        if self.delete {
+            self.trees.push(Tree {
+                dest: base.to_string(),
+                keep: entries.iter().map(|e| e.path.clone()).collect(),
+            });
+        }
         let preserve = self.preserve();
         for e in entries {
             let local = if e.path.is_empty() {
@@ -1217,7 +1316,13 @@ impl<'a> Session<'a> {
         }
         for mut e in matched {
             let src = std::mem::take(&mut e.path);
-            let base = dest.join(remote_basename(&src));
+            let name = remote_basename(&src);
+            if name.is_empty() || !plain_relative(&name) {
+                let why = format!("the far side matched an invalid name {name:?}");
+                self.fail(Kind::File, false, dest.clone(), sources[i].clone(), why);
+                continue;
+            }
+            let base = dest.join(name);
             if e.kind == WireKind::Dir && self.recursive {
                 let id = conn.meta(MetaOp::List {
                     path: src.clone(),
@@ -1283,6 +1388,17 @@ impl<'a> Session<'a> {
                 return;
             }
             WireKind::Dir => {}
+        }
+        if let Some(bad) = entries.iter().find(|e| !plain_relative(&e.path)) {
+            let why = format!("the far side listed an invalid path {:?}", bad.path);
+            self.fail(Kind::Dir, false, base, src.clone(), why);
+            return;
+        }
+        if let (true, Some(dest)) = (self.delete, base.to_str()) {
+            self.trees.push(Tree {
+                dest: dest.to_string(),
+                keep: entries.iter().map(|e| e.path.clone()).collect(),
+            });
         }
         let preserve = self.preserve();
         let Some(local) = self.local.take() else {
@@ -1477,6 +1593,142 @@ impl<'a> Session<'a> {
         ))
     }
 
+    /// `--delete`, once every transfer and request of the copy is over: if all of it
+    /// succeeded, each tree's destination is listed (the far side's by a request, a local
+    /// one here) and what its source lacks removed (`prune_tree`); else nothing is.
+    fn prune(&mut self, conn: &mut Connection) {
+        self.pruned = true;
+        let failed = self.results.iter().filter(|r| !r.ok()).count();
+        if failed > 0 {
+            self.not_deleted = Some(format!(
+                "nothing deleted: {failed} entr{} of the copy failed",
+                if failed == 1 { "y" } else { "ies" }
+            ));
+            return;
+        }
+        for t in 0..self.trees.len() {
+            let top = as_dir(&self.trees[t].dest);
+            if matches!(self.job, Job::Upload { .. }) {
+                let id = conn.meta(MetaOp::List {
+                    path: top,
+                    recursive: true,
+                });
+                self.pending.insert(id, Pending::PruneList(t, Vec::new()));
+                continue;
+            }
+            let listed = match &self.local {
+                Some(local) => local
+                    .list(&top, true, MAX_LIST)
+                    .map(|v| {
+                        v.into_iter()
+                            .map(|e| {
+                                let kind = match e.kind {
+                                    EntryKind::File => WireKind::File,
+                                    EntryKind::Dir => WireKind::Dir,
+                                    EntryKind::Symlink => WireKind::Symlink,
+                                    EntryKind::Other => WireKind::Other,
+                                };
+                                (e.path, kind)
+                            })
+                            .collect()
+                    })
+                    .map_err(|e| e.to_string()),
+                None => Err("no local root".into()),
+            };
+            self.prune_tree(conn, t, listed);
+        }
+    }
+
+    /// Removes from where `trees[t]` went what `listed` (its listing, the top first, parents
+    /// before children) holds and the source does not: children before their directory, a
+    /// link as a link (the listing never follows one). Temp and state files of interrupted
+    /// copies stay, and so do the directories holding them.
+    fn prune_tree(
+        &mut self,
+        conn: &mut Connection,
+        t: usize,
+        listed: Result<Vec<(String, WireKind)>, String>,
+    ) {
+        let upload = matches!(self.job, Job::Upload { .. });
+        let tree = &self.trees[t];
+        let cannot = |e: String| Deleted {
+            kind: Kind::Dir,
+            upload,
+            path: tree.dest.clone(),
+            error: Some(format!("cannot list it: {e}")),
+        };
+        let listed = match listed {
+            Ok(v)
+                if v.first()
+                    .is_some_and(|(p, k)| p.is_empty() && *k == WireKind::Dir) =>
+            {
+                v
+            }
+            Ok(_) => {
+                self.deleted.push(cannot("not a directory".into()));
+                return;
+            }
+            Err(e) => {
+                self.deleted.push(cannot(e));
+                return;
+            }
+        };
+        // The directories above a kept temp file cannot be emptied.
+        let mut held = HashSet::new();
+        for (p, _) in &listed {
+            if temp_file_name(p) && !tree.keep.contains(p) {
+                let mut at = p.as_str();
+                while let Some((parent, _)) = at.rsplit_once('/') {
+                    held.insert(parent.to_string());
+                    at = parent;
+                }
+            }
+        }
+        let extra: Vec<(String, WireKind)> = listed
+            .into_iter()
+            .skip(1)
+            .rev()
+            .filter(|(p, k)| {
+                let kept = tree.keep.contains(p) || temp_file_name(p);
+                let holds_temp = *k == WireKind::Dir && held.contains(p);
+                !kept && !holds_temp
+            })
+            .collect();
+        let dest = tree.dest.clone();
+        for (rel, kind) in extra {
+            let dir = kind == WireKind::Dir;
+            let kind = match kind {
+                WireKind::Dir => Kind::Dir,
+                WireKind::Symlink => Kind::Symlink,
+                WireKind::File | WireKind::Other => Kind::File,
+            };
+            let path = if upload {
+                join_remote(&dest, &rel)
+            } else {
+                Path::new(&dest).join(&rel).display().to_string()
+            };
+            let i = self.deleted.len();
+            self.deleted.push(Deleted {
+                kind,
+                upload,
+                path,
+                error: None,
+            });
+            if upload {
+                let id = conn.meta(MetaOp::Remove {
+                    top: dest.clone(),
+                    path: rel,
+                    dir,
+                });
+                self.pending.insert(id, Pending::Remove(i));
+            } else if let Some(local) = &self.local {
+                if let Err(e) = local.remove(&dest, &rel, dir) {
+                    self.deleted[i].error = Some(e.to_string());
+                }
+            }
+        }
+    }
+
     /// Directory modes and mtimes, deepest first, once every file is in place.
     fn finish_dirs(&mut self, conn: &mut Connection) {
         self.dirs_sent = true;
@@ -1554,9 +1806,12 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
     s.stdin = opts.stdin;
     s.stdout = opts.stdout;
     s.retry_changed = opts.retry_changed;
+    s.delete = opts.delete && opts.recursive;
     let report =
         |s: Session<'_>, stats: Stats, error: Option<SessionError>, via_stream: bool| Report {
             files: s.results,
+            deleted: s.deleted,
+            not_deleted: s.not_deleted,
             seconds: start.elapsed().as_secs_f64(),
             stats,
             error,
@@ -1687,6 +1942,15 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
     }
     for i in std::mem::take(&mut s.queue) {
         s.results[i].error.get_or_insert_with(|| why.clone());
+    }
+    // Removals the far side never answered: not known to have happened.
+    for (_, p) in s.pending.drain() {
+        if let Pending::Remove(i) = p {
+            s.deleted[i].error.get_or_insert_with(|| why.clone());
+        }
+    }
+    if s.delete && !s.pruned {
+        s.not_deleted = Some(format!("nothing deleted: {why}"));
     }
     let stats = conn.stats();
     report(s, stats, session_error, via_stream)
@@ -1991,6 +2255,12 @@ impl Policy for Client<'_, '_> {
             && files.hashing.is_empty()
             && s.queue.is_empty()
             && s.pending.is_empty();
+        // `--delete` once the copy is over, before directory times are set (removing from a
+        // directory changes its mtime).
+        if idle && s.delete && !s.pruned && self.session_error.is_none() {
+            s.prune(conn);
+        }
+        let idle = idle && s.pending.is_empty();
         if idle && !s.dirs_sent && self.session_error.is_none() {
             s.finish_dirs(conn);
         }
@@ -2095,5 +2365,21 @@ mod tests {
         let mut s = Session::new(&two, 0, false);
         s.start(&mut conn());
         assert_eq!(s.pending.len(), 2);
+    }
+
+    /// A download's paths come from the far side's listings: only plain names beneath what
+    /// was listed are taken, so a hostile far side cannot steer a copy (or `--delete`) out.
+    #[test]
+    fn listed_paths_must_be_plain_names() {
+        for ok in ["", "a", "a/b", "a.b/.c", "...", "a b/c~"] {
+            assert!(plain_relative(ok), "{ok}");
+        }
+        for bad in ["..", "a/..", "../a", ".", "a/./b", "/a", "a//b", "a/", "/"] {
+            assert!(!plain_relative(bad), "{bad}");
+        }
+        assert!(temp_file_name("d/.f.hayate-part") && temp_file_name(".f.hayate-state"));
+        assert!(!temp_file_name("d.hayate-part/f"));
+        assert_eq!(as_dir("a"), "a/");
+        assert_eq!(as_dir("a/"), "a/");
     }
 }

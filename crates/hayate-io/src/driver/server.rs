@@ -57,6 +57,21 @@ pub struct ServerOptions {
     pub proto: Config,
 }
 
+/// What a daemon's clients may do beyond reading and writing files beneath its root
+/// ([`serve_with`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Rules {
+    /// `cp -r --delete` may remove entries (beneath the root, as everything else); false
+    /// (`hayate serve --no-delete`) refuses every removal.
+    pub delete: bool,
+}
+
+impl Default for Rules {
+    fn default() -> Self {
+        Rules { delete: true }
+    }
+}
+
 /// One line per notable thing, for the operator's log.
 pub type Log<'a> = &'a mut dyn FnMut(&str);
 
@@ -294,9 +309,20 @@ pub(crate) fn to_wire(e: Entry) -> MetaEntry {
 
 /// Runs until `stop` is set. Partial uploads stay under their `.hayate-part` names.
 pub fn serve(opts: ServerOptions, stop: StopFlag, log: Log<'_>) -> anyhow::Result<()> {
+    serve_with(opts, Rules::default(), stop, log)
+}
+
+/// [`serve`] with what clients may do beyond reading and writing beneath the root.
+pub fn serve_with(
+    opts: ServerOptions,
+    rules: Rules,
+    stop: StopFlag,
+    log: Log<'_>,
+) -> anyhow::Result<()> {
     let sock = UdpSocket::bind(opts.listen)
         .with_context(|| format!("cannot listen on {}", opts.listen))?;
     let mut srv = Server::new(&opts, stop, log)?;
+    srv.rules = rules;
     (srv.log)(&format!(
         "listening on {} (root {}, receive buffer {} KiB)",
         sock.local_addr()?,
@@ -381,6 +407,8 @@ struct Server<'l> {
     allow_tunnels: bool,
     /// Each session's tunnel end (its TCP connection).
     tunnels: HashMap<Cid, FarEnd>,
+    /// What clients may do besides reading and writing (the far side over ssh: all of it).
+    rules: Rules,
 }
 
 impl<'l> Server<'l> {
@@ -409,6 +437,7 @@ impl<'l> Server<'l> {
             waiting: Vec::new(),
             allow_tunnels: false,
             tunnels: HashMap::new(),
+            rules: Rules::default(),
         })
     }
 
@@ -571,6 +600,17 @@ impl Policy for Server<'_> {
             }
             return;
         }
+        if let Event::MetaRequested {
+            id,
+            op: MetaOp::Remove { top, path, .. },
+        } = &ev
+        {
+            if !self.rules.delete {
+                (self.log)(&format!("{}: refused to delete {top}/{path}", s.addr));
+                s.conn.meta_reply(*id, Err(NO_DELETE.to_string()));
+                return;
+            }
+        }
         let ev = place_into_dir(&self.root, ev);
         if let Some(busy) = on_event(&self.root, s.conn, s.files, ev, s.addr, self.log, false) {
             self.busy_offers.push((s.cid, busy));
@@ -612,6 +652,9 @@ impl Policy for Server<'_> {
         self.tunnels.values().flat_map(FarEnd::wait_fds).collect()
     }
 }
+
+/// What a `--no-delete` daemon answers a removal.
+const NO_DELETE: &str = "this server deletes nothing (hayate serve --no-delete)";
 
 /// What a daemon answers a tunnel request.
 const NO_TUNNELS: &str = "this server opens no tunnels (a `hayate serve --root` daemon serves \
@@ -795,6 +838,13 @@ fn on_event(
                 MetaOp::SetMeta { path, mode, mtime } => root
                     .set_meta(&path, mode, mtime.map(|t| (t, 0)))
                     .map(|()| Vec::new()),
+                MetaOp::Remove { top, path, dir } => {
+                    let r = root.remove(&top, &path, dir);
+                    if r.is_ok() {
+                        log(&format!("{addr}: deleted {top}/{path}"));
+                    }
+                    r.map(|()| Vec::new())
+                }
             };
             c.meta_reply(id, result.map_err(|e| e.to_string()));
         }

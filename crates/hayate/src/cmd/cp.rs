@@ -37,6 +37,7 @@ Examples:
   hayate cp big.iso me@server:isos/          upload (relative paths are from the remote home)
   hayate cp me@server:/data/big.iso .        download
   hayate cp -r -p photos/ server:backup/     a tree, with modes and mtimes
+  hayate cp -r --delete photos server:bk/    and bk/photos loses what photos no longer has
   hayate cp 'server:logs/*.log' dst/        a pattern, expanded by the far side (no shell)
   tar c dir | hayate cp - server:dir.tar     - is standard input (as SOURCE) or output (as DEST)
   hayate cp --key-file ~/.hayate.key big.iso hayate://server:5300/isos/
@@ -80,6 +81,12 @@ pub struct CpArgs {
     /// (opened afresh); only a second change fails it
     #[arg(long)]
     pub retry_changed: bool,
+    /// With -r, as rsync --delete: once the whole copy has succeeded, remove from each
+    /// directory a source directory was copied to what that source does not have (links as
+    /// links, never anything outside it; "deleting PATH" lines). Nothing is removed if
+    /// anything failed
+    #[arg(long)]
+    pub delete: bool,
     /// The ssh command and its options, as with rsync -e (e.g. 'ssh -i key -o Foo=bar')
     #[arg(short = 'e', long = "ssh", value_name = "CMD", default_value = "ssh")]
     pub ssh: String,
@@ -464,6 +471,7 @@ fn copy(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
         stdin,
         stdout: reads_stdout(&a),
         retry_changed: a.retry_changed,
+        delete: a.delete,
     };
     let report = client::run(opts, job, stop, &mut out);
     if a.verbose > 0 && ssh.is_some() {
@@ -527,6 +535,9 @@ fn check_args(a: &CpArgs, key_from_env: bool) -> anyhow::Result<()> {
                 bail!("{opt} cannot be used with - (standard output) as DEST");
             }
         }
+    }
+    if a.delete && !a.recursive {
+        bail!("--delete needs -r (it removes what a copied directory's source lacks)");
     }
     let (far, _) = plan(&a.paths())?;
     if !(a.connect_timeout > 0.0 && a.connect_timeout < 3600.0) {

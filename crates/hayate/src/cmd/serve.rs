@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use hayate_io::driver::server::{serve, serve_stdio, Scope, ServerOptions};
+use hayate_io::driver::server::{serve_stdio, serve_with, Rules, Scope, ServerOptions};
 use hayate_io::driver::StopFlag;
 use hayate_io::ssh::{ssh_connection_server_ip, Banner};
 use hayate_proto::cc::RateConfig;
@@ -42,6 +42,10 @@ pub struct ServeArgs {
     /// session key told over stdout, the user's own file system, gone when stdin closes
     #[arg(long, conflicts_with_all = ["root", "key_file"])]
     pub stdio: bool,
+    /// Refuse every removal a client asks for (`hayate cp -r --delete`): uploads still
+    /// replace files, nothing beneath --root is deleted
+    #[arg(long, conflicts_with = "stdio")]
+    pub no_delete: bool,
     /// With --stdio: UDP ports to pick from, LOW-HIGH
     #[arg(long, default_value = DEFAULT_PORT_RANGE, value_parser = parse_port_range, value_name = "LOW-HIGH")]
     pub port_range: (u16, u16),
@@ -97,7 +101,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<i32> {
             eprintln!("hayate serve: {line}");
         }
     };
-    serve(opts, stop, &mut log)?;
+    let rules = Rules {
+        delete: !a.no_delete,
+    };
+    serve_with(opts, rules, stop, &mut log)?;
     Ok(0)
 }
 

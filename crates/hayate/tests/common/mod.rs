@@ -87,6 +87,11 @@ impl Server {
 
     /// [`Server::start`] with these environment variables set for the server.
     pub fn start_with_env(root: &Path, key: &Path, env: &[(&str, &Path)]) -> Server {
+        Self::start_with(root, key, env, &[])
+    }
+
+    /// [`Server::start`] with these environment variables and options for the server.
+    pub fn start_with(root: &Path, key: &Path, env: &[(&str, &Path)], args: &[&str]) -> Server {
         let mut last_log = String::new();
         for _attempt in 0..5 {
             let port = free_udp_port();
@@ -96,6 +101,7 @@ impl Server {
                 .arg(root)
                 .arg("--key-file")
                 .arg(key)
+                .args(args)
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::piped())
