@@ -63,8 +63,11 @@
 //! by the time they cover, so a stall and the burst that catches it up cancel out), at most a
 //! quarter over the pace (more is timestamps bunching), and the largest of the last
 //! `bw_window` rounds is the estimate. Samples the sender's host held back (a busy VM stops it
-//! for tens of ms), or sent after it had nothing to send, are the sender's, not the path's,
-//! and are left out (BBR's application-limited samples). Startup's rate follows the latest
+//! for tens of ms), or sent after a gap with no room in flight, are the sender's, not the
+//! path's, and are left out. Samples of sending that had nothing at all to send (an
+//! application slower than the path: an ssh session through `hayate tunnel`) are a floor
+//! under the path's rate: taken in only when they show more than the pace in force presumes,
+//! never to lower it (BBR's application-limited samples). Startup's rate follows the latest
 //! quarter round's deliveries, so it rises smoothly rather than once a round.
 //!
 //! **Sharing.** Flows on one bottleneck get the same increments whatever their rates: the
