@@ -1622,13 +1622,8 @@ impl<'a> Session<'a> {
                     .map(|v| {
                         v.into_iter()
                             .map(|e| {
-                                let kind = match e.kind {
-                                    EntryKind::File => WireKind::File,
-                                    EntryKind::Dir => WireKind::Dir,
-                                    EntryKind::Symlink => WireKind::Symlink,
-                                    EntryKind::Other => WireKind::Other,
-                                };
-                                (e.path, kind)
+                                let w = super::server::to_wire(e);
+                                (w.path, w.kind)
                             })
                             .collect()
                     })
