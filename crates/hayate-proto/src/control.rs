@@ -1,8 +1,11 @@
 //! The reliable, ordered control stream (CTRL frames) and the messages it carries.
-//! Control traffic is tiny next to data, so this favours simplicity: the sender keeps every
-//! unacknowledged byte and resends all of them on a probe timeout.
+//! It is a byte stream of `crate::stream`'s kind: the receiver's ACK tells the in-order end
+//! (`ctrl_offset`) and, while anything arrived beyond a gap, a STREAM_ACK maps it; the
+//! sender sends again only what was lost, so bulk control traffic (a delta's leaf hashes, a
+//! big tree's listing) keeps going over a lossy path instead of waiting for a probe timeout.
 
-use std::collections::{BTreeMap, VecDeque};
+use crate::stream::{StreamRecv, StreamSend, CONTROL_STREAM_ID};
+use crate::wire::{LossMapFrame, StreamAckFrame};
 
 use serde::{Deserialize, Serialize};
 
@@ -246,129 +249,166 @@ pub(crate) enum CtrlError {
     Window,
 }
 
-/// Outgoing half: bytes from `acked` onwards are kept until the peer acknowledges them.
-#[derive(Debug, Default)]
+/// Outgoing half: messages framed onto a [`StreamSend`] (selective acknowledgement and
+/// loss recovery as the tunnel's stream; the window is [`WINDOW`] beyond what the peer
+/// acknowledged in order).
+#[derive(Debug)]
 pub(crate) struct CtrlSend {
-    buf: VecDeque<u8>,
-    acked: u64,
-    /// Next offset to transmit; rewound to `acked` on a probe timeout.
-    next: u64,
+    s: StreamSend,
+}
+
+impl Default for CtrlSend {
+    fn default() -> Self {
+        CtrlSend {
+            s: StreamSend::with_capacity(WINDOW, usize::MAX),
+        }
+    }
 }
 
 impl CtrlSend {
     pub fn push(&mut self, msg: &Ctrl) {
         let body = postcard::to_allocvec(msg).expect("control messages always serialize");
-        self.buf.extend((body.len() as u32).to_be_bytes());
-        self.buf.extend(body);
+        let n = self.s.write(&(body.len() as u32).to_be_bytes()) + self.s.write(&body);
+        debug_assert_eq!(
+            n,
+            body.len() + 4,
+            "the control stream never refuses a message"
+        );
     }
 
+    /// End of the messages queued so far.
     pub fn end(&self) -> u64 {
-        self.acked + self.buf.len() as u64
+        self.s.written()
     }
 
-    pub fn has_unsent(&self) -> bool {
-        self.next < self.end()
-    }
-
-    /// Unsent bytes within the window: something to send now.
-    pub fn has_sendable(&self) -> bool {
-        self.has_unsent() && self.next < self.acked + WINDOW
-    }
-
-    pub fn has_unacked(&self) -> bool {
-        !self.buf.is_empty()
-    }
-
+    /// Every byte below this is acknowledged.
     pub fn acked(&self) -> u64 {
-        self.acked
+        self.s.acked_prefix()
     }
 
-    /// The peer has every byte below `offset`.
-    pub fn on_ack(&mut self, offset: u64) -> bool {
-        if offset <= self.acked || offset > self.end() {
-            return false;
-        }
-        self.buf.drain(..(offset - self.acked) as usize);
-        self.acked = offset;
-        self.next = self.next.max(offset);
-        true
+    /// Something not yet sent (or to be sent again), within the window or not.
+    pub fn has_unsent(&self) -> bool {
+        self.s.unsent() > 0
     }
 
-    /// Next chunk of at most `max` bytes to transmit, with its offset.
-    pub fn next_chunk(&mut self, max: usize) -> Option<(u64, Vec<u8>)> {
-        let allowed = (self.acked + WINDOW).saturating_sub(self.next);
-        if !self.has_unsent() || max == 0 || allowed == 0 {
-            return None;
-        }
-        let start = (self.next - self.acked) as usize;
-        let n = (self.buf.len() - start).min(max).min(allowed as usize);
-        let chunk: Vec<u8> = self.buf.range(start..start + n).copied().collect();
-        let off = self.next;
-        self.next += n as u64;
-        Some((off, chunk))
+    /// Something to send now: a retransmission or new bytes within the window.
+    pub fn has_sendable(&self) -> bool {
+        self.s.has_sendable()
     }
 
-    /// Probe timeout: everything unacknowledged goes out again.
-    pub fn rewind(&mut self) {
-        self.next = self.acked;
+    /// Something sent awaits its acknowledgement, or waits for the window.
+    pub fn has_unacked(&self) -> bool {
+        self.s.is_outstanding()
     }
 
-    /// What is unacknowledged from `offset` on goes out again.
-    pub fn resend_from(&mut self, offset: u64) {
-        self.next = self.next.min(offset.max(self.acked));
+    /// Next chunk of at most `max` bytes, sent in packet `pn`, with its offset.
+    pub fn next_chunk(&mut self, max: usize, pn: u64) -> Option<(u64, Vec<u8>)> {
+        let mut out = vec![0u8; max];
+        let c = self.s.next_chunk(max, pn, &mut out)?;
+        out.truncate(c.len);
+        Some((c.offset, out))
+    }
+
+    /// An ACK's `ctrl_offset`: the peer holds every byte below `cum`. `map`: its STREAM_ACK
+    /// for this stream from the same packet, or None when it sent none (it then holds
+    /// nothing beyond `cum`). `is_lost(pn)`: the connection's rule for overtaken packets.
+    /// Returns the chunks declared lost (to be sent again).
+    pub fn on_ack(
+        &mut self,
+        cum: u64,
+        map: Option<&StreamAckFrame>,
+        is_lost: impl Fn(u64) -> bool,
+    ) -> u64 {
+        let cum = cum.min(self.end());
+        self.s.raise_limit(cum + WINDOW);
+        let only_cum;
+        let ack = match map {
+            Some(m) => m,
+            None => {
+                only_cum = StreamAckFrame {
+                    limit: cum + WINDOW,
+                    map: LossMapFrame {
+                        xfer: CONTROL_STREAM_ID,
+                        cum,
+                        top: cum,
+                        start: cum,
+                        end: cum,
+                        gaps: Vec::new(),
+                    },
+                };
+                &only_cum
+            }
+        };
+        self.s.on_ack(ack, is_lost, |_| false).lost_chunks
+    }
+
+    /// Probe timeout: a small flight goes out again with the probe; a bigger one waits for
+    /// the acknowledgement the probe elicits, which tells what was lost.
+    pub fn on_probe_timeout(&mut self) {
+        self.s.on_probe_timeout(PTO_RESEND_CHUNKS);
+    }
+
+    /// What is sent from `offset` on goes out once more.
+    pub fn send_again_from(&mut self, offset: u64) {
+        self.s.send_again_from(offset);
     }
 }
 
-/// Incoming half: reassembles out-of-order chunks and yields whole messages in order.
-#[derive(Debug, Default)]
+/// Chunks of a flight sent again at a probe timeout (see [`CtrlSend::on_probe_timeout`]).
+const PTO_RESEND_CHUNKS: usize = 16;
+
+/// Incoming half: reassembles chunks ([`StreamRecv`]) and yields whole messages in order.
+#[derive(Debug)]
 pub(crate) struct CtrlRecv {
-    /// Every byte below this has been received (and is reported in ACK frames).
-    next: u64,
-    pending: BTreeMap<u64, Vec<u8>>,
+    r: StreamRecv,
+    /// In-order bytes taken from `r`, not yet a whole message.
     assembled: Vec<u8>,
 }
 
+impl Default for CtrlRecv {
+    fn default() -> Self {
+        CtrlRecv {
+            r: StreamRecv::with_id(WINDOW, CONTROL_STREAM_ID),
+            assembled: Vec::new(),
+        }
+    }
+}
+
 impl CtrlRecv {
+    /// Every byte below this has been received (an ACK's `ctrl_offset`).
     pub fn offset(&self) -> u64 {
-        self.next
+        self.r.cum()
     }
 
     /// Accepts a chunk; returns whether it was new data.
     pub fn on_chunk(&mut self, offset: u64, data: &[u8]) -> Result<bool, CtrlError> {
-        let end = offset.saturating_add(data.len() as u64);
-        if end <= self.next {
-            return Ok(false);
-        }
-        if end > self.next + WINDOW {
-            return Err(CtrlError::Window);
-        }
-        if offset <= self.next {
-            let skip = (self.next - offset) as usize;
-            self.assembled.extend_from_slice(&data[skip..]);
-            self.next = end;
-            // Pull in chunks that were waiting for this one.
-            while let Some((&o, _)) = self.pending.first_key_value() {
-                if o > self.next {
-                    break;
-                }
-                let (o, d) = self.pending.pop_first().expect("peeked");
-                let e = o + d.len() as u64;
-                if e > self.next {
-                    self.assembled
-                        .extend_from_slice(&d[(self.next - o) as usize..]);
-                    self.next = e;
-                }
+        let new = self
+            .r
+            .on_chunk(offset, false, data)
+            .map_err(|_| CtrlError::Window)?;
+        // Taken at once, so the window is always `WINDOW` beyond the in-order end, as the
+        // sender presumes from `ctrl_offset`.
+        loop {
+            let p = self.r.peek();
+            if p.is_empty() {
+                break;
             }
-        } else {
-            let keep = self
-                .pending
-                .get(&offset)
-                .is_none_or(|d| d.len() < data.len());
-            if keep {
-                self.pending.insert(offset, data.to_vec());
-            }
+            let n = p.len();
+            self.assembled.extend_from_slice(p);
+            self.r.consume(n);
         }
-        Ok(true)
+        Ok(new > 0)
+    }
+
+    /// The map of what arrived beyond the in-order end, when anything did (sent with every
+    /// ACK then; without it the sender takes `ctrl_offset` to be all there is).
+    pub fn sack(&mut self, max_gaps: usize) -> Option<StreamAckFrame> {
+        self.r.has_gaps().then(|| self.r.ack(max_gaps))
+    }
+
+    /// Only the map up to `end` went out: the next one goes on from there.
+    pub fn resume_sack_at(&mut self, end: u64) {
+        self.r.resume_ack_at(end);
     }
 
     /// Next complete message, if any.
@@ -409,15 +449,17 @@ mod tests {
         }
         let mut got = 0u32;
         let mut stalls = 0;
+        let mut pn = 0;
         while got < pushed {
             let mut sent = 0;
-            while let Some((off, data)) = tx.next_chunk(1200) {
+            while let Some((off, data)) = tx.next_chunk(1200, pn) {
+                pn += 1;
                 rx.on_chunk(off, &data).expect("within the window");
                 sent += data.len() as u64;
             }
             if tx.has_unsent() {
                 assert!(!tx.has_sendable());
-                assert_eq!(tx.next, tx.acked + WINDOW);
+                assert!(tx.end() - tx.acked() > WINDOW);
                 stalls += 1;
             }
             assert!(sent <= WINDOW);
@@ -425,16 +467,16 @@ mod tests {
                 assert!(matches!(m, Ctrl::Skip { xfer, .. } if xfer == got));
                 got += 1;
             }
-            tx.on_ack(rx.offset());
+            assert_eq!(tx.on_ack(rx.offset(), None, |_| true), 0);
         }
         assert!(stalls >= 2, "{stalls}");
         assert!(!tx.has_unacked());
     }
 
-    /// A message said twice goes out again alone, not with everything still unacknowledged
-    /// before it; never below what the peer acknowledged.
+    /// A message said twice goes out again with what follows it, not with everything still
+    /// unacknowledged before it; never below what the peer acknowledged.
     #[test]
-    fn resend_from_repeats_only_the_tail() {
+    fn send_again_repeats_only_the_tail() {
         let mut tx = CtrlSend::default();
         tx.push(&Ctrl::Bye);
         tx.push(&Ctrl::Bye);
@@ -443,14 +485,67 @@ mod tests {
             xfer: 3,
             reason: "same".into(),
         });
-        while tx.next_chunk(4).is_some() {}
-        tx.resend_from(at);
-        let (off, data) = tx.next_chunk(1000).expect("resent");
-        assert_eq!((off, data.len() as u64), (at, tx.end() - at));
-        assert!(tx.next_chunk(1000).is_none());
-        tx.on_ack(tx.end() - 1);
-        tx.resend_from(0);
-        assert_eq!(tx.next_chunk(1000).map(|(o, _)| o), Some(tx.end() - 1));
+        let mut pn = 0;
+        while tx.next_chunk(4, pn).is_some() {
+            pn += 1;
+        }
+        tx.send_again_from(at);
+        let mut again = Vec::new();
+        while let Some((o, d)) = tx.next_chunk(1000, pn) {
+            pn += 1;
+            again.push((o, o + d.len() as u64));
+        }
+        // From the chunk that holds `at` (chunks of 4) to the end, once.
+        assert_eq!(again.first().map(|r| r.0), Some(at / 4 * 4));
+        assert_eq!(again.last().map(|r| r.1), Some(tx.end()));
+        assert!(again.windows(2).all(|w| w[0].1 == w[1].0));
+        tx.on_ack(tx.end() - 1, None, |_| false);
+        tx.send_again_from(0);
+        let (o, d) = tx.next_chunk(1000, pn).expect("the tail");
+        assert_eq!((o, o + d.len() as u64), (tx.end() - 1, tx.end()));
+        assert!(tx.next_chunk(1000, pn + 1).is_none());
+    }
+
+    /// Chunks that arrived beyond a gap are not sent again: the receiver's map says it holds
+    /// them, and only the lost ones are.
+    #[test]
+    fn only_lost_chunks_are_sent_again() {
+        let mut tx = CtrlSend::default();
+        for m in msgs() {
+            tx.push(&m);
+        }
+        let mut chunks = Vec::new();
+        let mut pn = 0;
+        while let Some(c) = tx.next_chunk(100, pn) {
+            pn += 1;
+            chunks.push(c);
+        }
+        let mut rx = CtrlRecv::default();
+        for (i, (o, d)) in chunks.iter().enumerate() {
+            if i % 3 != 0 {
+                rx.on_chunk(*o, d).unwrap();
+            }
+        }
+        assert_eq!(rx.offset(), 0);
+        let lost = chunks.len().div_ceil(3) as u64;
+        let map = rx.sack(64).expect("gaps");
+        assert_eq!(tx.on_ack(rx.offset(), Some(&map), |_| true), lost);
+        let mut resent = 0;
+        while let Some((o, d)) = tx.next_chunk(100, pn) {
+            pn += 1;
+            resent += 1;
+            assert_eq!(o % 300, 0, "chunk {o} arrived");
+            rx.on_chunk(o, &d).unwrap();
+        }
+        assert_eq!(resent, lost);
+        assert!(rx.sack(64).is_none());
+        let mut got = Vec::new();
+        while let Some(m) = rx.next_message().unwrap() {
+            got.push(m);
+        }
+        assert_eq!(got, msgs());
+        tx.on_ack(rx.offset(), None, |_| true);
+        assert!(!tx.has_unacked());
     }
 
     fn msgs() -> Vec<Ctrl> {
@@ -513,7 +608,9 @@ mod tests {
             tx.push(&m);
         }
         let mut chunks = Vec::new();
-        while let Some(c) = tx.next_chunk(100) {
+        let mut pn = 0;
+        while let Some(c) = tx.next_chunk(100, pn) {
+            pn += 1;
             chunks.push(c);
         }
         // Deliver in reverse, with every third chunk "lost" the first time round.
@@ -527,9 +624,11 @@ mod tests {
         // Chunk 0 was lost, so nothing can be assembled yet.
         assert_eq!(rx.next_message().unwrap(), None);
         assert_eq!(rx.offset(), 0);
-        tx.on_ack(rx.offset());
-        tx.rewind();
-        while let Some((o, d)) = tx.next_chunk(77) {
+        // A probe timeout with no word from the receiver: everything goes again.
+        tx.on_ack(rx.offset(), None, |_| false);
+        tx.send_again_from(0);
+        while let Some((o, d)) = tx.next_chunk(77, pn) {
+            pn += 1;
             rx.on_chunk(o, &d).unwrap();
         }
         let mut got = Vec::new();
@@ -537,7 +636,7 @@ mod tests {
             got.push(m);
         }
         assert_eq!(got, msgs());
-        assert!(tx.on_ack(rx.offset()));
+        tx.on_ack(rx.offset(), None, |_| false);
         assert!(!tx.has_unacked());
     }
 
@@ -572,7 +671,7 @@ mod tests {
         assert_eq!(body[..3], [10, 3, 5]);
         let mut tx = CtrlSend::default();
         tx.push(&m);
-        let (off, data) = tx.next_chunk(1000).unwrap();
+        let (off, data) = tx.next_chunk(1000, 0).unwrap();
         let mut rx = CtrlRecv::default();
         rx.on_chunk(off, &data).unwrap();
         assert_eq!(rx.next_message().unwrap(), Some(m));

@@ -1,9 +1,9 @@
-//! The tunnel's byte stream (`hayate tunnel`): reliable, ordered and flow-controlled, in
-//! both directions at once, each direction ended on its own (half-close).
+//! Reliable, ordered, flow-controlled byte streams: the tunnel's (`hayate tunnel`), in both
+//! directions at once, each direction ended on its own (half-close), and the control
+//! stream's halves (`crate::control` frames its messages onto them; its bytes travel in
+//! CTRL frames, and it is neither paced nor counted by the rate controller).
 //!
-//! Unlike the control stream (cumulative acknowledgement, everything resent on a probe
-//! timeout: fine for a few messages) this one carries bulk data over lossy paths, so it is
-//! acknowledged selectively, as file blocks are: the receiver reports what it holds as a loss
+//! A stream is acknowledged selectively, as file blocks are: the receiver reports what it holds as a loss
 //! map over stream *positions* (`wire::StreamAckFrame`), and the sender declares a chunk lost
 //! with the same rule as a block (its packet was overtaken, see `Connection`), sends it again
 //! before anything new, and reports what was delivered and lost to the rate controller.
@@ -26,8 +26,11 @@ use crate::wire::{LossMapFrame, StreamAckFrame};
 pub const SEND_BUFFER: usize = 16 << 20;
 /// Most bytes a receiver holds beyond what its reader has taken.
 pub const RECV_WINDOW: u64 = 16 << 20;
-/// The stream's id in STREAM_ACK frames (one stream per session).
+/// The tunnel's stream's id in STREAM_ACK frames (one tunnel per session).
 pub const STREAM_ID: u32 = 0;
+/// The control stream's id in STREAM_ACK frames (`crate::control`): its sender and
+/// receiver are this module's, its bytes travel in CTRL frames.
+pub const CONTROL_STREAM_ID: u32 = 1;
 /// Chunks looked at per acknowledgement when deciding losses (bounds the work per ACK).
 const LOSS_SCAN: usize = 4096;
 
@@ -173,7 +176,7 @@ pub struct AckOutcome {
 }
 
 /// The sending half.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct StreamSend {
     /// Bytes from position `base` to `written`.
     buf: VecDeque<u8>,
@@ -195,14 +198,32 @@ pub struct StreamSend {
     retx: VecDeque<Range<u64>>,
     /// The receiver takes bytes below this.
     limit: u64,
+    /// Most bytes held (written and not acknowledged).
+    capacity: usize,
 }
 
 impl StreamSend {
-    /// A sender allowed `limit` bytes until the receiver says more (its first window).
+    /// A sender allowed `limit` bytes until the receiver says more (its first window),
+    /// holding at most [`SEND_BUFFER`] bytes.
     pub fn new(limit: u64) -> Self {
+        Self::with_capacity(limit, SEND_BUFFER)
+    }
+
+    /// As [`StreamSend::new`], holding at most `capacity` bytes (the control stream's
+    /// writer never waits: its messages are bounded by what queues them).
+    pub fn with_capacity(limit: u64, capacity: usize) -> Self {
         StreamSend {
+            buf: VecDeque::new(),
+            base: 0,
+            written: 0,
+            fin: false,
+            next_new: 0,
+            acked: RangeSet::default(),
+            in_flight: BTreeMap::new(),
+            by_pn: BTreeMap::new(),
+            retx: VecDeque::new(),
             limit,
-            ..Default::default()
+            capacity,
         }
     }
 
@@ -211,7 +232,48 @@ impl StreamSend {
         if self.fin {
             return 0;
         }
-        SEND_BUFFER.saturating_sub(self.buf.len())
+        self.capacity.saturating_sub(self.buf.len())
+    }
+
+    /// End of the bytes written so far.
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// Every position below this is acknowledged.
+    pub fn acked_prefix(&self) -> u64 {
+        self.base
+    }
+
+    /// Bytes to send that were never sent or were declared lost: the queue ahead of any
+    /// new write.
+    pub fn unsent(&self) -> u64 {
+        self.written.saturating_sub(self.next_new)
+            + self.retx.iter().map(|r| r.end - r.start).sum::<u64>()
+    }
+
+    /// The receiver may take bytes below `limit` (a window it told outside a STREAM_ACK).
+    pub fn raise_limit(&mut self, limit: u64) {
+        self.limit = self.limit.max(limit);
+    }
+
+    /// Sends everything from position `pos` on once more, as soon as possible, whether
+    /// or not it is lost (a message the peer waits on, said twice). The chunks in flight
+    /// there are no longer waited for: their copies are.
+    pub fn send_again_from(&mut self, pos: u64) {
+        let pos = pos.max(self.base);
+        let first = self
+            .in_flight
+            .range(..=pos)
+            .next_back()
+            .filter(|(_, c)| c.end > pos)
+            .map_or(pos, |(&s, _)| s);
+        let starts: Vec<u64> = self.in_flight.range(first..).map(|(&s, _)| s).collect();
+        for s in starts {
+            let c = self.in_flight.remove(&s).expect("listed");
+            self.by_pn.remove(&c.pn);
+            self.queue_retx(s..c.end);
+        }
     }
 
     /// Queues as much of `data` as there is room for; returns how much.
@@ -505,6 +567,8 @@ pub struct StreamRecv {
     received: RangeSet,
     fin_at: Option<u64>,
     window: u64,
+    /// The stream's id in its STREAM_ACK frames.
+    id: u32,
     /// The limit last told to the sender.
     advertised: u64,
     /// Where the next acknowledgement's map starts (a long map is told in parts).
@@ -527,9 +591,23 @@ impl StreamRecv {
             received: RangeSet::default(),
             fin_at: None,
             window,
+            id: STREAM_ID,
             advertised: window,
             cursor: 0,
         }
+    }
+
+    /// The same, for the stream `id` (its STREAM_ACK frames say so).
+    pub fn with_id(window: u64, id: u32) -> Self {
+        StreamRecv {
+            id,
+            ..Self::new(window)
+        }
+    }
+
+    /// Positions above the in-order end have arrived: only a map tells the sender which.
+    pub fn has_gaps(&self) -> bool {
+        !self.received.is_empty()
     }
 
     /// One past the last in-order byte.
@@ -559,7 +637,7 @@ impl StreamRecv {
 
     /// A chunk from the peer; returns how many of its bytes were new.
     pub fn on_chunk(&mut self, offset: u64, fin: bool, data: &[u8]) -> Result<u64, StreamError> {
-        let end = offset + data.len() as u64;
+        let end = offset.saturating_add(data.len() as u64);
         if end > self.limit() {
             return Err(StreamError::FlowControl);
         }
@@ -704,7 +782,7 @@ impl StreamRecv {
         StreamAckFrame {
             limit: self.limit(),
             map: LossMapFrame {
-                xfer: STREAM_ID,
+                xfer: self.id,
                 cum,
                 top,
                 start,

@@ -15,6 +15,7 @@ use crate::handshake::ClientHandshake;
 use crate::pacer::Pacer;
 use crate::rng::Rng;
 use crate::rtt::RttEstimator;
+use crate::stream::CONTROL_STREAM_ID;
 use crate::wire::{self, AddrFamily, Cid, Frame};
 
 mod delta;
@@ -352,6 +353,10 @@ impl Connection {
         let mut eliciting = false;
         let mut has_data = false;
         let mut fb: Option<Feedback> = None;
+        // The control stream's acknowledgement: the ACK's in-order end and the map, if the
+        // packet has one, taken together after the packet's frames.
+        let mut ctrl_cum = None;
+        let mut ctrl_map = None;
         for frame in wire::parse_frames(plain).map_while(Result::ok) {
             match frame {
                 Frame::Padding => {}
@@ -359,7 +364,10 @@ impl Connection {
                     eliciting = true;
                     self.on_ping();
                 }
-                Frame::Ack(a) => fb = Some(self.on_ack(now_us, rx_at_us, &a)),
+                Frame::Ack(a) => {
+                    ctrl_cum = Some(a.ctrl_offset);
+                    fb = Some(self.on_ack(now_us, rx_at_us, &a));
+                }
                 Frame::Ctrl { offset, data } => {
                     eliciting = true;
                     if self.on_ctrl_frame(now, offset, data).is_break() {
@@ -390,6 +398,7 @@ impl Connection {
                         return;
                     }
                 }
+                Frame::StreamAck(a) if a.map.xfer == CONTROL_STREAM_ID => ctrl_map = Some(a),
                 Frame::StreamAck(a) => {
                     let fb = fb.get_or_insert_with(|| Feedback {
                         now_us,
@@ -404,6 +413,9 @@ impl Connection {
                     return;
                 }
             }
+        }
+        if let Some(cum) = ctrl_cum {
+            self.on_ctrl_ack(cum, ctrl_map.as_ref());
         }
         if let Some(fb) = fb {
             self.on_feedback(fb);
@@ -468,7 +480,7 @@ impl Connection {
             let sent = self.send_control(now_us, buf, ack_due);
             if !self.ctrl.tx.has_unsent() {
                 if let Some(at) = self.ctrl.twice.take() {
-                    self.ctrl.tx.resend_from(at);
+                    self.ctrl.tx.send_again_from(at);
                 }
             }
             if self.ctrl.bye_sent && !self.ctrl.tx.has_unsent() {

@@ -91,9 +91,6 @@ impl Connection {
                 self.space.sent_base += 1;
             }
         }
-        if self.ctrl.tx.on_ack(a.ctrl_offset) {
-            self.timers.pto_count = 0;
-        }
         self.timers.pto_base_us = now_us;
         self.timers.pto_count = 0;
         if let Some((b0, t0)) = self.path.prev_ack_rx {

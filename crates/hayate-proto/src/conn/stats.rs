@@ -50,6 +50,8 @@ pub struct Stats {
     pub send_time_lost_bytes: u64,
     /// PINGs sent (keep-alive, probes, the client's first sealed packet).
     pub pings_sent: u64,
+    /// Control stream chunks declared lost (sent again).
+    pub ctrl_chunks_lost: u64,
     /// HelloRetries followed (the server asked this client to prove its address).
     pub hello_retries: u64,
     /// New blocks dropped because the storage was not ready for them (see

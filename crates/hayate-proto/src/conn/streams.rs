@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use crate::control::{Ctrl, CtrlRecv, CtrlSend, MetaEntry, MetaOp};
 use crate::transfer::{Incoming, Layout};
-use crate::wire;
+use crate::wire::{self, StreamAckFrame, Writer};
 
 use super::transfers::{too_large, MAX_INCOMING_BLOCKS, MAX_OPEN_INCOMING};
 use super::{Connection, Event, Side};
@@ -248,6 +248,39 @@ impl Connection {
                 }
             }
             m @ (Ctrl::Tunnel { .. } | Ctrl::TunnelReply { .. }) => self.on_tunnel_ctrl(now, m),
+        }
+    }
+
+    /// The peer's acknowledgement of the control stream: `cum` from its ACK, `map` from its
+    /// STREAM_ACK for the control stream in the same packet (none: it holds nothing beyond
+    /// `cum`). Chunks of overtaken packets that it lacks are sent again, by the loss rule of
+    /// blocks (`PacketSpace::overtaken`).
+    pub(super) fn on_ctrl_ack(&mut self, cum: u64, map: Option<&StreamAckFrame>) {
+        let lost = match self.space.largest_acked {
+            Some(largest) => {
+                let reorder_us = (self.path.rtt.srtt() / 8).max(1_000);
+                self.ctrl
+                    .tx
+                    .on_ack(cum, map, self.space.overtaken(largest, reorder_us))
+            }
+            None => self.ctrl.tx.on_ack(cum, map, |_| false),
+        };
+        self.stats.ctrl_chunks_lost += lost;
+    }
+
+    /// Appends the map of this side's control stream when anything arrived beyond a gap
+    /// (right after the ACK, so it always fits).
+    pub(super) fn write_ctrl_sack(&mut self, w: &mut Writer<'_>) {
+        if w.remaining() < 64 {
+            return;
+        }
+        let max_gaps = ((w.remaining() - 60) / 6).min(64);
+        if let Some(a) = self.ctrl.rx.sack(max_gaps) {
+            if let Ok(end) = a.encode_fitting(w) {
+                if end < a.map.end {
+                    self.ctrl.rx.resume_sack_at(end);
+                }
+            }
         }
     }
 

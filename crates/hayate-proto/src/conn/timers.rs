@@ -152,7 +152,7 @@ impl Connection {
             self.timers.keep_alive_us = now_us;
         }
         if self.outstanding() && now_us >= self.pto_deadline() {
-            self.ctrl.tx.rewind();
+            self.ctrl.tx.on_probe_timeout();
             self.stream_on_pto();
             self.timers.ping_pending = true;
             self.timers.pto_count += 1;

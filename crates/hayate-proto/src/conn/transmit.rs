@@ -25,6 +25,7 @@ impl Connection {
         let mut w = Writer::new(&mut scratch);
         if with_ack {
             self.write_ack(now_us, &mut w);
+            self.write_ctrl_sack(&mut w);
             self.write_stream_ack(&mut w);
             self.write_loss_maps(&mut w);
         }
@@ -37,7 +38,7 @@ impl Connection {
         // Control stream bytes, as many as fit.
         let room = w.remaining().saturating_sub(1 + 8 + 8);
         if room > 16 {
-            if let Some((offset, data)) = self.ctrl.tx.next_chunk(room) {
+            if let Some((offset, data)) = self.ctrl.tx.next_chunk(room, self.space.next_pn) {
                 Frame::Ctrl {
                     offset,
                     data: &data,
