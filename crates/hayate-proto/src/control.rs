@@ -490,11 +490,10 @@ mod tests {
             pn += 1;
         }
         tx.send_again_from(at);
-        let mut again = Vec::new();
-        while let Some((o, d)) = tx.next_chunk(1000, pn) {
-            pn += 1;
-            again.push((o, o + d.len() as u64));
-        }
+        let again: Vec<(u64, u64)> = send_all(&mut tx, 1000, &mut pn)
+            .into_iter()
+            .map(|(o, d)| (o, o + d.len() as u64))
+            .collect();
         // From the chunk that holds `at` (chunks of 4) to the end, once.
         assert_eq!(again.first().map(|r| r.0), Some(at / 4 * 4));
         assert_eq!(again.last().map(|r| r.1), Some(tx.end()));
@@ -514,12 +513,8 @@ mod tests {
         for m in msgs() {
             tx.push(&m);
         }
-        let mut chunks = Vec::new();
         let mut pn = 0;
-        while let Some(c) = tx.next_chunk(100, pn) {
-            pn += 1;
-            chunks.push(c);
-        }
+        let chunks = send_all(&mut tx, 100, &mut pn);
         let mut rx = CtrlRecv::default();
         for (i, (o, d)) in chunks.iter().enumerate() {
             if i % 3 != 0 {
@@ -530,22 +525,35 @@ mod tests {
         let lost = chunks.len().div_ceil(3) as u64;
         let map = rx.sack(64).expect("gaps");
         assert_eq!(tx.on_ack(rx.offset(), Some(&map), |_| true), lost);
-        let mut resent = 0;
-        while let Some((o, d)) = tx.next_chunk(100, pn) {
-            pn += 1;
-            resent += 1;
+        let resent = send_all(&mut tx, 100, &mut pn);
+        assert_eq!(resent.len() as u64, lost);
+        for (o, d) in resent {
             assert_eq!(o % 300, 0, "chunk {o} arrived");
             rx.on_chunk(o, &d).unwrap();
         }
-        assert_eq!(resent, lost);
         assert!(rx.sack(64).is_none());
+        assert_eq!(messages(&mut rx), msgs());
+        tx.on_ack(rx.offset(), None, |_| true);
+        assert!(!tx.has_unacked());
+    }
+
+    /// Every chunk `tx` has to send now, of at most `max` bytes, in packets from `pn` on.
+    fn send_all(tx: &mut CtrlSend, max: usize, pn: &mut u64) -> Vec<(u64, Vec<u8>)> {
+        let mut chunks = Vec::new();
+        while let Some(c) = tx.next_chunk(max, *pn) {
+            *pn += 1;
+            chunks.push(c);
+        }
+        chunks
+    }
+
+    /// The whole messages `rx` has.
+    fn messages(rx: &mut CtrlRecv) -> Vec<Ctrl> {
         let mut got = Vec::new();
         while let Some(m) = rx.next_message().unwrap() {
             got.push(m);
         }
-        assert_eq!(got, msgs());
-        tx.on_ack(rx.offset(), None, |_| true);
-        assert!(!tx.has_unacked());
+        got
     }
 
     fn msgs() -> Vec<Ctrl> {
@@ -607,12 +615,8 @@ mod tests {
         for m in msgs() {
             tx.push(&m);
         }
-        let mut chunks = Vec::new();
         let mut pn = 0;
-        while let Some(c) = tx.next_chunk(100, pn) {
-            pn += 1;
-            chunks.push(c);
-        }
+        let chunks = send_all(&mut tx, 100, &mut pn);
         // Deliver in reverse, with every third chunk "lost" the first time round.
         let mut rx = CtrlRecv::default();
         for (i, (o, d)) in chunks.iter().enumerate().rev() {
@@ -627,15 +631,10 @@ mod tests {
         // A probe timeout with no word from the receiver: everything goes again.
         tx.on_ack(rx.offset(), None, |_| false);
         tx.send_again_from(0);
-        while let Some((o, d)) = tx.next_chunk(77, pn) {
-            pn += 1;
+        for (o, d) in send_all(&mut tx, 77, &mut pn) {
             rx.on_chunk(o, &d).unwrap();
         }
-        let mut got = Vec::new();
-        while let Some(m) = rx.next_message().unwrap() {
-            got.push(m);
-        }
-        assert_eq!(got, msgs());
+        assert_eq!(messages(&mut rx), msgs());
         tx.on_ack(rx.offset(), None, |_| false);
         assert!(!tx.has_unacked());
     }

@@ -132,6 +132,16 @@ impl PacketSpace {
         self.sent_times.get((pn - self.sent_base) as usize).copied()
     }
 
+    /// The loss rule every acknowledgement (loss maps, the streams' maps) is read with:
+    /// [`PacketSpace::overtaken`] by the last packet the peer acknowledged, with a reordering
+    /// allowance of an eighth of `srtt_us` (at least 1 ms). Nothing is lost before the peer
+    /// acknowledged anything.
+    pub(super) fn loss_rule(&self, srtt_us: u64) -> impl Fn(u64) -> bool + '_ {
+        let reorder_us = (srtt_us / 8).max(1_000);
+        let rule = self.largest_acked.map(|l| self.overtaken(l, reorder_us));
+        move |pn| rule.as_ref().is_some_and(|r| r(pn))
+    }
+
     /// The loss rule of loss maps and the tunnel's stream acknowledgements alike: what was
     /// sent in packet `pn` is lost once `largest` (the packet the peer acknowledged last)
     /// overtook it by `REORDER_PACKETS` packets or by `reorder_us`; until then it may still

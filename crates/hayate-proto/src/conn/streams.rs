@@ -256,15 +256,8 @@ impl Connection {
     /// `cum`). Chunks of overtaken packets that it lacks are sent again, by the loss rule of
     /// blocks (`PacketSpace::overtaken`).
     pub(super) fn on_ctrl_ack(&mut self, cum: u64, map: Option<&StreamAckFrame>) {
-        let lost = match self.space.largest_acked {
-            Some(largest) => {
-                let reorder_us = (self.path.rtt.srtt() / 8).max(1_000);
-                self.ctrl
-                    .tx
-                    .on_ack(cum, map, self.space.overtaken(largest, reorder_us))
-            }
-            None => self.ctrl.tx.on_ack(cum, map, |_| false),
-        };
+        let is_lost = self.space.loss_rule(self.path.rtt.srtt());
+        let lost = self.ctrl.tx.on_ack(cum, map, is_lost);
         self.stats.ctrl_chunks_lost += lost;
     }
 

@@ -269,11 +269,10 @@ impl Connection {
     }
 
     pub(super) fn on_loss_map(&mut self, lm: &wire::LossMapFrame, fb: &mut Feedback) {
-        let Some(largest) = self.space.largest_acked else {
+        if self.space.largest_acked.is_none() {
             return;
-        };
-        let reorder_us = (self.path.rtt.srtt() / 8).max(1_000);
-        let is_lost = self.space.overtaken(largest, reorder_us);
+        }
+        let is_lost = self.space.loss_rule(self.path.rtt.srtt());
         let caught_up = self.space.caught_up();
         // Before its Ready (which may travel behind the first loss map in the same packet)
         // a map can only show resumed blocks: those are credited by Ready, not counted as

@@ -182,15 +182,9 @@ impl Connection {
             return;
         };
         let tagged = self.space.caught_up();
-        let out = match self.space.largest_acked {
-            Some(largest) => {
-                // The loss maps' rule (`PacketSpace::overtaken`).
-                let reorder_us = (self.path.rtt.srtt() / 8).max(1_000);
-                t.send
-                    .on_ack(a, self.space.overtaken(largest, reorder_us), tagged)
-            }
-            None => t.send.on_ack(a, |_| false, tagged),
-        };
+        let out = t
+            .send
+            .on_ack(a, self.space.loss_rule(self.path.rtt.srtt()), tagged);
         self.tunnel = Some(t);
         fb.delivered += out.newly_acked_bytes;
         fb.lost_blocks += out.lost_chunks;
