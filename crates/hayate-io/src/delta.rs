@@ -29,9 +29,10 @@ pub const DELTA_MIN: u64 = 64 << 10;
 /// the shortest are sent instead.
 pub const MAX_HAVE_RANGES: usize = 50_000;
 
-/// Leaf hashes a sender has queued on the control stream and not yet had acknowledged at
-/// most: they go at the pace the receiver takes them, not as one burst.
-pub const SUMS_BACKLOG: u64 = 512 << 10;
+/// Leaf hashes a sender keeps queued on the control stream, not yet sent, at most: enough
+/// to keep the stream's window full, little enough that a message queued behind them
+/// waits for a few packets, not for megabytes.
+pub const SUMS_BACKLOG: u64 = 64 << 10;
 
 /// What a receiver compares the sender's leaves with, and how far it got.
 pub struct Basis {

@@ -58,11 +58,13 @@ impl Connection {
         }
     }
 
-    /// Control stream bytes sent and not yet acknowledged (or not sent yet): a driver
-    /// sending many leaf hashes keeps this small, so they go out at the pace the peer
-    /// takes them instead of as one burst.
+    /// Control stream bytes queued and not sent yet (new, or declared lost): a driver
+    /// sending many leaf hashes keeps this small, so that a message queued behind them
+    /// (another file's `Ready`, a `Verified`) does not wait long. How many are in flight is
+    /// the stream's window's business (4 MiB beyond what the peer has in order), and they
+    /// go out as acknowledgements make room.
     pub fn ctrl_backlog(&self) -> u64 {
-        self.ctrl.tx.end() - self.ctrl.tx.acked()
+        self.ctrl.tx.unsent()
     }
 
     /// Sender: what the receiver compared `xfer`'s leaves with, if it asked for them
