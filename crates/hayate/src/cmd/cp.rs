@@ -412,6 +412,7 @@ fn copy(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
         rate,
         idle_timeout: Duration::from_secs(15),
         connect_timeout: Duration::from_secs_f64(a.connect_timeout),
+        remembered: None,
     };
     let mut fl = 0;
     if a.preserve {
