@@ -1065,9 +1065,11 @@ fn resume_upload(
     sc.client.remembered = saved;
     sc.cc_trace = true;
     sc.uploads = vec![("f".into(), data(bytes))];
-    let r = sim::run(&sc);
+    let mut r = sim::run(&sc);
     assert!(r.ok, "{:?}", r.error);
     assert_eq!(r.server_files["f"].len(), bytes);
+    // Two of these side by side with the other tests' transfers ran out of memory.
+    r.server_files.clear();
     r
 }
 
@@ -1112,7 +1114,7 @@ fn t90_ms(r: &sim::SimResult, capacity: f64) -> u64 {
 /// The same seed without the memory for comparison.
 #[test]
 fn a_remembered_path_starts_near_its_rate() {
-    let (rate, rtt, bytes) = (500 * MBIT, 250, 600_000_000);
+    let (rate, rtt, bytes) = (500 * MBIT, 250, 300_000_000);
     let first = resume_upload(rate, rtt, bytes, 61, None);
     let saved = remembered_from(&first);
     let capacity = 500.0 * MBIT as f64 * payload_share();
