@@ -9,6 +9,7 @@ pub mod driver;
 pub mod fs;
 pub mod glob;
 pub mod keyfile;
+pub mod pathcache;
 pub mod ssh;
 pub mod udp;
 pub mod verify;

@@ -42,6 +42,7 @@ pub fn client_config(cap_bps: Option<u64>, mtu: usize) -> Config {
         },
         idle_timeout: Duration::from_secs(15),
         connect_timeout: Duration::from_secs(5),
+        remembered: None,
     }
 }
 
@@ -52,6 +53,7 @@ fn server_config() -> Config {
         rate: RateConfig::Unlimited,
         idle_timeout: Duration::from_secs(15),
         connect_timeout: Duration::from_secs(5),
+        remembered: None,
     }
 }
 

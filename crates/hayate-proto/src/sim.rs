@@ -257,6 +257,9 @@ pub struct ClientResult {
     pub srtt_trace: Vec<u64>,
     /// Every feedback its rate controller got, with [`Scenario::cc_trace`].
     pub cc_trace: Vec<crate::conn::CcTraceRow>,
+    /// What its rate controller measured of the path at the end, when worth remembering
+    /// (see [`RateControl::measured`](crate::cc::RateControl::measured)).
+    pub measured: Option<crate::cc::PathMeasurement>,
 }
 
 /// What [`run`] saw: the outcome, the files as each side holds them, every side's counters
@@ -730,6 +733,7 @@ impl Client {
             }
             self.res.stats = conn.stats();
             self.res.cc_trace = conn.take_cc_trace();
+            self.res.measured = conn.rate_controller().measured();
         }
     }
 }

@@ -2,7 +2,7 @@
 //! a short queue, ignore random loss, follow a rate step-down, share a bottleneck fairly with
 //! another transfer, and follow a receiver slower than the link.
 
-use hayate_proto::cc::RateConfig;
+use hayate_proto::cc::{RateConfig, RememberedPath};
 use hayate_proto::sim::{self, LinkParams, RateStep, ReceiverParams, Scenario, TcpSpec};
 use hayate_proto::wire::{block_size, AddrFamily};
 
@@ -1059,4 +1059,174 @@ fn leaves_a_tcp_flow_its_share() {
         );
         assert!(tcp + hayate >= 85.0, "{rtt} ms: {tcp:.1} + {hayate:.1}");
     }
+}
+
+/// A 1 GiB-like upload (`bytes`) on `rate` × `rtt_ms` (1-BDP buffer), remembering `saved`
+/// (careful resume) or not; with the controller's trace.
+fn resume_upload(
+    rate: u64,
+    rtt_ms: u64,
+    bytes: usize,
+    seed: u64,
+    saved: Option<RememberedPath>,
+) -> sim::SimResult {
+    let mut sc = Scenario::new(seed);
+    (sc.forward, sc.reverse) = path(rate, rtt_ms, 0.0, 1.0);
+    adaptive(&mut sc);
+    sc.client.remembered = saved;
+    sc.cc_trace = true;
+    sc.uploads = vec![("f".into(), data(bytes))];
+    let mut r = sim::run(&sc);
+    assert!(r.ok, "{:?}", r.error);
+    assert_eq!(r.server_files["f"].len(), bytes);
+    // Two of these side by side with the other tests' transfers ran out of memory.
+    r.server_files.clear();
+    r
+}
+
+/// The controller's states in order, each once per stretch (`startup resume drain ...`).
+fn states(r: &sim::SimResult) -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = Vec::new();
+    for row in &r.clients[0].cc_trace {
+        if v.last() != Some(&row.state) {
+            v.push(row.state);
+        }
+    }
+    v
+}
+
+/// Whole job: file bytes over the time to the end of the session, bytes/s.
+fn whole_rate(r: &sim::SimResult, bytes: usize) -> f64 {
+    bytes as f64 / (r.elapsed_us as f64 / 1e6)
+}
+
+/// What the first session measured, as the next one gets it a minute later.
+fn remembered_from(r: &sim::SimResult) -> RememberedPath {
+    let m = r.clients[0]
+        .measured
+        .expect("a measurement worth remembering");
+    RememberedPath {
+        rate: m.rate,
+        min_rtt_us: m.min_rtt_us,
+        age_us: 60_000_000,
+    }
+}
+
+/// When the goodput first reached 90 % of `capacity` (bytes/s), ms.
+fn t90_ms(r: &sim::SimResult, capacity: f64) -> u64 {
+    r.server_rx_trace
+        .iter()
+        .position(|&b| b as f64 * 10.0 >= 0.9 * capacity)
+        .map_or(u64::MAX, |i| (i as u64 + 1) * 100)
+}
+
+/// A path seen a minute ago: the second transfer starts near its rate once the first RTT
+/// sample confirms the path (careful resume), so its whole job is close to the steady rate.
+/// The same seed without the memory for comparison.
+#[test]
+fn a_remembered_path_starts_near_its_rate() {
+    let (rate, rtt, bytes) = (500 * MBIT, 250, 300_000_000);
+    let first = resume_upload(rate, rtt, bytes, 61, None);
+    let saved = remembered_from(&first);
+    let capacity = 500.0 * MBIT as f64 * payload_share();
+    assert!(
+        (0.95 * capacity..1.05 * capacity).contains(&(saved.rate as f64)),
+        "measured {:.1} of {:.1} Mbit/s",
+        saved.rate as f64 / 1.25e5,
+        capacity / 1.25e5
+    );
+    assert!((250_000..260_000).contains(&saved.min_rtt_us), "{saved:?}");
+    let second = resume_upload(rate, rtt, bytes, 61, Some(saved));
+    let steady = steady_rate(&first);
+    let (w1, w2) = (whole_rate(&first, bytes), whole_rate(&second, bytes));
+    let (t1, t2) = (t90_ms(&first, capacity), t90_ms(&second, capacity));
+    eprintln!(
+        "steady {:.1} Mbit/s; whole job: first {:.1} % (90 % after {t1} ms), second {:.1} % \
+         (90 % after {t2} ms); states {:?}",
+        steady / 1.25e5,
+        100.0 * w1 / steady,
+        100.0 * w2 / steady,
+        states(&second),
+    );
+    assert_eq!(
+        states(&second)[..2],
+        ["resume", "startup"],
+        "{:?}",
+        states(&second)
+    );
+    // The handshake, the round trip that confirms the path and half a round trip at half
+    // the rate: 90 % within 4 round trips of the start, where the search took 6-7.
+    assert!(
+        t2 <= 1_000 && t2 + 400 <= t1,
+        "90 % after {t2} ms, {t1} without"
+    );
+    assert!(
+        w2 >= w1 + 0.02 * steady,
+        "whole job {:.1} %, {:.1} % without; trace {}",
+        100.0 * w2 / steady,
+        100.0 * w1 / steady,
+        trace_mbit(&second)
+    );
+    assert_eq!(second.client.data_packets_retransmitted, 0);
+}
+
+/// The path got slower since (200 of a remembered 1000 Mbit/s): the jump (500 Mbit/s)
+/// builds a queue, retreats to what it got delivered within a round trip, loses at most
+/// part of its own flight, and the job is no slower than without the memory.
+#[test]
+fn a_remembered_rate_the_path_no_longer_carries_retreats() {
+    let (rate, rtt, bytes) = (200 * MBIT, 250, 150_000_000);
+    let without = resume_upload(rate, rtt, bytes, 62, None);
+    let saved = RememberedPath {
+        rate: 1000 * MBIT,
+        min_rtt_us: 250_000,
+        age_us: 600_000_000,
+    };
+    let with = resume_upload(rate, rtt, bytes, 62, Some(saved));
+    let st = states(&with);
+    assert_eq!(st[..2], ["resume", "drain"], "{st:?}");
+    let retreat_ms = with.clients[0]
+        .cc_trace
+        .iter()
+        .find(|r| r.state == "drain")
+        .map(|r| r.feedback.now_us / 1000)
+        .unwrap();
+    let jump_flight = 500 * MBIT / 4; // half the remembered rate over the RTT
+    let lost = with.client.data_packets_retransmitted * 1500;
+    let (a, b) = (without.elapsed_us as f64, with.elapsed_us as f64);
+    eprintln!(
+        "retreat at {retreat_ms} ms, {lost} B retransmitted (jump's flight {jump_flight} B); \
+         {:.2} s, {:.2} s without",
+        b / 1e6,
+        a / 1e6
+    );
+    // The first RTT sample comes after the handshake and a round trip of data (~500 ms),
+    // the jump's queue a round trip later.
+    assert!(retreat_ms < 1_100, "retreat at {retreat_ms} ms");
+    assert!(lost < jump_flight / 2, "{lost} B retransmitted");
+    assert!(b <= 1.03 * a, "{:.2} s, {:.2} s without", b / 1e6, a / 1e6);
+}
+
+/// A remembered RTT unlike the path's (20 ms against 250) is another path: no jump, and the
+/// transfer goes exactly as without it.
+#[test]
+fn a_remembered_path_with_another_rtt_is_ignored() {
+    let (rate, rtt, bytes) = (100 * MBIT, 250, 30_000_000);
+    let without = resume_upload(rate, rtt, bytes, 63, None);
+    let saved = RememberedPath {
+        rate: 100 * MBIT,
+        min_rtt_us: 20_000,
+        age_us: 60_000_000,
+    };
+    let with = resume_upload(rate, rtt, bytes, 63, Some(saved));
+    assert!(!states(&with).contains(&"resume"), "{:?}", states(&with));
+    assert_eq!(with.elapsed_us, without.elapsed_us);
+    // Too old a memory is ignored the same way.
+    let old = RememberedPath {
+        min_rtt_us: 250_000,
+        age_us: 3_700_000_000,
+        ..saved
+    };
+    let with = resume_upload(rate, rtt, bytes, 63, Some(old));
+    assert_eq!(with.elapsed_us, without.elapsed_us);
 }

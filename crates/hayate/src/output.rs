@@ -619,6 +619,7 @@ mod tests {
             },
             error: None,
             via_stream: false,
+            measured: None,
         }
     }
 

@@ -2342,3 +2342,52 @@ fn inplace_writes_only_what_differs_into_the_destination_itself() {
         }
     }
 }
+
+/// An upload remembers the path it measured in `$XDG_CACHE_HOME/hayate/paths` (0600), the
+/// next upload to the same host uses it (`-v` says so), and `--no-cache` neither reads nor
+/// writes the file. A corrupt cache file is no reason to fail.
+#[test]
+fn uploads_remember_the_path_unless_told_not_to() {
+    let fx = Fx::new();
+    let cache = fx.tmp.path().join("cache");
+    let file = cache.join("hayate/paths");
+    let src = fx.local.join("src.bin");
+    write_random(&src, 48 << 20, 7);
+    let cp = |args: &[&str]| {
+        let mut cmd = hayate();
+        cmd.env("XDG_CACHE_HOME", &cache)
+            .arg("cp")
+            .arg("--key-file")
+            .arg(&fx.key)
+            // The whole file each time (not a delta against the copy already there).
+            .arg("-W")
+            .args(args)
+            .arg(&src)
+            .arg(fx.url("up.bin"));
+        spawn_cmd(&mut cmd).wait(Duration::from_secs(60))
+    };
+    cp(&["--no-cache", "-q"]).assert_ok();
+    assert!(!cache.exists(), "--no-cache wrote the cache");
+    let first = cp(&["-v"]);
+    first.assert_ok();
+    let text = fs::read_to_string(&file).expect(&first.stderr);
+    let line: Vec<&str> = text.lines().collect();
+    assert_eq!(line.len(), 1, "{text}");
+    assert!(line[0].starts_with("127.0.0.1 "), "{text}");
+    assert_eq!(
+        fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let again = cp(&["-v"]);
+    again.assert_ok();
+    assert!(
+        again.stderr.contains("remembered path to 127.0.0.1"),
+        "{}",
+        again.stderr
+    );
+    let quiet = cp(&["-v", "--no-cache"]);
+    quiet.assert_ok();
+    assert!(!quiet.stderr.contains("remembered path"));
+    fs::write(&file, b"\xff\x00 not a cache\n127.0.0.1 x y z\n").unwrap();
+    cp(&["-q"]).assert_ok();
+}

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hayate_proto::cc::PathMeasurement;
 use hayate_proto::control::{basis, flags, EntryKind as WireKind, MetaEntry, MetaOp};
 use hayate_proto::crypto::Psk;
 use hayate_proto::wire::AddrFamily;
@@ -250,6 +251,10 @@ pub struct Report {
     pub error: Option<SessionError>,
     /// The data went over the ssh channel because UDP got no answer.
     pub via_stream: bool,
+    /// What this side's rate controller measured of the path, when worth remembering (it
+    /// sent long enough to find the rate, not held down by a cap or by having nothing to
+    /// send): uploads over UDP only. See [`crate::pathcache`].
+    pub measured: Option<PathMeasurement>,
 }
 
 /// Why a copy failed as a whole ([`Report::error`]); the files it left unfinished carry it
@@ -1811,6 +1816,7 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
             stats,
             error,
             via_stream,
+            measured: None,
         };
     match std::env::current_dir()
         .map_err(SessionError::current_dir)
@@ -1853,8 +1859,10 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
         }
         None => Links::new(None, spare_stream.take()),
     };
+    // The ssh channel is another path: what UDP's remembered says nothing of it.
     let stream_cfg = Config {
         mtu: STREAM_MTU,
+        remembered: None,
         ..opts.proto.clone()
     };
     let via_stream = udp_target.is_none();
@@ -1948,7 +1956,15 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
         s.not_deleted = Some(format!("nothing deleted: {why}"));
     }
     let stats = conn.stats();
-    report(s, stats, session_error, via_stream)
+    let measured = if via_stream {
+        None
+    } else {
+        conn.rate_controller().measured()
+    };
+    Report {
+        measured,
+        ..report(s, stats, session_error, via_stream)
+    }
 }
 
 /// The client's policy on the driver's loop (`engine`): the job's planner and its files,

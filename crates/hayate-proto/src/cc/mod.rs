@@ -4,7 +4,7 @@
 mod adaptive;
 mod fixed;
 
-pub use adaptive::{Adaptive, Mode as AdaptiveMode, Params as AdaptiveParams};
+pub use adaptive::{Adaptive, Mode as AdaptiveMode, Params as AdaptiveParams, ResumePhase};
 pub use fixed::Fixed;
 
 /// What one ACK (with its loss maps) told the sender.
@@ -58,6 +58,29 @@ pub struct Feedback {
     pub in_flight: u64,
 }
 
+/// A path as an earlier session to the same peer measured it, given to a new session's
+/// controller so it can start near that rate (careful resume, RFC 9959; see the adaptive
+/// controller's module doc). The I/O shell keeps these (the core never touches a file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RememberedPath {
+    /// The bottleneck rate the earlier session found, bytes/s.
+    pub rate: u64,
+    /// Its minimum RTT, µs.
+    pub min_rtt_us: u64,
+    /// How long ago it was measured, µs.
+    pub age_us: u64,
+}
+
+/// What a controller measured of the path, for the I/O shell to remember (see
+/// [`RateControl::measured`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathMeasurement {
+    /// The bottleneck rate found, bytes/s.
+    pub rate: u64,
+    /// The minimum RTT, µs.
+    pub min_rtt_us: u64,
+}
+
 /// A rate controller: told what is sent and what the receiver's feedback said, it sets the
 /// pacing rate and, optionally, a cap on data in flight.
 pub trait RateControl: Send + std::fmt::Debug {
@@ -78,6 +101,15 @@ pub trait RateControl: Send + std::fmt::Debug {
     }
     /// Short name for stats lines.
     fn name(&self) -> &'static str;
+    /// Before the session sends anything: the path as an earlier session measured it. A
+    /// controller may start from it (once the path confirms it) or ignore it.
+    fn remember(&mut self, _path: RememberedPath) {}
+    /// What this session measured of the path, when that is worth remembering: the rate was
+    /// found (not only searched for), and not held down by a rate cap or an application
+    /// slower than the path. `None` otherwise.
+    fn measured(&self) -> Option<PathMeasurement> {
+        None
+    }
 }
 
 /// How the user configured the rate: bits per second in the CLI, bytes per second here.

@@ -8,7 +8,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use crate::cc::{Feedback, RateConfig};
+use crate::cc::{Feedback, RateConfig, RememberedPath};
 use crate::control::{Ctrl, CtrlRecv, CtrlSend};
 use crate::crypto::{Psk, ReplayWindow};
 use crate::handshake::ClientHandshake;
@@ -56,6 +56,12 @@ pub struct Config {
     pub idle_timeout: Duration,
     /// Client: give up when no handshake answer arrives in this time.
     pub connect_timeout: Duration,
+    /// The path to this peer as an earlier session measured it: an adaptive sender starts
+    /// near its rate once the path confirms it (see [`RateControl::remember`]). Only the
+    /// sender's controller uses it: a client's uploads.
+    ///
+    /// [`RateControl::remember`]: crate::cc::RateControl::remember
+    pub remembered: Option<RememberedPath>,
 }
 
 impl Default for Config {
@@ -65,6 +71,7 @@ impl Default for Config {
             rate: RateConfig::Fixed(100_000_000 / 8),
             idle_timeout: Duration::from_secs(15),
             connect_timeout: Duration::from_secs(5),
+            remembered: None,
         }
     }
 }
@@ -119,7 +126,10 @@ impl std::fmt::Debug for Connection {
 
 impl Connection {
     fn base(side: Side, cfg: Config, psk: Psk, fam: AddrFamily, now: Instant) -> Self {
-        let cc = cfg.rate.build();
+        let mut cc = cfg.rate.build();
+        if let Some(p) = cfg.remembered {
+            cc.remember(p);
+        }
         let mtu = cfg.mtu;
         let mut pacer = Pacer::new(wire::udp_payload_limit(mtu, fam));
         pacer.set_rate(cc.pacing_rate());

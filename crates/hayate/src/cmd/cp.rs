@@ -10,6 +10,7 @@ use clap::Args;
 use hayate_io::driver::client::{self, ClientOptions, Job, Transport, STDIO};
 use hayate_io::driver::link::StreamLink;
 use hayate_io::driver::StopFlag;
+use hayate_io::pathcache;
 use hayate_io::ssh::{shell_quote, SshChild, SshSpec};
 use hayate_proto::cc::RateConfig;
 use hayate_proto::control::flags;
@@ -143,6 +144,10 @@ pub struct CpArgs {
     /// Pace at exactly --rate (`max`: no pacing at all) instead of adapting to the path
     #[arg(long)]
     pub fixed: bool,
+    /// Neither use nor update the paths remembered in ~/.cache/hayate/paths (uploads to a
+    /// host seen within the hour start near the rate measured then)
+    #[arg(long)]
+    pub no_cache: bool,
     /// Path MTU in bytes: no datagram is bigger
     #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u16).range(1280..))]
     pub mtu: u16,
@@ -407,11 +412,12 @@ fn copy(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
             })?;
         }
     }
-    let proto = Config {
+    let mut proto = Config {
         mtu: a.mtu,
         rate,
         idle_timeout: Duration::from_secs(15),
         connect_timeout: Duration::from_secs_f64(a.connect_timeout),
+        remembered: None,
     };
     let mut fl = 0;
     if a.preserve {
@@ -462,6 +468,28 @@ fn copy(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
             (t, psk, Some(child))
         }
     };
+    // Careful resume: an upload to a host seen within the hour starts near the rate it
+    // measured then (the client is the sender only in uploads).
+    let upload = matches!(job, Job::Upload { .. });
+    let peer_ip = match &transport {
+        Transport::Udp(addr) | Transport::UdpThenStream { addr, .. } => Some(addr.ip()),
+        Transport::Stream(_) => None,
+    };
+    let cache = (!a.no_cache && upload && matches!(rate, RateConfig::Adaptive { .. }))
+        .then(pathcache::default_path)
+        .flatten()
+        .zip(peer_ip);
+    if let Some((file, ip)) = &cache {
+        proto.remembered = pathcache::lookup(file, *ip);
+        if let (Some(p), true) = (proto.remembered, a.verbose > 0) {
+            out.note_line(&format!(
+                "remembered path to {ip}: {} at {:.1} ms RTT, {} s ago (starting near it once the path confirms; --no-cache not to)",
+                fmt_bits(p.rate as f64),
+                p.min_rtt_us as f64 / 1000.0,
+                p.age_us / 1_000_000
+            ));
+        }
+    }
     let opts = ClientOptions {
         path: transport,
         psk,
@@ -474,6 +502,23 @@ fn copy(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
         delete: a.delete,
     };
     let report = client::run(opts, job, stop, &mut out);
+    if let (Some((file, ip)), Some(m), true) = (&cache, report.measured, report.all_verified()) {
+        // A cache that cannot be written is only a slower start next time.
+        if let Err(e) = pathcache::store(file, *ip, m) {
+            if a.verbose > 0 {
+                out.note_line(&format!(
+                    "cannot remember the path in {}: {e}",
+                    file.display()
+                ));
+            }
+        } else if a.verbose > 0 {
+            out.note_line(&format!(
+                "remembered the path to {ip}: {} at {:.1} ms RTT",
+                fmt_bits(m.rate as f64),
+                m.min_rtt_us as f64 / 1000.0
+            ));
+        }
+    }
     if a.verbose > 0 && ssh.is_some() {
         out.note_line(if report.via_stream {
             "the data went over the ssh channel"

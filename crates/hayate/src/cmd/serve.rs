@@ -73,6 +73,7 @@ fn proto(a: &ServeArgs) -> Config {
         rate: a.rate,
         idle_timeout: Duration::from_secs(15),
         connect_timeout: Duration::from_secs(5),
+        remembered: None,
     }
 }
 

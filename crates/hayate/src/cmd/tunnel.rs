@@ -148,6 +148,7 @@ pub fn run(a: TunnelArgs) -> anyhow::Result<i32> {
         rate,
         idle_timeout: Duration::from_secs(15),
         connect_timeout: Duration::from_secs_f64(a.udp_timeout),
+        remembered: None,
     };
     let shown = format!("{host}:{}", a.port);
     let (stdin, stdout) = match udp {

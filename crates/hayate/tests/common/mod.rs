@@ -15,11 +15,20 @@ use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_hayate");
 
-/// A command for the binary with a clean environment as far as hayate is concerned.
+/// A command for the binary with a clean environment as far as hayate is concerned: no
+/// key file from the environment, and the paths `cp` remembers kept out of the user's own
+/// cache (in a directory of this test process's, under the temp dir).
 pub fn hayate() -> Command {
     let mut c = Command::new(BIN);
-    c.env_remove("HAYATE_KEY_FILE").env_remove("RUST_LOG");
+    c.env_remove("HAYATE_KEY_FILE")
+        .env_remove("RUST_LOG")
+        .env("XDG_CACHE_HOME", test_cache_home());
     c
+}
+
+/// This test process's `XDG_CACHE_HOME` for hayate (see [`hayate`]).
+pub fn test_cache_home() -> PathBuf {
+    std::env::temp_dir().join(format!("hayate-test-cache-{}", std::process::id()))
 }
 
 /// A UDP port on 127.0.0.1 that was free a moment ago (the caller must cope with a race).

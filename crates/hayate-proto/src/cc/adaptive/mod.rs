@@ -52,11 +52,41 @@
 //! | ProbeBw(Down(n)) | round end, otherwise | ProbeBw(Refill) | |
 //! | ProbeBw(any) | the receiver's OS dropped datagrams | ProbeBw(Refill) | estimate = what the receiver took in |
 //!
+//! **Careful resume** (RFC 9959). A session given a remembered path ([`RememberedPath`]:
+//! the rate and minimum RTT an earlier session to the same peer found, and its age) runs
+//! Startup's first round trip as usual (Reconnaissance), then, inside Startup:
+//!
+//! ```text
+//!   Reconnaissance --first RTT sample, within [resume_rtt_low, resume_rtt_high] x the
+//!        |           remembered one, memory under resume_max_age_us--> Unvalidated
+//!        +--otherwise, or the jump no faster than Startup already is--> Ignored
+//!   Unvalidated: pace resume_jump_gain x the remembered rate (less if the RTT is longer
+//!        |       now), in flight that rate over the RTT  --its first packet acked-->
+//!   Validating:  Startup's rules, no slower than the jump --its last packet acked--> Validated
+//!   Unvalidated or Validating: a queue over resume_retreat_queue targets standing
+//!        grow_queue_persist, a loss ratio over resume_retreat_loss, or the receiver
+//!        dropping --> Retreated: estimate = what the jump got delivered, Drain
+//! ```
+//!
+//! | state | condition | next state | what changes |
+//! |---|---|---|---|
+//! | Startup (Reconnaissance) | the first RTT sample is comparable with the remembered one, the memory is fresh, the jump is faster than Startup's pace | Startup (Unvalidated) | pace and in-flight cap at least the jump's |
+//! | Startup (Reconnaissance) | otherwise | Startup | the memory is ignored |
+//! | Startup (Unvalidated) | a feedback acknowledges a packet sent since the jump began | Startup (Validating) | Startup's rules pace, no slower than the jump |
+//! | Startup (Validating) | a feedback acknowledges a packet sent since validation began | Startup | the jump is validated |
+//! | Startup (Unvalidated, Validating) | the path's queue over `resume_retreat_queue` targets on `grow_queue_samples` samples, standing `grow_queue_persist`; the jump's packets lost over `resume_retreat_loss`; the receiver's OS dropped datagrams | Drain | estimate = the jump's delivery rate (safe retreat) |
+//!
+//! What a session measured is worth remembering ([`RateControl::measured`]) after
+//! `remember_min_rounds` rounds in ProbeBw, unless the sender had nothing to send for over
+//! `remember_app_limited` of what it delivered meanwhile, or the estimate is at the rate
+//! cap. Trace name of Unvalidated and Validating: `resume`.
+//!
 //! A round lasts the smoothed RTT; it ends with the first feedback after that. There is no
 //! ProbeRtt: the minimum RTT comes from the connection's `RttEstimator` (its own window), and
 //! the controller keeps the queue short instead of emptying it periodically. Trace names (the
 //! `state` column of `HAYATE_CC_TRACE`, parsed by `bench/wan` and the tests, so kept):
-//! `startup`, `drain`, `probe` (Refill and Up), `yield` (Down).
+//! `startup`, `resume` (careful resume's jump), `drain`, `probe` (Refill and Up), `yield`
+//! (Down).
 //!
 //! **The estimate.** The delivery rate is measured by the receiver's clock, so it is exact
 //! even when ACKs are delayed or bunched. A round's rate is bytes over time (samples weighted
@@ -94,15 +124,18 @@ mod estimator;
 mod loss;
 mod params;
 mod queue;
+mod resume;
 mod state;
 #[cfg(test)]
 mod tests;
 
-use super::{Feedback, RateControl};
+use super::{Feedback, PathMeasurement, RateControl, RememberedPath};
 use estimator::Estimator;
 use loss::LossClassifier;
 pub use params::Params;
 use queue::QueueSignal;
+use resume::Resume;
+pub use resume::ResumePhase;
 pub use state::Mode;
 use state::{Phase, State};
 
@@ -160,6 +193,8 @@ pub struct Adaptive {
     est: Estimator,
     queue: QueueSignal,
     loss: LossClassifier,
+    /// Careful resume from a remembered path, and what is worth remembering of this one.
+    resume: Resume,
     /// The tunables.
     p: Params,
 }
@@ -198,6 +233,7 @@ impl Adaptive {
             est: Estimator::new(),
             queue: QueueSignal::new(),
             loss: LossClassifier::new(),
+            resume: Resume::new(),
             p,
         };
         a.rate = a.clamp(a.p.initial_rate as f64);
@@ -284,6 +320,10 @@ impl RateControl for Adaptive {
         self.srtt_us = fb.srtt_us;
         if let Some(rtt) = fb.rtt_us {
             self.on_rtt_sample(fb, rtt);
+        }
+        // Before Startup's rules: an unvalidated jump retreats on its own terms.
+        self.resume_on_feedback(fb);
+        if fb.rtt_us.is_some() {
             self.on_queue_sample(fb);
         }
         self.exit_drain_when_queue_gone(fb);
@@ -304,6 +344,7 @@ impl RateControl for Adaptive {
             carried = None;
         }
         self.advance_growth(fb.now_us);
+        self.tally_for_memory(fb, ends_round);
         if ends_round {
             self.end_round(fb.now_us);
             if let Some(part) = carried {
@@ -311,6 +352,11 @@ impl RateControl for Adaptive {
             }
         }
         self.update_rate();
+        if self.resume.jumping() && self.state != State::Startup {
+            // Startup's own rules ended the search (a round's loss, the receiver's drops)
+            // while the jump was unvalidated: that is the path saying no, too.
+            self.resume.phase = ResumePhase::Retreated;
+        }
     }
 
     fn in_flight_cap(&self) -> Option<u64> {
@@ -334,7 +380,11 @@ impl RateControl for Adaptive {
             let rtt =
                 self.min_rtt_us.max(self.p.rtt_floor_us) + self.queue.last_round_min_path_queue_us;
             let cap = self.p.startup_in_flight_bdps * bytes_in(bw, rtt) as f64;
-            let cap = cap as u64 + self.p.cap_burst_bytes;
+            let mut cap = cap as u64 + self.p.cap_burst_bytes;
+            if let Some((_, jump_cap)) = self.jump_floor() {
+                // Careful resume's jump: its window, until what it delivers says more.
+                cap = cap.max(jump_cap);
+            }
             return Some(self.hold_in_flight.map_or(cap, |h| h.min(cap)));
         }
         let bw = self.bottleneck().max(self.rate);
@@ -349,11 +399,22 @@ impl RateControl for Adaptive {
     }
 
     fn name(&self) -> &'static str {
+        if self.resume.jumping() {
+            return "resume";
+        }
         match self.state {
             State::Startup => "startup",
             State::Drain => "drain",
             State::ProbeBw(Phase::Refill | Phase::Up(_)) => "probe",
             State::ProbeBw(Phase::Down(_)) => "yield",
         }
+    }
+
+    fn remember(&mut self, path: RememberedPath) {
+        self.remember_path(path);
+    }
+
+    fn measured(&self) -> Option<PathMeasurement> {
+        self.measurement()
     }
 }

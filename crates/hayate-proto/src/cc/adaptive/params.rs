@@ -69,6 +69,35 @@ pub struct Params {
     /// RTT: all of it overflowed short buffers, much less left the search short.
     pub hold_carried: f64,
 
+    // ---- Careful resume (a remembered path, RFC 9959) -----------------------------------
+    /// A remembered path older than this is ignored, µs (an hour: paths change).
+    pub resume_max_age_us: u64,
+    /// The first RTT sample must be at least this share of the remembered minimum RTT ...
+    pub resume_rtt_low: f64,
+    /// ... and at most this many times it, or the path is another one and the jump is not
+    /// made (the RFC's check).
+    pub resume_rtt_high: f64,
+    /// The jump paces at this share of the remembered rate (the RFC's half of the saved
+    /// window), and less if the RTT is longer now (the same window over a longer RTT); in
+    /// flight at most this share of the remembered rate over the remembered RTT.
+    pub resume_jump_gain: f64,
+    /// While the jump is unvalidated, a path queue over this many queue targets on
+    /// `grow_queue_samples` samples in a row, standing `grow_queue_persist`, is the path
+    /// saying no: retreat.
+    pub resume_retreat_queue: f64,
+    /// So is a loss ratio over this among the jump's packets (over
+    /// `overflow_min_datagrams`): random loss is lower, a buffer overflowing higher.
+    pub resume_retreat_loss: f64,
+    /// What a session measured is worth remembering after this many rounds past Startup
+    /// (the rate was found, not only searched for) ...
+    pub remember_min_rounds: u32,
+    /// ... when the sender had nothing to send for at most this share of what it delivered
+    /// meanwhile (an application slower than the path measures the application) ...
+    pub remember_app_limited: f64,
+    /// ... and the estimate is under this share of the rate cap (a capped session measures
+    /// the cap).
+    pub remember_under_cap: f64,
+
     // ---- Drain (after Startup) ----------------------------------------------------------
     /// Pacing gain while startup's queue drains, until no more than a BDP is in flight (then
     /// Drain paces at the estimate until an RTT sample shows the queue gone: three quarters
@@ -256,6 +285,16 @@ impl Default for Params {
             startup_hold_samples: 2,
             startup_hold_rounds: 3,
             hold_carried: 0.9,
+
+            resume_max_age_us: 3_600_000_000,
+            resume_rtt_low: 0.5,
+            resume_rtt_high: 10.0,
+            resume_jump_gain: 0.5,
+            resume_retreat_queue: 1.5,
+            resume_retreat_loss: 0.05,
+            remember_min_rounds: 8,
+            remember_app_limited: 0.25,
+            remember_under_cap: 0.95,
 
             drain_gain: 0.75,
             max_drain_rounds: 3,

@@ -279,6 +279,12 @@ impl Adaptive {
             State::ProbeBw(Phase::Refill) => bw,
             State::ProbeBw(Phase::Up(k)) => bw + self.increment(k).min(bw * self.p.max_grow),
         });
+        if let Some((jump, _)) = self.jump_floor() {
+            if self.state == State::Startup {
+                // Careful resume: no slower than the jump until it is validated.
+                self.rate = self.rate.max(jump);
+            }
+        }
         self.congestion_cap = congestion_cap(&self.p, est.max(self.rate), self.min_rtt_us);
         self.drained_rate = self.clamp(bw);
         self.blind_rate = self.rate.min(self.drained_rate);

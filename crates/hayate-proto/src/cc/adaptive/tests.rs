@@ -1,6 +1,7 @@
 use std::collections::VecDeque;
 
 use super::*;
+use crate::cc::RememberedPath;
 
 fn fb(now_us: u64, rtt: u64, min: u64, rx: u64) -> Feedback {
     Feedback {
@@ -531,4 +532,84 @@ fn application_limited_samples_do_not_lower_the_pace() {
         rate < initial / 4,
         "a slow path's samples were ignored: {rate}"
     );
+}
+
+/// What a session measured is worth remembering once the rate was found (rounds past
+/// Startup), and not when a rate cap or an application slower than the path held it.
+#[test]
+fn a_measurement_is_remembered_only_when_it_found_the_path() {
+    let cap = 50_000_000u64;
+    let mut a = Adaptive::new(None, 0);
+    assert_eq!(a.measured(), None);
+    let now = policed(&mut a, cap, 0, 400);
+    let m = a.measured().expect("found the rate");
+    assert!((0.8 * cap as f64..1.2 * cap as f64).contains(&(m.rate as f64)));
+    assert_eq!(m.min_rtt_us, 50_000);
+    // Capped under the path: it measured the cap.
+    let mut capped = Adaptive::new(Some(cap / 2), 0);
+    policed(&mut capped, cap, 0, 400);
+    assert_eq!(capped.measured(), None);
+    // An application that left the sender idle half the time.
+    let mut idle = a.clone();
+    let mut t = now;
+    for _ in 0..100 {
+        t += 5_000;
+        let rate = idle.pacing_rate().unwrap();
+        idle.on_sent(t, rate * 5_000 / 1_000_000);
+        idle.on_feedback(&Feedback {
+            delivered: 100_000,
+            send_app_idle_bytes: 100_000,
+            ..fb(t, 50_000, 50_000, cap / 2)
+        });
+    }
+    assert_eq!(idle.measured(), None);
+}
+
+/// Careful resume in the controller alone: the jump waits for the first RTT sample, paces
+/// at half the remembered rate, and a queue standing during its validation retreats to what
+/// it got delivered.
+#[test]
+fn a_jump_waits_for_the_path_and_retreats_on_a_queue() {
+    let saved = RememberedPath {
+        rate: 100_000_000,
+        min_rtt_us: 50_000,
+        age_us: 1_000_000,
+    };
+    let mut a = Adaptive::new(None, 0);
+    a.remember(saved);
+    assert_eq!(a.resume_phase(), ResumePhase::Reconnaissance);
+    let start = a.pacing_rate().unwrap();
+    assert!(start < saved.rate / 2);
+    // The first RTT sample: comparable, so the jump is on.
+    a.on_feedback(&fb(50_000, 50_000, 50_000, 1_000_000));
+    assert_eq!(a.resume_phase(), ResumePhase::Unvalidated);
+    assert_eq!(a.pacing_rate(), Some(saved.rate / 2));
+    assert_eq!(a.name(), "resume");
+    // A round trip later the jump's packets come back behind a growing queue: the path
+    // carries 20 MB/s, not 50.
+    let mut now = 50_000;
+    for i in 0..40 {
+        now += 2_000;
+        let q = i * 1_000;
+        a.on_feedback(&Feedback {
+            delivered: 40_000,
+            ..fb(now, 50_000 + q, 50_000, 20_000_000)
+        });
+        if a.resume_phase() == ResumePhase::Retreated {
+            break;
+        }
+    }
+    assert_eq!(a.resume_phase(), ResumePhase::Retreated, "at {now} µs");
+    assert_eq!(a.mode(), Mode::Drain);
+    let b = a.bottleneck();
+    assert!((15_000_000..=25_000_000).contains(&b), "estimate {b}");
+    // An RTT that is not comparable: ignored.
+    let mut other = Adaptive::new(None, 0);
+    other.remember(RememberedPath {
+        min_rtt_us: 4_000,
+        ..saved
+    });
+    other.on_feedback(&fb(50_000, 50_000, 50_000, 1_000_000));
+    assert_eq!(other.resume_phase(), ResumePhase::Ignored);
+    assert!(other.pacing_rate().unwrap() <= start);
 }
