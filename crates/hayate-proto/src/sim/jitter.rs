@@ -5,6 +5,10 @@
 //! queueing of other traffic on the way varies. By default it keeps order (a datagram never
 //! arrives before the one sent ahead of it, as through one queue); with `reorder`, each delay
 //! is independent and later datagrams may overtake (parallel paths, a multi-queue NIC).
+//! Keeping order makes each datagram wait for the latest one ahead of it (as netem does with
+//! a FIFO child), so the delay added is the running maximum of the draws, more than their
+//! mean, and more the more datagrams come per mean delay: at 300 Mbit/s an exponential draw
+//! of 1 ms mean adds about 4 ms, varying.
 //!
 //! **Aggregation**: the link holds what arrives and lets it go in bursts, every `every_us`
 //! (a Wi-Fi station waiting for a transmit opportunity, a cable modem's request-grant
