@@ -5,8 +5,13 @@
 //! ```text
 //! cargo run --release -p hayate-proto --example sim_matrix -- [--models fifo,codel,...]
 //!     [--rtts 10,50,100,250] [--losses 0,0.01] [--rate-mbit 300] [--secs 6] [--seeds 1]
-//!     [--jobs 2]
+//!     [--jobs 2] [--ablate all|rule,rule]
 //! ```
+//!
+//! With `--ablate`, the rows run once as the controller is and once with each named rule of
+//! its state machine switched off (`AdaptiveRule`), and a table says per rule how much
+//! worse the worst row and the mean got: steady (points), retransmitted (points), median
+//! queueing delay (ms), and how many rows got worse than `NOISE`.
 //!
 //! **Steady** is the server's goodput from 2 s to half a second before the end, over
 //! capacity × payload share × (1 − loss), as `tests/rate_control.rs` measures it; the
@@ -17,7 +22,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use hayate_proto::cc::RateConfig;
+use hayate_proto::cc::{Ablation, AdaptiveParams, AdaptiveRule, RateConfig};
 use hayate_proto::sim::{
     self, CoDelParams, GilbertElliott, JitterDist, JitterParams, LinkParams, PolicerParams,
     Scenario,
@@ -68,6 +73,8 @@ struct Row {
     loss: f64,
     secs: u64,
     seed: u64,
+    /// The rule switched off, if any.
+    off: Option<AdaptiveRule>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -155,6 +162,12 @@ fn scenario(row: &Row) -> (Scenario, f64, f64) {
     sc.reverse = rev;
     sc.client.rate = RateConfig::Adaptive { max: None, min: 0 };
     sc.server.rate = RateConfig::Adaptive { max: None, min: 0 };
+    if let Some(rule) = row.off {
+        sc.client_cc_params = Some(AdaptiveParams {
+            ablation: Ablation::default().without(rule),
+            ..AdaptiveParams::default()
+        });
+    }
     sc.uploads = vec![("f".into(), data((rate * row.secs) as usize))];
     sc.limit_us = row.secs * 5_000_000;
     (sc, capacity, row.loss)
@@ -247,9 +260,25 @@ fn main() {
                         loss,
                         secs,
                         seed: seed * 1000 + rtt_ms + (loss * 1e4) as u64,
+                        off: None,
                     });
                 }
             }
+        }
+    }
+    let ablate: Vec<String> = arg_list(&args, "--ablate", "");
+    let rules: Vec<(AdaptiveRule, &str)> = AdaptiveRule::ALL
+        .iter()
+        .copied()
+        .filter(|(_, n)| ablate.iter().any(|a| a == "all" || a == n))
+        .collect();
+    let base_rows = rows.len();
+    for &(rule, _) in &rules {
+        for i in 0..base_rows {
+            rows.push(Row {
+                off: Some(rule),
+                ..rows[i].clone()
+            });
         }
     }
     let next = AtomicUsize::new(0);
@@ -276,7 +305,7 @@ fn main() {
          capacity x (1 - loss), retransmitted %, median queueing delay ms, drops at the link"
     );
     let mut last_model = "";
-    for (row, o) in rows.iter().zip(&results) {
+    for (row, o) in rows.iter().zip(&results).take(base_rows) {
         if row.model != last_model {
             last_model = row.model;
             let desc = MODELS.iter().find(|m| m.0 == row.model).unwrap().1;
@@ -300,6 +329,96 @@ fn main() {
             } else {
                 format!("FAILED: {}", o.error.as_deref().unwrap_or("?"))
             }
+        );
+    }
+    print_ablation(&rows, &results, base_rows, &rules);
+}
+
+/// Worse than this is a rule paying for itself: steady points lost, retransmitted points
+/// gained, median queueing delay gained (ms and share).
+const NOISE: (f64, f64, f64, f64) = (0.5, 0.1, 1.0, 0.25);
+
+/// The ablation table: per rule, what switching it off did to the rows.
+fn print_ablation(
+    rows: &[Row],
+    results: &[Outcome],
+    base_rows: usize,
+    rules: &[(AdaptiveRule, &str)],
+) {
+    if rules.is_empty() {
+        return;
+    }
+    println!(
+        "\nablation over {base_rows} rows (change with the rule off; worse = steady -{} pt, \
+         retx +{} pt or q50 +{} ms and +{:.0} %, or a failed run)",
+        NOISE.0,
+        NOISE.1,
+        NOISE.2,
+        NOISE.3 * 100.0
+    );
+    println!(
+        "{:<24} {:>13} {:>13} {:>13} {:>11}  {:<8} worst row",
+        "rule", "steady min/avg", "retx max/avg", "q50 max/avg", "rows worse", "verdict"
+    );
+    for (k, (_, name)) in rules.iter().enumerate() {
+        let (mut ds, mut dr, mut dq) = (Vec::new(), Vec::new(), Vec::new());
+        let mut worse = 0;
+        let mut worst: Option<(f64, usize)> = None;
+        for i in 0..base_rows {
+            let (b, o) = (&results[i], &results[base_rows * (k + 1) + i]);
+            let (s, r, q) = (
+                o.steady_pct - b.steady_pct,
+                o.retx_pct - b.retx_pct,
+                o.q50_ms - b.q50_ms,
+            );
+            ds.push(s);
+            dr.push(r);
+            dq.push(q);
+            let bad = (b.ok && !o.ok)
+                || s < -NOISE.0
+                || r > NOISE.1
+                || (q > NOISE.2 && q > NOISE.3 * b.q50_ms);
+            if bad {
+                worse += 1;
+                // Ranked by steady points lost, plus ten per retransmitted point.
+                let cost = -s + 10.0 * r;
+                if worst.is_none_or(|(c, _)| cost > c) {
+                    worst = Some((cost, i));
+                }
+            }
+        }
+        let min = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = |v: &[f64]| v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let avg = |v: &[f64]| v.iter().sum::<f64>() / v.len() as f64;
+        let worst_row = worst.map_or(String::new(), |(_, i)| {
+            let (r, b, o) = (&rows[i], &results[i], &results[base_rows * (k + 1) + i]);
+            format!(
+                "{} {} ms {}% seed {}: steady {:.1} -> {:.1}, retx {:.2} -> {:.2}, q50 {:.1} -> {:.1}{}",
+                r.model,
+                r.rtt_ms,
+                r.loss * 100.0,
+                r.seed,
+                b.steady_pct,
+                o.steady_pct,
+                b.retx_pct,
+                o.retx_pct,
+                b.q50_ms,
+                o.q50_ms,
+                if o.ok { "" } else { " FAILED" }
+            )
+        });
+        println!(
+            "{:<24} {:>6.1}/{:<6.2} {:>6.2}/{:<6.2} {:>6.1}/{:<6.2} {:>11}  {:<8} {}",
+            name,
+            min(&ds),
+            avg(&ds),
+            max(&dr),
+            avg(&dr),
+            max(&dq),
+            avg(&dq),
+            worse,
+            if worse > 0 { "pays" } else { "no gain" },
+            worst_row
         );
     }
 }

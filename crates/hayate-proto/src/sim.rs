@@ -147,6 +147,8 @@ pub struct ClientSpec {
     pub stall_every_us: u64,
     /// How long each stall lasts, µs.
     pub stall_us: u64,
+    /// Its adaptive controller's tunables, if not the defaults.
+    pub cc_params: Option<crate::cc::AdaptiveParams>,
 }
 
 /// A whole simulated run: the path both ways, the server and its clients, and what they
@@ -192,6 +194,9 @@ pub struct Scenario {
     pub client_stall_us: u64,
     /// TCP CUBIC bulk flows through the same forward link (cross traffic).
     pub tcp_flows: Vec<TcpSpec>,
+    /// Every client's adaptive controller runs with these tunables (`None`: the defaults),
+    /// e.g. with rules switched off ([`crate::cc::Ablation`]).
+    pub client_cc_params: Option<crate::cc::AdaptiveParams>,
 }
 
 impl Scenario {
@@ -224,6 +229,7 @@ impl Scenario {
             client_stall_every_us: 0,
             client_stall_us: 0,
             tcp_flows: Vec::new(),
+            client_cc_params: None,
         }
     }
 
@@ -240,6 +246,7 @@ impl Scenario {
             cc_trace: self.cc_trace,
             stall_every_us: self.client_stall_every_us,
             stall_us: self.client_stall_us,
+            cc_params: self.client_cc_params.clone(),
         }
     }
 
@@ -711,6 +718,9 @@ impl Client {
         );
         if self.spec.cc_trace {
             conn.enable_cc_trace();
+        }
+        if let Some(p) = &self.spec.cc_params {
+            conn.set_adaptive_params(p.clone());
         }
         for (path, data) in &self.spec.uploads {
             let x = conn.send_file(path, data.len() as u64, 0o644, 0);

@@ -101,7 +101,7 @@ mod tests;
 use super::{Feedback, RateControl};
 use estimator::Estimator;
 use loss::LossClassifier;
-pub use params::Params;
+pub use params::{Ablation, Params, Rule};
 use queue::QueueSignal;
 pub use state::Mode;
 use state::{Phase, State};
@@ -257,7 +257,10 @@ impl RateControl for Adaptive {
         // on: its feedback is overdue (it stopped a while), so nothing says whether the
         // path takes more. No probing then: a grow phase's increment kept up blind for 50
         // ms overflowed a 10 ms path's buffer on the harness.
-        if self.in_probe_bw() && in_flight > self.congestion_cap {
+        if self.in_probe_bw()
+            && in_flight > self.congestion_cap
+            && self.p.ablation.on(Rule::BlindPastCap)
+        {
             return Some(self.blind_rate);
         }
         // Startup's drain: with a BDP or less in flight the queue is out (what is still on
@@ -267,7 +270,10 @@ impl RateControl for Adaptive {
         // transfer's steady rate). Pace at the estimate until they do. Where the bottleneck
         // is far from the sender this comes early and holds some of the queue instead: the
         // grow phase then finds it standing and yields.
-        if self.state == State::Drain && in_flight <= self.drained_in_flight {
+        if self.state == State::Drain
+            && in_flight <= self.drained_in_flight
+            && self.p.ablation.on(Rule::DrainAtEstimate)
+        {
             return Some(self.drained_rate);
         }
         Some(self.rate)

@@ -2,7 +2,7 @@
 //! them and the pacing rate each state sets.
 
 use super::loss::enough_datagrams;
-use super::{bytes_in, congestion_cap, Adaptive, Feedback};
+use super::{bytes_in, congestion_cap, Adaptive, Feedback, Rule};
 
 //STATE
 /// The controller's state without ProbeBw's phase (for traces and tests).
@@ -68,6 +68,9 @@ impl Adaptive {
     /// Not when this round loses far more than random loss does: that is our overshoot
     /// overflowing a short buffer.
     pub(super) fn startup_still_growing(&self) -> bool {
+        if !self.p.ablation.on(Rule::StartupStillGrowing) {
+            return false;
+        }
         let settled = self.round_settled();
         let lost = self.loss.round_lost as f64 / settled.max(1) as f64;
         // Over enough datagrams to say: one random loss among the first 14 of a round read
@@ -111,7 +114,10 @@ impl Adaptive {
         // (the simulator, 300 Mbit/s, 10 ms, 1 ms of buffer: 1.3 % retransmitted with the
         // learnt target alone, 0.7 % with this; 1.5 % before either). Every flow sees the
         // queue at once, so their increments stay equal.
-        if self.shallow() && !self.queue_gone(self.queue.path_queue_us) {
+        if self.shallow()
+            && !self.queue_gone(self.queue.path_queue_us)
+            && self.p.ablation.on(Rule::ShallowGrowthPause)
+        {
             return;
         }
         self.grow_doublings += dt as f64 / self.min_rtt_us.max(self.p.rtt_floor_us) as f64;
@@ -161,7 +167,7 @@ impl Adaptive {
         let mut gain = self.share_gain(share);
         let big = (self.min_rtt_us as f64 * self.p.big_queue)
             .max(self.queue_target_us() as f64 * self.p.big_queue_targets);
-        if path_q_us as f64 > big || overrun {
+        if (path_q_us as f64 > big || overrun) && self.p.ablation.on(Rule::BigQueueGain) {
             gain = self.p.big_queue_gain;
         }
         self.shares.push(share);
@@ -193,7 +199,10 @@ impl Adaptive {
             .iter()
             .filter(|&&h| s < self.p.share_moving * h as f64 || self.p.share_moving * s > h as f64)
             .count();
-        if !self.shares.is_empty() && apart >= self.p.shares_apart.min(self.shares.len()) {
+        if !self.shares.is_empty()
+            && apart >= self.p.shares_apart.min(self.shares.len())
+            && self.p.ablation.on(Rule::ConvergeGain)
+        {
             self.p.converge_gain
         } else {
             self.p.share_gain
@@ -230,6 +239,9 @@ impl Adaptive {
     /// the queue target when first seen (a host's stall: its late ACKs read tens of ms at
     /// once, where ours rises through the target).
     pub(super) fn hold_at_queue(&mut self, in_flight: u64) {
+        if !self.p.ablation.on(Rule::StartupHold) {
+            return;
+        }
         let q = self
             .queue
             .path_queue_us
@@ -306,7 +318,8 @@ impl Adaptive {
                 }
                 // A burst of loss is the shallow buffer overflowing (random loss is lower).
                 if self.plateau_rounds >= self.p.startup_full_rounds
-                    || loss > self.p.startup_exit_loss
+                    || (loss > self.p.startup_exit_loss
+                        && self.p.ablation.on(Rule::StartupLossExit))
                 {
                     self.leave_startup();
                 }
@@ -325,7 +338,7 @@ impl Adaptive {
                     // 1.5 % of the data was lost, all of it there).
                     self.learn_buffer(now_us);
                 }
-                if foreign {
+                if foreign && self.p.ablation.on(Rule::ForeignOverflowYield) {
                     self.loss.foreign_overflow_us = now_us;
                     self.queue_found(self.least_queues(), true);
                 }
@@ -336,6 +349,7 @@ impl Adaptive {
                 let next = match phase {
                     Phase::Refill | Phase::Up(_)
                         if standing
+                            && self.p.ablation.on(Rule::StandingQueueYield)
                             && self.queue.round_samples >= self.p.grow_queue_samples
                             && self.est.round_rx_n + self.est.last_round_n
                                 >= self.p.share_min_samples =>
@@ -347,7 +361,9 @@ impl Adaptive {
                         self.queue_found((self.queue.round_min_path_queue_us, round_queue), false);
                         Phase::Down(1)
                     }
-                    Phase::Refill | Phase::Up(_) if self.overflowing() => {
+                    Phase::Refill | Phase::Up(_)
+                        if self.overflowing() && self.p.ablation.on(Rule::OverflowYield) =>
+                    {
                         // The increment was lost, not queued: a buffer too short to show a
                         // queue. What got through is the share.
                         self.learn_buffer(now_us);
@@ -356,6 +372,7 @@ impl Adaptive {
                     }
                     Phase::Up(k)
                         if k >= self.p.grow_undelivered_rounds
+                            && self.p.ablation.on(Rule::UndeliveredRefill)
                             && self.est.round_rx_n > 0
                             && self.est.prev_sent_rate as f64
                                 > self.p.grow_undelivered * self.rx_mean() =>
@@ -368,7 +385,13 @@ impl Adaptive {
                     Phase::Up(k) => Phase::Up(k + 1),
                     // The round the queue was found in is not a whole round of draining.
                     Phase::Down(0) => Phase::Down(1),
-                    Phase::Down(n) if standing && n < self.p.max_drain_rounds => Phase::Down(n + 1),
+                    Phase::Down(n)
+                        if standing
+                            && n < self.p.max_drain_rounds
+                            && self.p.ablation.on(Rule::DownWhileStanding) =>
+                    {
+                        Phase::Down(n + 1)
+                    }
                     Phase::Down(_) => Phase::Refill,
                 };
                 self.state = State::ProbeBw(next);
@@ -403,6 +426,7 @@ impl Adaptive {
             self.hold_at_queue(fb.in_flight);
         }
         if self.state == State::Startup
+            && self.p.ablation.on(Rule::StartupQueueExit)
             && self.queue.queued_samples >= self.p.startup_exit_samples
             && fb.now_us - self.queue.queued_since_us >= self.grow_queue_persist_us()
             && !self.startup_still_growing()
@@ -420,7 +444,11 @@ impl Adaptive {
     /// Drain, and ProbeBw's Down phase, end as soon as an RTT sample shows the queue gone.
     pub(super) fn exit_drain_when_queue_gone(&mut self, fb: &Feedback) {
         let any_drain = self.draining() || self.state == State::Drain;
-        if any_drain && fb.rtt_us.is_some() && self.queue_gone(self.queue.queue_delay_us) {
+        if any_drain
+            && fb.rtt_us.is_some()
+            && self.queue_gone(self.queue.queue_delay_us)
+            && self.p.ablation.on(Rule::EarlyDrainExit)
+        {
             // The queue is (nearly) out: grow again now, not at the end of a round (a round
             // more of draining left the link idle for most of it: a 10 ms path lost 5-8 %
             // of the link to that; startup's drain, at three quarters of the link, lost up
@@ -443,6 +471,7 @@ impl Adaptive {
         if self.state == State::Startup
             && self.hold_in_flight.is_some()
             && self.queue.path_queue_us > self.p.startup_hold_queue_us
+            && self.p.ablation.on(Rule::StartupHold)
         {
             // While a queue stands what arrives is what the path carries: hold no less than
             // most of that over the base RTT. The flight is short when the queue first shows
