@@ -46,7 +46,6 @@
 //! | ProbeBw(Up(k)) | round end: as for Refill | ProbeBw(Down(1)) | as for Refill |
 //! | ProbeBw(Up(k)) | round end: k ≥ `grow_undelivered_rounds`, sent over `grow_undelivered` × what arrived, no queue (a policer) | ProbeBw(Refill) | the increment starts over |
 //! | ProbeBw(Up(k)) | round end, otherwise | ProbeBw(Up(k+1)) | |
-//! | ProbeBw(any) | round end: a calm round lost more than random loss on a short buffer, not at the receiver (another flow overflowed it; at most once per `foreign_overflow_rtts`) | ProbeBw(Down(1)) | yield as to a big queue (`big_queue_gain`) |
 //! | ProbeBw(Down(n)) | an RTT sample shows the queue gone | ProbeBw(Refill) | a new round starts; the rounds of the drain are no one's share |
 //! | ProbeBw(Down(n)) | round end: n = 0, or a queue still stands and n < `max_drain_rounds` | ProbeBw(Down(n+1)) | |
 //! | ProbeBw(Down(n)) | round end, otherwise | ProbeBw(Refill) | |

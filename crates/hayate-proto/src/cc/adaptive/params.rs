@@ -163,9 +163,6 @@ pub struct Params {
     /// ... with the queue spread over at least this, µs: on a short path draining in one
     /// round trip left the link under-filled by the drain's depth.
     pub min_drain_span_us: u64,
-    /// Another flow's overflow of a short buffer is answered once per this many minimum RTTs
-    /// (a search overflows it for a round or two).
-    pub foreign_overflow_rtts: u64,
 
     // ---- Delivery samples ---------------------------------------------------------------
     /// Deliveries count at most `1/sample_headroom_div` (a quarter) over the pace as the
@@ -258,8 +255,6 @@ pub enum Rule {
     OverflowYield,
     /// Up starts over (Refill) when sending more got nothing more through (a policer).
     UndeliveredRefill,
-    /// Any ProbeBw phase yields to another flow's overflow of a short buffer.
-    ForeignOverflowYield,
     /// On a short buffer the increment stops doubling while a queue shows.
     ShallowGrowthPause,
     /// Moving shares take the deeper `converge_gain` cut.
@@ -274,7 +269,7 @@ pub enum Rule {
 
 impl Rule {
     /// Every rule, with its name in the ablation table.
-    pub const ALL: [(Rule, &'static str); 15] = [
+    pub const ALL: [(Rule, &'static str); 14] = [
         (Rule::StartupHold, "startup-hold"),
         (Rule::StartupQueueExit, "startup-queue-exit"),
         (Rule::StartupLossExit, "startup-loss-exit"),
@@ -284,7 +279,6 @@ impl Rule {
         (Rule::StandingQueueYield, "standing-queue-yield"),
         (Rule::OverflowYield, "overflow-yield"),
         (Rule::UndeliveredRefill, "undelivered-refill"),
-        (Rule::ForeignOverflowYield, "foreign-overflow-yield"),
         (Rule::ShallowGrowthPause, "shallow-growth-pause"),
         (Rule::ConvergeGain, "converge-gain"),
         (Rule::BigQueueGain, "big-queue-gain"),
@@ -371,7 +365,6 @@ impl Default for Params {
             min_queue_drain_gain: 0.7,
             max_queue_drain_gain: 0.95,
             min_drain_span_us: 30_000,
-            foreign_overflow_rtts: 4,
 
             sample_headroom_div: 4,
             sender_limited: 1.0 / 3.0,

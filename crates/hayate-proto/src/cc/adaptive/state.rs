@@ -132,8 +132,7 @@ impl Adaptive {
     /// it was found, not the latest sample's. A sender whose host held it reads the ACKs
     /// that waited meanwhile as a queue that jumped (35 ms on the harness's 100 ms path,
     /// where 8 had stood): sized by that, the cut was the big queue's, 0.7 of the link.
-    /// `overrun`: another flow overflowed a short buffer; yield as to a big queue.
-    pub(super) fn queue_found(&mut self, (path_q_us, q_us): (u64, u64), overrun: bool) {
+    pub(super) fn queue_found(&mut self, (path_q_us, q_us): (u64, u64)) {
         let w = self.est.round_rx_w + self.est.last_round_w;
         // All of both rounds' deliveries, not only those taken while the queue stood. With
         // senders whose hosts stall, that selection read the smaller of two flows 10-15 %
@@ -167,7 +166,7 @@ impl Adaptive {
         let mut gain = self.share_gain(share);
         let big = (self.min_rtt_us as f64 * self.p.big_queue)
             .max(self.queue_target_us() as f64 * self.p.big_queue_targets);
-        if (path_q_us as f64 > big || overrun) && self.p.ablation.on(Rule::BigQueueGain) {
+        if path_q_us as f64 > big && self.p.ablation.on(Rule::BigQueueGain) {
             gain = self.p.big_queue_gain;
         }
         self.shares.push(share);
@@ -298,7 +297,7 @@ impl Adaptive {
     }
 
     pub(super) fn end_round(&mut self, now_us: u64) {
-        let (loss, foreign) = self.classify_round_loss(now_us);
+        let loss = self.classify_round_loss();
         if (self.queue.round_samples > 0 && !self.draining()) || self.est.bw_rounds.is_empty() {
             self.push_bw_round(self.round_sample());
         }
@@ -338,11 +337,6 @@ impl Adaptive {
                     // 1.5 % of the data was lost, all of it there).
                     self.learn_buffer(now_us);
                 }
-                if foreign && self.p.ablation.on(Rule::ForeignOverflowYield) {
-                    self.loss.foreign_overflow_us = now_us;
-                    self.queue_found(self.least_queues(), true);
-                }
-                // Read again: a foreign overflow just made it Down(0).
                 let State::ProbeBw(phase) = self.state else {
                     unreachable!("in ProbeBw");
                 };
@@ -358,7 +352,7 @@ impl Adaptive {
                         // Not on a round or two of samples: after a host stall of 20 ms the
                         // first ACK shows a queue and a delivery over the stall, and a share
                         // read off that one sample cut a 1 Gbit/s flow to 22 Mbit/s.
-                        self.queue_found((self.queue.round_min_path_queue_us, round_queue), false);
+                        self.queue_found((self.queue.round_min_path_queue_us, round_queue));
                         Phase::Down(1)
                     }
                     Phase::Refill | Phase::Up(_)
@@ -367,7 +361,7 @@ impl Adaptive {
                         // The increment was lost, not queued: a buffer too short to show a
                         // queue. What got through is the share.
                         self.learn_buffer(now_us);
-                        self.queue_found(self.least_queues(), false);
+                        self.queue_found(self.least_queues());
                         Phase::Down(1)
                     }
                     Phase::Up(k)
@@ -437,7 +431,7 @@ impl Adaptive {
             && self.queue.grow_queued_samples >= self.p.grow_queue_samples
             && fb.now_us - self.queue.grow_queued_since_us >= self.grow_queue_persist_us()
         {
-            self.queue_found(self.queue.grow_queued_floor_us, false);
+            self.queue_found(self.queue.grow_queued_floor_us);
         }
     }
 
