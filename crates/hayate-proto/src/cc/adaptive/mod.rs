@@ -57,6 +57,10 @@
 //! `state` column of `HAYATE_CC_TRACE`, parsed by `bench/wan` and the tests, so kept):
 //! `startup`, `drain`, `probe` (Refill and Up), `yield` (Down).
 //!
+//! Each rule group of the table can be switched off on its own (`Params::ablation`, a
+//! [`Rule`] set, empty by default) to measure what it pays for across the simulator's link
+//! models: `bench/sim-matrix --ablate`, whose table is in `bench/README.md`.
+//!
 //! **The estimate.** The delivery rate is measured by the receiver's clock, so it is exact
 //! even when ACKs are delayed or bunched. A round's rate is bytes over time (samples weighted
 //! by the time they cover, so a stall and the burst that catches it up cancel out), at most a
@@ -84,7 +88,11 @@
 //! ratio, at most the random loss) and never shrinks the estimate by itself. The random loss
 //! is learnt from calm rounds (those that sent at most the estimate); loss over it after a
 //! round that grew is a buffer overflowing (a buffer shorter than the queue target overflows
-//! before any delay shows), and ends Up as a queue does. What the pacer sent catching up
+//! before any delay shows), and ends Up as a queue does. Loss over it in a calm round on a
+//! buffer known to be short is another flow overflowing that buffer: it stays out of the
+//! random loss, and is not answered by itself (a yield to it misread bursty loss and a
+//! policer's drops as such, and cost up to 13 points of the link in `bench/sim-matrix`;
+//! sharing did not need it). What the pacer sent catching up
 //! after its host held it is left out of both ratios (the pacer, `pacer.rs`, has its own test
 //! of those bursts' losses, `Pacer::on_fates`). The receiver's OS dropping datagrams means
 //! the receiver (disk, CPU) is the bottleneck: the estimate is cut to what it took in.
