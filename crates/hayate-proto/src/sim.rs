@@ -1,5 +1,7 @@
 //! A simulated network for whole sessions in virtual time: loss, reordering, duplication,
-//! bit corruption, delay, a bottleneck rate with a tail-drop queue. Both ends run the real
+//! bit corruption, delay, a bottleneck rate with a tail-drop queue, and optionally CoDel at
+//! that queue (`codel`), a token-bucket policer (`policer`), delay jitter and ACK aggregation
+//! (`jitter`) and bursty loss (`gilbert`). Both ends run the real
 //! [`Connection`]/[`Endpoint`] code with real crypto; only time and the wire are simulated,
 //! so a 30 %-loss transfer over a 200 ms path finishes in milliseconds of real time. TCP CUBIC
 //! bulk flows can share the forward link as cross traffic ([`TcpSpec`]).
@@ -17,7 +19,15 @@ use crate::rng::Rng as KeyRng;
 use crate::transfer::XferId;
 use crate::wire::{AddrFamily, Cid};
 
+mod codel;
+mod gilbert;
+mod jitter;
+mod policer;
 mod tcp;
+pub use codel::CoDelParams;
+pub use gilbert::GilbertElliott;
+pub use jitter::{JitterDist, JitterParams};
+pub use policer::PolicerParams;
 use tcp::Tcp;
 pub use tcp::TcpSpec;
 
@@ -49,6 +59,17 @@ pub struct LinkParams {
     /// times the pace they came in (a real emulator or router catching up at CPU speed, so a
     /// receiver sees a few ms of data arrive at several times the link rate).
     pub stall_release_speedup: u64,
+    /// CoDel at the bottleneck queue's head (needs `rate`; `None`: plain tail drop).
+    pub aqm: Option<CoDelParams>,
+    /// A token-bucket policer in front of the queue: what exceeds it is dropped.
+    pub policer: Option<PolicerParams>,
+    /// Extra per-datagram delay after the bottleneck.
+    pub jitter: Option<JitterParams>,
+    /// Hold what arrives and release it every this many µs (0: never): ACK aggregation on
+    /// the reverse path.
+    pub aggregate_us: u64,
+    /// Bursty loss after the bottleneck, on top of `loss`.
+    pub burst_loss: Option<GilbertElliott>,
 }
 
 impl Default for LinkParams {
@@ -65,6 +86,11 @@ impl Default for LinkParams {
             stall_every_us: 0,
             stall_us: 0,
             stall_release_speedup: 0,
+            aqm: None,
+            policer: None,
+            jitter: None,
+            aggregate_us: 0,
+            burst_loss: None,
         }
     }
 }
@@ -121,6 +147,8 @@ pub struct ClientSpec {
     pub stall_every_us: u64,
     /// How long each stall lasts, µs.
     pub stall_us: u64,
+    /// Its adaptive controller's tunables, if not the defaults.
+    pub cc_params: Option<crate::cc::AdaptiveParams>,
 }
 
 /// A whole simulated run: the path both ways, the server and its clients, and what they
@@ -166,6 +194,9 @@ pub struct Scenario {
     pub client_stall_us: u64,
     /// TCP CUBIC bulk flows through the same forward link (cross traffic).
     pub tcp_flows: Vec<TcpSpec>,
+    /// Every client's adaptive controller runs with these tunables (`None`: the defaults),
+    /// e.g. with rules switched off ([`crate::cc::Ablation`]).
+    pub client_cc_params: Option<crate::cc::AdaptiveParams>,
 }
 
 impl Scenario {
@@ -198,6 +229,7 @@ impl Scenario {
             client_stall_every_us: 0,
             client_stall_us: 0,
             tcp_flows: Vec::new(),
+            client_cc_params: None,
         }
     }
 
@@ -214,6 +246,7 @@ impl Scenario {
             cc_trace: self.cc_trace,
             stall_every_us: self.client_stall_every_us,
             stall_us: self.client_stall_us,
+            cc_params: self.client_cc_params.clone(),
         }
     }
 
@@ -300,8 +333,16 @@ pub struct SimResult {
     pub fwd_delivered: u64,
     /// Forward link: datagrams the bottleneck's full queue dropped.
     pub fwd_queue_drops: u64,
-    /// Forward link: datagrams lost at random ([`LinkParams::loss`]).
+    /// Forward link: datagrams lost at random ([`LinkParams::loss`] and
+    /// [`LinkParams::burst_loss`]).
     pub fwd_random_losses: u64,
+    /// Forward link: datagrams CoDel dropped ([`LinkParams::aqm`]).
+    pub fwd_aqm_drops: u64,
+    /// Forward link: datagrams the policer dropped ([`LinkParams::policer`]).
+    pub fwd_policer_drops: u64,
+    /// Forward link: how long the datagrams it delivered waited in the bottleneck's queue,
+    /// a histogram of 100 µs buckets (the last bucket holds all longer waits).
+    pub fwd_queue_delay_hist: Vec<u64>,
     /// Datagrams the server's receive buffer dropped (with [`Scenario::server_receiver`]).
     pub server_os_drops: u64,
     /// Bytes the server received per 100 ms of virtual time (goodput trace, all clients).
@@ -369,6 +410,9 @@ impl Stalls {
     }
 }
 
+/// Buckets of [`SimResult::fwd_queue_delay_hist`]: 100 µs each, up to 2 s.
+const QUEUE_DELAY_BUCKETS: usize = 20_000;
+
 struct Link {
     p: LinkParams,
     stalls: Stalls,
@@ -378,18 +422,80 @@ struct Link {
     delivered: u64,
     queue_drops: u64,
     random_losses: u64,
+    aqm_drops: u64,
+    policer_drops: u64,
+    /// Queueing delay of delivered datagrams, per 100 µs.
+    queue_delay_hist: Vec<u64>,
+    codel: Option<codel::CoDel>,
+    policer: Option<policer::Policer>,
+    jitter: Option<jitter::Jitter>,
+    burst_loss: Option<gilbert::Channel>,
+    /// Random numbers of the models above, apart from the shared stream so that turning
+    /// one on leaves every other random choice as it was.
+    model_rng: Rng,
+    /// Where the aggregation's release slots fall within `aggregate_us`.
+    aggregate_phase: u64,
 }
 
 impl Link {
+    fn new(p: &LinkParams, seed: u64) -> Self {
+        let mut model_rng = Rng::new(seed ^ 0x4c49_4e4b_0000);
+        let aggregate_phase = match p.aggregate_us {
+            0 => 0,
+            n => model_rng.next_u64() % n,
+        };
+        Link {
+            p: p.clone(),
+            stalls: Stalls::new(p.stall_every_us, p.stall_us),
+            busy_until: 0,
+            last_at: 0,
+            delivered: 0,
+            queue_drops: 0,
+            random_losses: 0,
+            aqm_drops: 0,
+            policer_drops: 0,
+            queue_delay_hist: Vec::new(),
+            codel: p.aqm.map(codel::CoDel::new),
+            policer: p.policer.map(policer::Policer::new),
+            jitter: p.jitter.map(jitter::Jitter::new),
+            burst_loss: p.burst_loss.map(gilbert::Channel::new),
+            model_rng,
+            aggregate_phase,
+        }
+    }
+
     /// Arrival times for a datagram entering the link at `now` (empty = dropped).
     fn send(&mut self, now: u64, len: usize, rng: &mut Rng) -> Vec<u64> {
+        if let Some(pol) = &mut self.policer {
+            if !pol.pass(now, len as u64) {
+                self.policer_drops += 1;
+                return vec![];
+            }
+        }
         if let Some(rate) = self.p.rate {
             let backlog = self.busy_until.saturating_sub(now) * rate / 1_000_000;
             if backlog + len as u64 > self.p.queue_bytes {
                 self.queue_drops += 1;
                 return vec![];
             }
-            self.busy_until = self.busy_until.max(now) + (len as u64 * 1_000_000).div_ceil(rate);
+            // When it reaches the head of the queue and starts on the wire.
+            let start = self.busy_until.max(now);
+            if let Some(codel) = &mut self.codel {
+                if now >= self.busy_until {
+                    codel.on_empty();
+                }
+                if codel.drop_at_dequeue(start, start - now) {
+                    self.aqm_drops += 1;
+                    return vec![];
+                }
+            }
+            let bucket = ((start - now) / 100) as usize;
+            let bucket = bucket.min(QUEUE_DELAY_BUCKETS - 1);
+            if self.queue_delay_hist.len() <= bucket {
+                self.queue_delay_hist.resize(bucket + 1, 0);
+            }
+            self.queue_delay_hist[bucket] += 1;
+            self.busy_until = start + (len as u64 * 1_000_000).div_ceil(rate);
         } else {
             self.busy_until = now;
         }
@@ -397,8 +503,17 @@ impl Link {
             self.random_losses += 1;
             return vec![];
         }
+        if let Some(ch) = &mut self.burst_loss {
+            if ch.lose(&mut self.model_rng) {
+                self.random_losses += 1;
+                return vec![];
+            }
+        }
         self.delivered += 1;
         let mut at = self.busy_until + self.p.delay_us;
+        if let Some(j) = &mut self.jitter {
+            at = j.arrival(at, &mut self.model_rng);
+        }
         if let Some((start, end)) = self.stalls.stalled_in(at, rng) {
             at = match self.p.stall_release_speedup {
                 0 => end,
@@ -415,6 +530,11 @@ impl Link {
         let mut v = vec![at];
         if rng.chance(self.p.duplicate) {
             v.push(at + 1 + rng.next_u64() % 1000);
+        }
+        if self.p.aggregate_us > 0 {
+            for at in &mut v {
+                *at = jitter::aggregate(*at, self.p.aggregate_us, self.aggregate_phase);
+            }
         }
         v
     }
@@ -602,6 +722,9 @@ impl Client {
         if self.spec.cc_trace {
             conn.enable_cc_trace();
         }
+        if let Some(p) = &self.spec.cc_params {
+            conn.set_adaptive_params(p.clone());
+        }
         for (path, data) in &self.spec.uploads {
             let x = conn.send_file(path, data.len() as u64, 0o644, 0);
             self.files.out.insert(x, data.clone());
@@ -752,30 +875,27 @@ pub fn run(sc: &Scenario) -> SimResult {
     let base = Instant::now();
     let at = |us: u64| base + Duration::from_micros(us);
     let us_of = |i: Instant| i.saturating_duration_since(base).as_micros() as u64;
-    let link = |p: &LinkParams| Link {
-        p: p.clone(),
-        stalls: Stalls::new(p.stall_every_us, p.stall_us),
-        busy_until: 0,
-        last_at: 0,
-        delivered: 0,
-        queue_drops: 0,
-        random_losses: 0,
-    };
     let mut net = Net {
         rng: Rng::new(sc.seed),
-        links: [link(&sc.forward), link(&sc.reverse)],
+        links: [
+            Link::new(&sc.forward, sc.seed),
+            Link::new(&sc.reverse, sc.seed ^ 1),
+        ],
         // The buffer's fill is `socket_bytes`: a stalled application holds datagrams the
         // link's own queue no longer counts.
         socket: sc.server_receiver.as_ref().map(|r| {
-            link(&LinkParams {
-                delay_us: 0,
-                rate: Some(r.rate),
-                queue_bytes: u64::MAX,
-                stall_every_us: r.stall_every_us,
-                stall_us: r.stall_us,
-                stall_release_speedup: r.catch_up,
-                ..LinkParams::default()
-            })
+            Link::new(
+                &LinkParams {
+                    delay_us: 0,
+                    rate: Some(r.rate),
+                    queue_bytes: u64::MAX,
+                    stall_every_us: r.stall_every_us,
+                    stall_us: r.stall_us,
+                    stall_release_speedup: r.catch_up,
+                    ..LinkParams::default()
+                },
+                sc.seed ^ 2,
+            )
         }),
         socket_size: sc.server_receiver.as_ref().map_or(0, |r| r.buffer_bytes),
         socket_bytes: 0,
@@ -1083,6 +1203,9 @@ pub fn run(sc: &Scenario) -> SimResult {
     res.fwd_delivered = net.links[0].delivered;
     res.fwd_queue_drops = net.links[0].queue_drops;
     res.fwd_random_losses = net.links[0].random_losses;
+    res.fwd_aqm_drops = net.links[0].aqm_drops;
+    res.fwd_policer_drops = net.links[0].policer_drops;
+    res.fwd_queue_delay_hist = std::mem::take(&mut net.links[0].queue_delay_hist);
     res.server_os_drops = os_drops;
     for t in tcps {
         res.tcp_loss_events.push(t.loss_events);

@@ -4,7 +4,10 @@
 mod adaptive;
 mod fixed;
 
-pub use adaptive::{Adaptive, Mode as AdaptiveMode, Params as AdaptiveParams, ResumePhase};
+pub use adaptive::{
+    Ablation, Adaptive, Mode as AdaptiveMode, Params as AdaptiveParams, ResumePhase,
+    Rule as AdaptiveRule,
+};
 pub use fixed::Fixed;
 
 /// What one ACK (with its loss maps) told the sender.

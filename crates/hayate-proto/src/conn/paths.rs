@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use crate::cc::{Feedback, RateControl};
+use crate::cc::{Adaptive, AdaptiveParams, Feedback, RateConfig, RateControl};
 use crate::pacer::Pacer;
 use crate::rtt::RttEstimator;
 use crate::wire::{self, AddrFamily, Frame};
@@ -51,6 +51,15 @@ pub struct ReceiverState {
 }
 
 impl Connection {
+    /// Runs the adaptive controller with these tunables instead of the defaults, from now
+    /// on (the simulator's ablation runs); a fixed or unlimited rate is left as it is.
+    pub fn set_adaptive_params(&mut self, p: AdaptiveParams) {
+        if let RateConfig::Adaptive { max, min } = self.cfg.rate {
+            self.path.cc = Box::new(Adaptive::with_params(max, min, p));
+            self.path.pacer.set_rate(self.path.cc.pacing_rate());
+        }
+    }
+
     /// Starts recording every feedback the rate controller gets (see [`CcTraceRow`]).
     pub fn enable_cc_trace(&mut self) {
         self.path.cc_trace.get_or_insert_with(Vec::new);

@@ -29,8 +29,6 @@ pub(super) struct LossClassifier {
     pub(super) round_calm: bool,
     /// The last round was calm.
     pub(super) last_round_calm: bool,
-    /// When another flow last overflowed the buffer (see `end_round`), µs.
-    pub(super) foreign_overflow_us: u64,
 }
 
 impl LossClassifier {
@@ -46,7 +44,6 @@ impl LossClassifier {
             random_settled: 0.0,
             round_calm: false,
             last_round_calm: false,
-            foreign_overflow_us: 0,
         }
     }
 }
@@ -90,11 +87,11 @@ impl Adaptive {
             + self.p.overflow_margin
     }
 
-    /// At the end of a round: its loss ratio, and whether its losses were another flow
-    /// overflowing a short buffer. Updates the recent loss (not with a search's overshoot)
-    /// and the random loss (from calm rounds only, not with another flow's overflow), both
-    /// of what was paced at the rate, not of the pacer's catch-up bursts.
-    pub(super) fn classify_round_loss(&mut self, now_us: u64) -> (f64, bool) {
+    /// At the end of a round: its loss ratio. Updates the recent loss (not with a search's
+    /// overshoot) and the random loss (from calm rounds only, not with another flow's
+    /// overflow of a short buffer), both of what was paced at the rate, not of the pacer's
+    /// catch-up bursts.
+    pub(super) fn classify_round_loss(&mut self) -> f64 {
         let settled = self.round_settled();
         let loss = self.loss.round_lost as f64 / settled.max(1) as f64;
         // The path's loss is read off what was paced at the rate: what the pacer sent in
@@ -121,18 +118,16 @@ impl Adaptive {
         }
         // What was paced at the estimate alone (a calm round) lost more than random loss
         // explains, on a buffer known to be short, and not at the receiver: another flow
-        // overflowed the buffer. A newcomer's search does that where the buffer is too
-        // short for the queue that makes flows yield on a deep one (`Params::big_queue`); taken
-        // for random loss, it left the newcomer with what its search found (the
-        // simulator, 100 Mbit/s, 100 ms, 0.1 BDP: a fifth to a third of the link, Jain
-        // 0.82-0.89 over four starts).
+        // overflowed the buffer (a newcomer's search, where the buffer is too short for the
+        // queue that makes flows yield on a deep one). That is not the path's random loss:
+        // taken for it, the compensation kept the flows already there at the rate they had,
+        // and left the newcomer with what its search found (the simulator, 100 Mbit/s,
+        // 100 ms, 0.1 BDP: a fifth to a third of the link, Jain 0.82-0.89 over four starts).
         let foreign = self.in_probe_bw()
             && self.shallow()
             && self.loss.last_round_calm
             && self.loss.round_rx_drops == 0
             && paced_settled > 0
-            && now_us
-                > self.loss.foreign_overflow_us + self.p.foreign_overflow_rtts * self.min_rtt_us
             && self.loss_over_random(paced_lost, paced_settled);
         if self.loss.last_round_calm && paced_settled > 0 && !foreign {
             self.loss.random_lost =
@@ -140,6 +135,6 @@ impl Adaptive {
             self.loss.random_settled =
                 self.p.random_loss_decay * self.loss.random_settled + paced_settled as f64;
         }
-        (loss, foreign)
+        loss
     }
 }

@@ -46,7 +46,6 @@
 //! | ProbeBw(Up(k)) | round end: as for Refill | ProbeBw(Down(1)) | as for Refill |
 //! | ProbeBw(Up(k)) | round end: k ≥ `grow_undelivered_rounds`, sent over `grow_undelivered` × what arrived, no queue (a policer) | ProbeBw(Refill) | the increment starts over |
 //! | ProbeBw(Up(k)) | round end, otherwise | ProbeBw(Up(k+1)) | |
-//! | ProbeBw(any) | round end: a calm round lost more than random loss on a short buffer, not at the receiver (another flow overflowed it; at most once per `foreign_overflow_rtts`) | ProbeBw(Down(1)) | yield as to a big queue (`big_queue_gain`) |
 //! | ProbeBw(Down(n)) | an RTT sample shows the queue gone | ProbeBw(Refill) | a new round starts; the rounds of the drain are no one's share |
 //! | ProbeBw(Down(n)) | round end: n = 0, or a queue still stands and n < `max_drain_rounds` | ProbeBw(Down(n+1)) | |
 //! | ProbeBw(Down(n)) | round end, otherwise | ProbeBw(Refill) | |
@@ -88,6 +87,10 @@
 //! `startup`, `resume` (careful resume's jump), `drain`, `probe` (Refill and Up), `yield`
 //! (Down).
 //!
+//! Each rule group of the table can be switched off on its own (`Params::ablation`, a
+//! [`Rule`] set, empty by default) to measure what it pays for across the simulator's link
+//! models: `bench/sim-matrix --ablate`, whose table is in `bench/README.md`.
+//!
 //! **The estimate.** The delivery rate is measured by the receiver's clock, so it is exact
 //! even when ACKs are delayed or bunched. A round's rate is bytes over time (samples weighted
 //! by the time they cover, so a stall and the burst that catches it up cancel out), at most a
@@ -115,7 +118,11 @@
 //! ratio, at most the random loss) and never shrinks the estimate by itself. The random loss
 //! is learnt from calm rounds (those that sent at most the estimate); loss over it after a
 //! round that grew is a buffer overflowing (a buffer shorter than the queue target overflows
-//! before any delay shows), and ends Up as a queue does. What the pacer sent catching up
+//! before any delay shows), and ends Up as a queue does. Loss over it in a calm round on a
+//! buffer known to be short is another flow overflowing that buffer: it stays out of the
+//! random loss, and is not answered by itself (a yield to it misread bursty loss and a
+//! policer's drops as such, and cost up to 13 points of the link in `bench/sim-matrix`;
+//! sharing did not need it). What the pacer sent catching up
 //! after its host held it is left out of both ratios (the pacer, `pacer.rs`, has its own test
 //! of those bursts' losses, `Pacer::on_fates`). The receiver's OS dropping datagrams means
 //! the receiver (disk, CPU) is the bottleneck: the estimate is cut to what it took in.
@@ -132,7 +139,7 @@ mod tests;
 use super::{Feedback, PathMeasurement, RateControl, RememberedPath};
 use estimator::Estimator;
 use loss::LossClassifier;
-pub use params::Params;
+pub use params::{Ablation, Params, Rule};
 use queue::QueueSignal;
 use resume::Resume;
 pub use resume::ResumePhase;
@@ -293,7 +300,10 @@ impl RateControl for Adaptive {
         // on: its feedback is overdue (it stopped a while), so nothing says whether the
         // path takes more. No probing then: a grow phase's increment kept up blind for 50
         // ms overflowed a 10 ms path's buffer on the harness.
-        if self.in_probe_bw() && in_flight > self.congestion_cap {
+        if self.in_probe_bw()
+            && in_flight > self.congestion_cap
+            && self.p.ablation.on(Rule::BlindPastCap)
+        {
             return Some(self.blind_rate);
         }
         // Startup's drain: with a BDP or less in flight the queue is out (what is still on
@@ -303,7 +313,10 @@ impl RateControl for Adaptive {
         // transfer's steady rate). Pace at the estimate until they do. Where the bottleneck
         // is far from the sender this comes early and holds some of the queue instead: the
         // grow phase then finds it standing and yields.
-        if self.state == State::Drain && in_flight <= self.drained_in_flight {
+        if self.state == State::Drain
+            && in_flight <= self.drained_in_flight
+            && self.p.ablation.on(Rule::DrainAtEstimate)
+        {
             return Some(self.drained_rate);
         }
         Some(self.rate)

@@ -192,9 +192,6 @@ pub struct Params {
     /// ... with the queue spread over at least this, µs: on a short path draining in one
     /// round trip left the link under-filled by the drain's depth.
     pub min_drain_span_us: u64,
-    /// Another flow's overflow of a short buffer is answered once per this many minimum RTTs
-    /// (a search overflows it for a round or two).
-    pub foreign_overflow_rtts: u64,
 
     // ---- Delivery samples ---------------------------------------------------------------
     /// Deliveries count at most `1/sample_headroom_div` (a quarter) over the pace as the
@@ -257,6 +254,82 @@ pub struct Params {
     /// Past Startup, in flight up to this many BDPs (of the base RTT, so a standing queue
     /// does not widen it) keeps the pipe full through ACK jitter.
     pub congestion_cap_bdps: u64,
+
+    // ---- Ablation -------------------------------------------------------------------------
+    /// Rules switched off, to measure what each one pays for (`bench/sim-matrix --ablate`);
+    /// empty in normal use.
+    pub ablation: Ablation,
+}
+
+/// A rule of the state machine that can be switched off for an ablation run (see the module
+/// doc's transition table; [`Rule::ALL`] lists them with what they are).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rule {
+    /// Startup holds its flight once its own queue shows (`hold_at_queue`), and holds no
+    /// less than what the path carries.
+    StartupHold,
+    /// Startup leaves on a standing queue (RTT samples), not only on a plateau or loss.
+    StartupQueueExit,
+    /// Startup leaves on a round that lost over `startup_exit_loss`.
+    StartupLossExit,
+    /// A queue does not end Startup while deliveries still grow (a newcomer's search).
+    StartupStillGrowing,
+    /// Startup's drain paces at the estimate once a BDP or less is in flight.
+    DrainAtEstimate,
+    /// Drain and Down end on the first RTT sample that shows the queue gone.
+    EarlyDrainExit,
+    /// Refill or Up yield at round end when a queue stood all round.
+    StandingQueueYield,
+    /// Refill or Up yield at round end on loss over random loss (a buffer overflowing).
+    OverflowYield,
+    /// Up starts over (Refill) when sending more got nothing more through (a policer).
+    UndeliveredRefill,
+    /// On a short buffer the increment stops doubling while a queue shows.
+    ShallowGrowthPause,
+    /// Moving shares take the deeper `converge_gain` cut.
+    ConvergeGain,
+    /// A queue far over the target takes the `big_queue_gain` cut.
+    BigQueueGain,
+    /// Past the congestion cap only the drained rate is sent (feedback overdue).
+    BlindPastCap,
+    /// Down goes on while a queue still stands (up to `max_drain_rounds`).
+    DownWhileStanding,
+}
+
+impl Rule {
+    /// Every rule, with its name in the ablation table.
+    pub const ALL: [(Rule, &'static str); 14] = [
+        (Rule::StartupHold, "startup-hold"),
+        (Rule::StartupQueueExit, "startup-queue-exit"),
+        (Rule::StartupLossExit, "startup-loss-exit"),
+        (Rule::StartupStillGrowing, "startup-still-growing"),
+        (Rule::DrainAtEstimate, "drain-at-estimate"),
+        (Rule::EarlyDrainExit, "early-drain-exit"),
+        (Rule::StandingQueueYield, "standing-queue-yield"),
+        (Rule::OverflowYield, "overflow-yield"),
+        (Rule::UndeliveredRefill, "undelivered-refill"),
+        (Rule::ShallowGrowthPause, "shallow-growth-pause"),
+        (Rule::ConvergeGain, "converge-gain"),
+        (Rule::BigQueueGain, "big-queue-gain"),
+        (Rule::BlindPastCap, "blind-past-cap"),
+        (Rule::DownWhileStanding, "down-while-standing"),
+    ];
+}
+
+/// A set of [`Rule`]s switched off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Ablation(u32);
+
+impl Ablation {
+    /// `rule` switched off too.
+    pub fn without(self, rule: Rule) -> Self {
+        Ablation(self.0 | 1 << rule as u32)
+    }
+
+    /// Whether `rule` is on.
+    pub fn on(self, rule: Rule) -> bool {
+        self.0 & (1 << rule as u32) == 0
+    }
 }
 
 impl Default for Params {
@@ -331,7 +404,6 @@ impl Default for Params {
             min_queue_drain_gain: 0.7,
             max_queue_drain_gain: 0.95,
             min_drain_span_us: 30_000,
-            foreign_overflow_rtts: 4,
 
             sample_headroom_div: 4,
             sender_limited: 1.0 / 3.0,
@@ -355,6 +427,7 @@ impl Default for Params {
             rx_stall_room_us: 250_000,
             rx_drop_guess_div: 2,
             congestion_cap_bdps: 2,
+            ablation: Ablation::default(),
         }
     }
 }

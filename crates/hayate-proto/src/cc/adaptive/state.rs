@@ -2,7 +2,7 @@
 //! them and the pacing rate each state sets.
 
 use super::loss::enough_datagrams;
-use super::{bytes_in, congestion_cap, Adaptive, Feedback};
+use super::{bytes_in, congestion_cap, Adaptive, Feedback, Rule};
 
 //STATE
 /// The controller's state without ProbeBw's phase (for traces and tests).
@@ -68,6 +68,9 @@ impl Adaptive {
     /// Not when this round loses far more than random loss does: that is our overshoot
     /// overflowing a short buffer.
     pub(super) fn startup_still_growing(&self) -> bool {
+        if !self.p.ablation.on(Rule::StartupStillGrowing) {
+            return false;
+        }
         let settled = self.round_settled();
         let lost = self.loss.round_lost as f64 / settled.max(1) as f64;
         // Over enough datagrams to say: one random loss among the first 14 of a round read
@@ -111,7 +114,10 @@ impl Adaptive {
         // (the simulator, 300 Mbit/s, 10 ms, 1 ms of buffer: 1.3 % retransmitted with the
         // learnt target alone, 0.7 % with this; 1.5 % before either). Every flow sees the
         // queue at once, so their increments stay equal.
-        if self.shallow() && !self.queue_gone(self.queue.path_queue_us) {
+        if self.shallow()
+            && !self.queue_gone(self.queue.path_queue_us)
+            && self.p.ablation.on(Rule::ShallowGrowthPause)
+        {
             return;
         }
         self.grow_doublings += dt as f64 / self.min_rtt_us.max(self.p.rtt_floor_us) as f64;
@@ -126,8 +132,7 @@ impl Adaptive {
     /// it was found, not the latest sample's. A sender whose host held it reads the ACKs
     /// that waited meanwhile as a queue that jumped (35 ms on the harness's 100 ms path,
     /// where 8 had stood): sized by that, the cut was the big queue's, 0.7 of the link.
-    /// `overrun`: another flow overflowed a short buffer; yield as to a big queue.
-    pub(super) fn queue_found(&mut self, (path_q_us, q_us): (u64, u64), overrun: bool) {
+    pub(super) fn queue_found(&mut self, (path_q_us, q_us): (u64, u64)) {
         let w = self.est.round_rx_w + self.est.last_round_w;
         // All of both rounds' deliveries, not only those taken while the queue stood. With
         // senders whose hosts stall, that selection read the smaller of two flows 10-15 %
@@ -161,7 +166,7 @@ impl Adaptive {
         let mut gain = self.share_gain(share);
         let big = (self.min_rtt_us as f64 * self.p.big_queue)
             .max(self.queue_target_us() as f64 * self.p.big_queue_targets);
-        if path_q_us as f64 > big || overrun {
+        if path_q_us as f64 > big && self.p.ablation.on(Rule::BigQueueGain) {
             gain = self.p.big_queue_gain;
         }
         self.shares.push(share);
@@ -193,7 +198,10 @@ impl Adaptive {
             .iter()
             .filter(|&&h| s < self.p.share_moving * h as f64 || self.p.share_moving * s > h as f64)
             .count();
-        if !self.shares.is_empty() && apart >= self.p.shares_apart.min(self.shares.len()) {
+        if !self.shares.is_empty()
+            && apart >= self.p.shares_apart.min(self.shares.len())
+            && self.p.ablation.on(Rule::ConvergeGain)
+        {
             self.p.converge_gain
         } else {
             self.p.share_gain
@@ -230,6 +238,9 @@ impl Adaptive {
     /// the queue target when first seen (a host's stall: its late ACKs read tens of ms at
     /// once, where ours rises through the target).
     pub(super) fn hold_at_queue(&mut self, in_flight: u64) {
+        if !self.p.ablation.on(Rule::StartupHold) {
+            return;
+        }
         let q = self
             .queue
             .path_queue_us
@@ -292,7 +303,7 @@ impl Adaptive {
     }
 
     pub(super) fn end_round(&mut self, now_us: u64) {
-        let (loss, foreign) = self.classify_round_loss(now_us);
+        let loss = self.classify_round_loss();
         if (self.queue.round_samples > 0 && !self.draining()) || self.est.bw_rounds.is_empty() {
             self.push_bw_round(self.round_sample());
         }
@@ -312,7 +323,8 @@ impl Adaptive {
                 }
                 // A burst of loss is the shallow buffer overflowing (random loss is lower).
                 if self.plateau_rounds >= self.p.startup_full_rounds
-                    || loss > self.p.startup_exit_loss
+                    || (loss > self.p.startup_exit_loss
+                        && self.p.ablation.on(Rule::StartupLossExit))
                 {
                     self.leave_startup();
                 }
@@ -331,17 +343,13 @@ impl Adaptive {
                     // 1.5 % of the data was lost, all of it there).
                     self.learn_buffer(now_us);
                 }
-                if foreign {
-                    self.loss.foreign_overflow_us = now_us;
-                    self.queue_found(self.least_queues(), true);
-                }
-                // Read again: a foreign overflow just made it Down(0).
                 let State::ProbeBw(phase) = self.state else {
                     unreachable!("in ProbeBw");
                 };
                 let next = match phase {
                     Phase::Refill | Phase::Up(_)
                         if standing
+                            && self.p.ablation.on(Rule::StandingQueueYield)
                             && self.queue.round_samples >= self.p.grow_queue_samples
                             && self.est.round_rx_n + self.est.last_round_n
                                 >= self.p.share_min_samples =>
@@ -350,18 +358,21 @@ impl Adaptive {
                         // Not on a round or two of samples: after a host stall of 20 ms the
                         // first ACK shows a queue and a delivery over the stall, and a share
                         // read off that one sample cut a 1 Gbit/s flow to 22 Mbit/s.
-                        self.queue_found((self.queue.round_min_path_queue_us, round_queue), false);
+                        self.queue_found((self.queue.round_min_path_queue_us, round_queue));
                         Phase::Down(1)
                     }
-                    Phase::Refill | Phase::Up(_) if self.overflowing() => {
+                    Phase::Refill | Phase::Up(_)
+                        if self.overflowing() && self.p.ablation.on(Rule::OverflowYield) =>
+                    {
                         // The increment was lost, not queued: a buffer too short to show a
                         // queue. What got through is the share.
                         self.learn_buffer(now_us);
-                        self.queue_found(self.least_queues(), false);
+                        self.queue_found(self.least_queues());
                         Phase::Down(1)
                     }
                     Phase::Up(k)
                         if k >= self.p.grow_undelivered_rounds
+                            && self.p.ablation.on(Rule::UndeliveredRefill)
                             && self.est.round_rx_n > 0
                             && self.est.prev_sent_rate as f64
                                 > self.p.grow_undelivered * self.rx_mean() =>
@@ -374,7 +385,13 @@ impl Adaptive {
                     Phase::Up(k) => Phase::Up(k + 1),
                     // The round the queue was found in is not a whole round of draining.
                     Phase::Down(0) => Phase::Down(1),
-                    Phase::Down(n) if standing && n < self.p.max_drain_rounds => Phase::Down(n + 1),
+                    Phase::Down(n)
+                        if standing
+                            && n < self.p.max_drain_rounds
+                            && self.p.ablation.on(Rule::DownWhileStanding) =>
+                    {
+                        Phase::Down(n + 1)
+                    }
                     Phase::Down(_) => Phase::Refill,
                 };
                 self.state = State::ProbeBw(next);
@@ -409,6 +426,7 @@ impl Adaptive {
             self.hold_at_queue(fb.in_flight);
         }
         if self.state == State::Startup
+            && self.p.ablation.on(Rule::StartupQueueExit)
             && self.queue.queued_samples >= self.p.startup_exit_samples
             && fb.now_us - self.queue.queued_since_us >= self.grow_queue_persist_us()
             && !self.startup_still_growing()
@@ -419,14 +437,18 @@ impl Adaptive {
             && self.queue.grow_queued_samples >= self.p.grow_queue_samples
             && fb.now_us - self.queue.grow_queued_since_us >= self.grow_queue_persist_us()
         {
-            self.queue_found(self.queue.grow_queued_floor_us, false);
+            self.queue_found(self.queue.grow_queued_floor_us);
         }
     }
 
     /// Drain, and ProbeBw's Down phase, end as soon as an RTT sample shows the queue gone.
     pub(super) fn exit_drain_when_queue_gone(&mut self, fb: &Feedback) {
         let any_drain = self.draining() || self.state == State::Drain;
-        if any_drain && fb.rtt_us.is_some() && self.queue_gone(self.queue.queue_delay_us) {
+        if any_drain
+            && fb.rtt_us.is_some()
+            && self.queue_gone(self.queue.queue_delay_us)
+            && self.p.ablation.on(Rule::EarlyDrainExit)
+        {
             // The queue is (nearly) out: grow again now, not at the end of a round (a round
             // more of draining left the link idle for most of it: a 10 ms path lost 5-8 %
             // of the link to that; startup's drain, at three quarters of the link, lost up
@@ -449,6 +471,7 @@ impl Adaptive {
         if self.state == State::Startup
             && self.hold_in_flight.is_some()
             && self.queue.path_queue_us > self.p.startup_hold_queue_us
+            && self.p.ablation.on(Rule::StartupHold)
         {
             // While a queue stands what arrives is what the path carries: hold no less than
             // most of that over the base RTT. The flight is short when the queue first shows
