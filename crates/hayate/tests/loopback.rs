@@ -2345,14 +2345,17 @@ fn inplace_writes_only_what_differs_into_the_destination_itself() {
 
 /// An upload remembers the path it measured in `$XDG_CACHE_HOME/hayate/paths` (0600), the
 /// next upload to the same host uses it (`-v` says so), and `--no-cache` neither reads nor
-/// writes the file. A corrupt cache file is no reason to fail.
+/// writes the file. A corrupt cache file is no reason to fail. A measurement counts only
+/// once the controller has run 8 rounds past startup; on loopback a copy does not always
+/// last that long (a 192 MiB upload did in 5 of 6 runs here), so a few uploads are allowed
+/// for the first one.
 #[test]
 fn uploads_remember_the_path_unless_told_not_to() {
     let fx = Fx::new();
     let cache = fx.tmp.path().join("cache");
     let file = cache.join("hayate/paths");
     let src = fx.local.join("src.bin");
-    write_random(&src, 48 << 20, 7);
+    write_random(&src, 192 << 20, 7);
     let cp = |args: &[&str]| {
         let mut cmd = hayate();
         cmd.env("XDG_CACHE_HOME", &cache)
@@ -2368,9 +2371,13 @@ fn uploads_remember_the_path_unless_told_not_to() {
     };
     cp(&["--no-cache", "-q"]).assert_ok();
     assert!(!cache.exists(), "--no-cache wrote the cache");
-    let first = cp(&["-v"]);
-    first.assert_ok();
-    let text = fs::read_to_string(&file).expect(&first.stderr);
+    let mut tries = 0;
+    while !file.exists() {
+        tries += 1;
+        assert!(tries <= 5, "no upload of 5 remembered its path");
+        cp(&["-v"]).assert_ok();
+    }
+    let text = fs::read_to_string(&file).unwrap();
     let line: Vec<&str> = text.lines().collect();
     assert_eq!(line.len(), 1, "{text}");
     assert!(line[0].starts_with("127.0.0.1 "), "{text}");
