@@ -53,9 +53,10 @@ impl Connection {
         }
     }
 
-    /// Queues a message a peer waits on: it goes out twice, and with it the rest of the
-    /// stream from there (only from the earliest such message still unsent twice: the
-    /// stream is not sent twice whole).
+    /// Queues a message a peer waits on: once everything queued has been sent, it goes out
+    /// a second time with the rest of the stream from the chunk that holds it (only from
+    /// the earliest such message still unsent twice: the stream is not sent twice whole).
+    /// A lost copy then costs nothing; the stream's loss recovery covers the rest.
     pub(super) fn say_twice(&mut self, msg: &Ctrl) {
         let at = self.ctrl.tx.end();
         self.ctrl.tx.push(msg);
