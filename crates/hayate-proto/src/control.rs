@@ -509,12 +509,7 @@ mod tests {
     /// them, and only the lost ones are.
     #[test]
     fn only_lost_chunks_are_sent_again() {
-        let mut tx = CtrlSend::default();
-        for m in msgs() {
-            tx.push(&m);
-        }
-        let mut pn = 0;
-        let chunks = send_all(&mut tx, 100, &mut pn);
+        let (mut tx, chunks, mut pn) = msgs_sent();
         let mut rx = CtrlRecv::default();
         for (i, (o, d)) in chunks.iter().enumerate() {
             if i % 3 != 0 {
@@ -545,6 +540,18 @@ mod tests {
             chunks.push(c);
         }
         chunks
+    }
+
+    /// [`msgs`] queued and sent in chunks of 100 bytes: the sender, its chunks and the next
+    /// packet number.
+    fn msgs_sent() -> (CtrlSend, Vec<(u64, Vec<u8>)>, u64) {
+        let mut tx = CtrlSend::default();
+        for m in msgs() {
+            tx.push(&m);
+        }
+        let mut pn = 0;
+        let chunks = send_all(&mut tx, 100, &mut pn);
+        (tx, chunks, pn)
     }
 
     /// The whole messages `rx` has.
@@ -611,12 +618,7 @@ mod tests {
 
     #[test]
     fn stream_survives_loss_reorder_and_duplication() {
-        let mut tx = CtrlSend::default();
-        for m in msgs() {
-            tx.push(&m);
-        }
-        let mut pn = 0;
-        let chunks = send_all(&mut tx, 100, &mut pn);
+        let (mut tx, chunks, mut pn) = msgs_sent();
         // Deliver in reverse, with every third chunk "lost" the first time round.
         let mut rx = CtrlRecv::default();
         for (i, (o, d)) in chunks.iter().enumerate().rev() {
