@@ -16,7 +16,7 @@ use crate::{ctl::TestRequest, finish_as_sender};
 use anyhow::{anyhow, bail, Context, Result};
 use hayate_io::driver::mem::{self, MemOptions, MemProgress, MemReport};
 use hayate_io::driver::StopFlag;
-use hayate_proto::cc::RateConfig;
+use hayate_proto::cc::{Policy, RateConfig};
 use hayate_proto::Config;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -39,6 +39,7 @@ pub fn client_config(cap_bps: Option<u64>, mtu: usize) -> Config {
         rate: RateConfig::Adaptive {
             max: cap_bps.map(|b| (b / 8).max(1)),
             min: 0,
+            policy: Policy::Fair,
         },
         idle_timeout: Duration::from_secs(15),
         connect_timeout: Duration::from_secs(5),

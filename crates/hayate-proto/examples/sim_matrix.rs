@@ -22,7 +22,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use hayate_proto::cc::{Ablation, AdaptiveParams, AdaptiveRule, RateConfig};
+use hayate_proto::cc::{Ablation, AdaptiveParams, AdaptiveRule, Policy, RateConfig};
 use hayate_proto::sim::{
     self, CoDelParams, GilbertElliott, JitterDist, JitterParams, LinkParams, PolicerParams,
     Scenario,
@@ -160,8 +160,16 @@ fn scenario(row: &Row) -> (Scenario, f64, f64) {
     }
     sc.forward = fwd;
     sc.reverse = rev;
-    sc.client.rate = RateConfig::Adaptive { max: None, min: 0 };
-    sc.server.rate = RateConfig::Adaptive { max: None, min: 0 };
+    sc.client.rate = RateConfig::Adaptive {
+        max: None,
+        min: 0,
+        policy: Policy::Fair,
+    };
+    sc.server.rate = RateConfig::Adaptive {
+        max: None,
+        min: 0,
+        policy: Policy::Fair,
+    };
     if let Some(rule) = row.off {
         sc.client_cc_params = Some(AdaptiveParams {
             ablation: Ablation::default().without(rule),

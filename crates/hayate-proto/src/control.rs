@@ -4,6 +4,7 @@
 //! sender sends again only what was lost, so bulk control traffic (a delta's leaf hashes, a
 //! big tree's listing) keeps going over a lossy path instead of waiting for a probe timeout.
 
+use crate::cc::Policy;
 use crate::stream::{StreamRecv, StreamSend, CONTROL_STREAM_ID};
 use crate::wire::{LossMapFrame, StreamAckFrame};
 
@@ -56,6 +57,7 @@ pub(crate) enum Ctrl {
         rate_max: u64,
         rate_min: u64,
         adaptive: bool,
+        policy: Policy,
     },
     /// The receiver declines an offer without error (exists and `NO_CLOBBER`, or identical
     /// and `UPDATE`).

@@ -10,7 +10,9 @@ use std::ops::Range;
 /// 7: the tunnel's byte stream: STREAM / STREAM_ACK frames, `Tunnel` / `TunnelReply` control
 ///    messages.
 /// 8: `MetaOp::Remove` (`cp -r --delete`).
-pub const VERSION: u8 = 9;
+/// 9: the control stream selectively acknowledged (STREAM_ACK for stream 1).
+/// 10: the sharing policy in `Params`.
+pub const VERSION: u8 = 10;
 /// The first three bytes of every hello (ClientHello, ServerHello, HelloReject, HelloRetry):
 /// ASCII `HYT`.
 pub const MAGIC: [u8; 3] = *b"HYT";

@@ -2,7 +2,7 @@
 //! a short queue, ignore random loss, follow a rate step-down, share a bottleneck fairly with
 //! another transfer, and follow a receiver slower than the link.
 
-use hayate_proto::cc::{RateConfig, RememberedPath};
+use hayate_proto::cc::{AdaptiveParams, Policy, RateConfig, RememberedPath};
 use hayate_proto::sim::{
     self, CoDelParams, GilbertElliott, LinkParams, PolicerParams, RateStep, ReceiverParams,
     Scenario, TcpSpec,
@@ -41,8 +41,16 @@ fn path(rate: u64, rtt_ms: u64, loss: f64, buffer_bdp: f64) -> (LinkParams, Link
 }
 
 fn adaptive(sc: &mut Scenario) {
-    sc.client.rate = RateConfig::Adaptive { max: None, min: 0 };
-    sc.server.rate = RateConfig::Adaptive { max: None, min: 0 };
+    sc.client.rate = RateConfig::Adaptive {
+        max: None,
+        min: 0,
+        policy: Policy::Fair,
+    };
+    sc.server.rate = RateConfig::Adaptive {
+        max: None,
+        min: 0,
+        policy: Policy::Fair,
+    };
 }
 
 /// Mean goodput (bytes/s) at the server over 100 ms buckets [from, to), stopping before the
@@ -562,6 +570,7 @@ fn cap_and_floor_are_respected() {
     sc.client.rate = RateConfig::Adaptive {
         max: Some(20 * MBIT),
         min: 0,
+        policy: Policy::Fair,
     };
     sc.uploads = vec![("f".into(), data(10_000_000))];
     let r = sim::run(&sc);
@@ -1063,6 +1072,89 @@ fn leaves_a_tcp_flow_its_share() {
         );
         assert!(tcp + hayate >= 85.0, "{rtt} ms: {tcp:.1} + {hayate:.1}");
     }
+}
+
+/// A hayate upload that joins a TCP CUBIC stream 3 s in, on `rate_mbit` × `rtt_ms` with a
+/// 1-BDP buffer, under `policy`: the mean Mbit/s of each from 5 s to the end (40 s).
+fn beside_cubic(rate_mbit: u64, rtt_ms: u64, seed: u64, policy: Policy) -> (f64, f64) {
+    let mut sc = Scenario::new(seed);
+    (sc.forward, sc.reverse) = path(rate_mbit * MBIT, rtt_ms, 0.0, 1.0);
+    adaptive(&mut sc);
+    sc.limit_us = 40_000_000;
+    sc.tcp_flows = vec![TcpSpec {
+        start_us: 0,
+        stop_us: u64::MAX,
+    }];
+    // The scenario's own client only keeps the simulation going.
+    sc.uploads = vec![("tiny".into(), data(1000))];
+    let mut late = sc.another_client(3_000_000);
+    late.uploads = vec![("f".into(), data((rate_mbit * MBIT * 40) as usize))];
+    late.cc_params = Some(AdaptiveParams {
+        policy,
+        ..AdaptiveParams::default()
+    });
+    sc.extra_clients.push(late);
+    let r = sim::run(&sc);
+    let limit = Some("simulation time limit reached".to_string());
+    assert!(r.ok || r.error == limit, "{:?}", r.error);
+    let (h, t) = (&r.clients[1].server_rx_trace, &r.tcp_rx_trace[0]);
+    let end = h.len().min(t.len()).min(395);
+    let (hayate, tcp) = (trace_mean_mbit(h, 50, end), trace_mean_mbit(t, 50, end));
+    eprintln!(
+        "{rate_mbit} Mbit/s, {rtt_ms} ms, {}: CUBIC {tcp:.1} Mbit/s, hayate {hayate:.1} Mbit/s \
+         (share {:.2})",
+        policy.name(),
+        hayate / (hayate + tcp)
+    );
+    (hayate, tcp)
+}
+
+/// `--policy low` gives way to the same CUBIC stream: at most a tenth of the link (as
+/// LEDBAT), down to its rate floor.
+#[test]
+fn low_gives_way_to_cubic() {
+    for (rtt, seed) in [(10, 32), (50, 33)] {
+        let (hayate, tcp) = beside_cubic(100, rtt, seed, Policy::Low);
+        assert!(
+            hayate <= 0.1 * (hayate + tcp),
+            "{rtt} ms: hayate {hayate:.1}, CUBIC {tcp:.1}"
+        );
+        assert!(tcp >= 85.0, "{rtt} ms: CUBIC {tcp:.1}");
+    }
+}
+
+/// Two `--policy low` flows alone on a path: each other's queue goes when both yield, so
+/// neither takes it for a loss-based flow's, and they share as two default flows do.
+#[test]
+fn two_low_flows_share_evenly() {
+    let mut sc = Scenario::new(36);
+    (sc.forward, sc.reverse) = path(100 * MBIT, 50, 0.0, 1.0);
+    adaptive(&mut sc);
+    let low = AdaptiveParams {
+        policy: Policy::Low,
+        ..AdaptiveParams::default()
+    };
+    sc.client_cc_params = Some(low.clone());
+    sc.uploads = vec![("a".into(), data(300_000_000))];
+    let mut second = sc.another_client(3_000_000);
+    second.uploads = vec![("b".into(), data(300_000_000))];
+    second.cc_params = Some(low);
+    sc.extra_clients.push(second);
+    sc.limit_us = 30_000_000;
+    let r = sim::run(&sc);
+    let limit = Some("simulation time limit reached".to_string());
+    assert!(r.ok || r.error == limit, "{:?}", r.error);
+    let (a, b) = (&r.clients[0].server_rx_trace, &r.clients[1].server_rx_trace);
+    let until = both_running_until(a, b).min(295);
+    let rates = [mean_of(a, 100, until), mean_of(b, 100, until)];
+    let j = jain(&rates);
+    eprintln!(
+        "two low flows: {:.1} + {:.1} Mbit/s, Jain {j:.3}",
+        mbit(rates[0]),
+        mbit(rates[1])
+    );
+    assert!(j >= 0.98, "Jain {j:.3}");
+    assert!(mbit(rates[0] + rates[1]) >= 85.0, "{rates:?}");
 }
 
 /// A 1 GiB-like upload (`bytes`) on `rate` × `rtt_ms` (1-BDP buffer), remembering `saved`

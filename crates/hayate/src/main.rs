@@ -33,6 +33,8 @@ struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+// Built once per run from the command line: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Copy files as scp does: to or from [USER@]HOST:PATH over your own ssh, or
     /// hayate://HOST[:PORT]/PATH on a running `hayate serve`

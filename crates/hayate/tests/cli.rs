@@ -134,6 +134,10 @@ fn json_is_one_object_when_the_copy_cannot_start() {
     assert_json_error(&r, 2, "one side must be remote");
     let r = run(&["cp", "--json", "--rate", "1M", "--rate-min", "2M", f, "h:x"]);
     assert_json_error(&r, 2, "--rate-min is above --rate");
+    let r = run(&["cp", "--json", "--fixed", "--policy", "low", f, "h:x"]);
+    assert_json_error(&r, 2, "--policy makes no sense with --fixed");
+    let r = run(&["cp", "--json", "--policy", "greedy", f, "h:x"]);
+    assert_json_error(&r, 2, "unknown policy `greedy` (known: fair, low)");
     // Refused by the parser itself (exit 2).
     let r = run(&["cp", "--bogus", "--json", f, "h:x"]);
     assert_json_error(&r, 2, "unexpected argument '--bogus'");

@@ -952,6 +952,7 @@ mod tests {
                 rate: RateConfig::Adaptive {
                     max: Some(50_000_000 / 8),
                     min: 0,
+                    policy: hayate_proto::cc::Policy::Fair,
                 },
                 mtu: 1500,
                 ..Config::default()

@@ -5,7 +5,7 @@ mod adaptive;
 mod fixed;
 
 pub use adaptive::{
-    Ablation, Adaptive, Mode as AdaptiveMode, Params as AdaptiveParams, ResumePhase,
+    Ablation, Adaptive, Mode as AdaptiveMode, Params as AdaptiveParams, Policy, ResumePhase,
     Rule as AdaptiveRule,
 };
 pub use fixed::Fixed;
@@ -128,22 +128,30 @@ pub enum RateConfig {
         max: Option<u64>,
         /// Lowest rate, bytes/s.
         min: u64,
+        /// How it shares a bottleneck with traffic that keeps a queue standing.
+        policy: Policy,
     },
 }
 
 impl RateConfig {
-    /// As sent in `Ctrl::Params`: (rate_max, rate_min, adaptive), 0 = no limit.
-    pub fn to_params(self) -> (u64, u64, bool) {
+    /// As sent in `Ctrl::Params`: (rate_max, rate_min, adaptive, policy), 0 = no limit.
+    pub fn to_params(self) -> (u64, u64, bool, Policy) {
         match self {
-            RateConfig::Fixed(r) => (r, 0, false),
-            RateConfig::Unlimited => (0, 0, false),
-            RateConfig::Adaptive { max, min } => (max.unwrap_or(0), min, true),
+            RateConfig::Fixed(r) => (r, 0, false, Policy::Fair),
+            RateConfig::Unlimited => (0, 0, false, Policy::Fair),
+            RateConfig::Adaptive { max, min, policy } => (max.unwrap_or(0), min, true, policy),
         }
     }
 
     /// The client's wish, bounded by what this side allows (`self`): the lower cap wins,
     /// the client's floor is kept below it.
-    pub fn negotiate(self, rate_max: u64, rate_min: u64, adaptive: bool) -> RateConfig {
+    pub fn negotiate(
+        self,
+        rate_max: u64,
+        rate_min: u64,
+        adaptive: bool,
+        policy: Policy,
+    ) -> RateConfig {
         let my_cap = match self {
             RateConfig::Fixed(r) => Some(r),
             RateConfig::Adaptive { max, .. } => max,
@@ -156,7 +164,11 @@ impl RateConfig {
         };
         if adaptive {
             let min = cap.map_or(rate_min, |c| rate_min.min(c));
-            RateConfig::Adaptive { max: cap, min }
+            RateConfig::Adaptive {
+                max: cap,
+                min,
+                policy,
+            }
         } else {
             match cap {
                 Some(c) => RateConfig::Fixed(c),
@@ -170,7 +182,14 @@ impl RateConfig {
         match self {
             RateConfig::Fixed(r) => Box::new(Fixed::new(Some(r))),
             RateConfig::Unlimited => Box::new(Fixed::new(None)),
-            RateConfig::Adaptive { max, min } => Box::new(Adaptive::new(max, min)),
+            RateConfig::Adaptive { max, min, policy } => Box::new(Adaptive::with_params(
+                max,
+                min,
+                AdaptiveParams {
+                    policy,
+                    ..AdaptiveParams::default()
+                },
+            )),
         }
     }
 }

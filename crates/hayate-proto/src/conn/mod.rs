@@ -223,12 +223,13 @@ impl Connection {
     ) -> Self {
         let hs = ClientHandshake::with_rng(psk, cfg.mtu, rng);
         let deadline_us = cfg.connect_timeout.as_micros() as u64;
-        let (rate_max, rate_min, adaptive) = cfg.rate.to_params();
+        let (rate_max, rate_min, adaptive, policy) = cfg.rate.to_params();
         let mut c = Connection::base(Side::Client, cfg, psk.clone(), fam, now);
         c.ctrl.tx.push(&Ctrl::Params {
             rate_max,
             rate_min,
             adaptive,
+            policy,
         });
         c.my_cid = hs.client_cid();
         c.state = State::Handshake {

@@ -54,7 +54,7 @@ impl Connection {
     /// Runs the adaptive controller with these tunables instead of the defaults, from now
     /// on (the simulator's ablation runs); a fixed or unlimited rate is left as it is.
     pub fn set_adaptive_params(&mut self, p: AdaptiveParams) {
-        if let RateConfig::Adaptive { max, min } = self.cfg.rate {
+        if let RateConfig::Adaptive { max, min, .. } = self.cfg.rate {
             self.path.cc = Box::new(Adaptive::with_params(max, min, p));
             self.path.pacer.set_rate(self.path.cc.pacing_rate());
         }

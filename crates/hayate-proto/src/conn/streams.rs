@@ -226,12 +226,13 @@ impl Connection {
                 rate_max,
                 rate_min,
                 adaptive,
+                policy,
             } => {
                 if self.side == Side::Server {
                     self.path.cc = self
                         .cfg
                         .rate
-                        .negotiate(rate_max, rate_min, adaptive)
+                        .negotiate(rate_max, rate_min, adaptive, policy)
                         .build();
                     self.path.pacer.set_rate(self.path.cc.pacing_rate());
                 }

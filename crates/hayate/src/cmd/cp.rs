@@ -12,7 +12,7 @@ use hayate_io::driver::link::StreamLink;
 use hayate_io::driver::StopFlag;
 use hayate_io::pathcache;
 use hayate_io::ssh::{shell_quote, SshChild, SshSpec};
-use hayate_proto::cc::RateConfig;
+use hayate_proto::cc::{Policy, RateConfig};
 use hayate_proto::control::flags;
 use hayate_proto::crypto::Psk;
 use hayate_proto::Config;
@@ -144,6 +144,10 @@ pub struct CpArgs {
     /// Pace at exactly --rate (`max`: no pacing at all) instead of adapting to the path
     #[arg(long)]
     pub fixed: bool,
+    /// How to share a bottleneck with other traffic: `fair` holds a fair share beside TCP,
+    /// `low` gives way to any traffic that keeps a queue standing (for background jobs)
+    #[arg(long, default_value = "fair", value_parser = parse_policy, value_name = "fair|low")]
+    pub policy: Policy,
     /// Neither use nor update the paths remembered in ~/.cache/hayate/paths (uploads to a
     /// host seen within the hour start near the rate measured then)
     #[arg(long)]
@@ -398,7 +402,7 @@ pub fn run(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
 fn copy(a: CpArgs, key_from_env: bool) -> anyhow::Result<i32> {
     check_args(&a, key_from_env).map_err(|e| crate::Usage(format!("{e:#}")))?;
     let (far, job) = plan(&a.paths())?;
-    let rate = rate_config(a.rate_cap(), a.rate_min, a.fixed)?;
+    let rate = rate_config(a.rate_cap(), a.rate_min, a.fixed, a.policy)?;
     let stop = StopFlag::new();
     // Which signal stopped the copy decides the exit code, as a shell reports it (128 + n).
     let interrupted = std::sync::Arc::new(std::sync::atomic::AtomicI32::new(0));
@@ -591,7 +595,7 @@ fn check_args(a: &CpArgs, key_from_env: bool) -> anyhow::Result<()> {
     if !(a.udp_timeout > 0.0 && a.udp_timeout < 3600.0) {
         bail!("--udp-timeout must be more than 0 and less than 3600 seconds");
     }
-    rate_config(a.rate_cap(), a.rate_min, a.fixed)?;
+    rate_config(a.rate_cap(), a.rate_min, a.fixed, a.policy)?;
     match far {
         Far::Daemon { .. } if a.via_ssh => {
             bail!("--via-ssh needs an ssh destination (HOST:PATH), not hayate://")
@@ -688,6 +692,7 @@ pub fn rate_config(
     rate: RateConfig,
     rate_min: Option<RateConfig>,
     fixed: bool,
+    policy: Policy,
 ) -> anyhow::Result<RateConfig> {
     let as_bytes = |r: RateConfig| match r {
         RateConfig::Fixed(b) => Some(b),
@@ -696,6 +701,9 @@ pub fn rate_config(
     if fixed {
         if rate_min.is_some() {
             bail!("--rate-min makes no sense with --fixed");
+        }
+        if policy != Policy::Fair {
+            bail!("--policy makes no sense with --fixed");
         }
         return Ok(rate);
     }
@@ -706,7 +714,12 @@ pub fn rate_config(
             bail!("--rate-min is above --rate");
         }
     }
-    Ok(RateConfig::Adaptive { max, min })
+    Ok(RateConfig::Adaptive { max, min, policy })
+}
+
+/// `--policy`'s values.
+pub fn parse_policy(s: &str) -> Result<Policy, String> {
+    Policy::from_name(s).ok_or_else(|| format!("unknown policy `{s}` (known: fair, low)"))
 }
 
 #[cfg(test)]

@@ -72,6 +72,9 @@ pub struct TunnelArgs {
     /// Never pace below this many bits/s, whatever the path says
     #[arg(long, value_parser = parse_rate, value_name = "RATE")]
     pub rate_min: Option<RateConfig>,
+    /// How to share a bottleneck with other traffic: `fair` or `low` (see `hayate cp`)
+    #[arg(long, default_value = "fair", value_parser = crate::cmd::cp::parse_policy, value_name = "fair|low")]
+    pub policy: hayate_proto::cc::Policy,
     /// Path MTU in bytes: no datagram is bigger
     #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u16).range(1280..))]
     pub mtu: u16,
@@ -125,7 +128,7 @@ pub fn run(a: TunnelArgs) -> anyhow::Result<i32> {
     if !(a.udp_timeout > 0.0 && a.udp_timeout < 3600.0) {
         bail!("--udp-timeout must be more than 0 and less than 3600 seconds");
     }
-    let rate = rate_config(a.rate, a.rate_min, false)?;
+    let rate = rate_config(a.rate, a.rate_min, false, a.policy)?;
     let stop = StopFlag::new();
     // ssh ends its ProxyCommand with SIGHUP: a clean end, the far side told.
     for sig in [

@@ -130,6 +130,7 @@
 mod estimator;
 mod loss;
 mod params;
+mod policy;
 mod queue;
 mod resume;
 mod state;
@@ -140,6 +141,8 @@ use super::{Feedback, PathMeasurement, RateControl, RememberedPath};
 use estimator::Estimator;
 use loss::LossClassifier;
 pub use params::{Ablation, Params, Rule};
+use policy::Contention;
+pub use policy::Policy;
 use queue::QueueSignal;
 use resume::Resume;
 pub use resume::ResumePhase;
@@ -202,6 +205,8 @@ pub struct Adaptive {
     loss: LossClassifier,
     /// Careful resume from a remembered path, and what is worth remembering of this one.
     resume: Resume,
+    /// Whether a queue not ours stands (see `policy.rs`).
+    contention: Contention,
     /// The tunables.
     p: Params,
 }
@@ -241,6 +246,7 @@ impl Adaptive {
             queue: QueueSignal::new(),
             loss: LossClassifier::new(),
             resume: Resume::new(),
+            contention: Contention::default(),
             p,
         };
         a.rate = a.clamp(a.p.initial_rate as f64);

@@ -2,6 +2,8 @@
 //! The reasons are what the simulator and the WAN harness showed; `Default` holds the
 //! values the controller runs with.
 
+use super::policy::Policy;
+
 /// The adaptive controller's tunables. Rates are bytes/s, times µs, shares and gains plain
 /// ratios; "a `_div` of n" means one n-th (integer division, as the rules compute it).
 #[derive(Debug, Clone, PartialEq)]
@@ -255,6 +257,19 @@ pub struct Params {
     /// does not widen it) keeps the pipe full through ACK jitter.
     pub congestion_cap_bdps: u64,
 
+    // ---- Sharing (see `policy.rs`) ------------------------------------------------------
+    /// How this flow shares a queue that is not its own.
+    pub policy: Policy,
+    /// Rounds in a row with a queue over the target all round (Copa waits 5 round trips)
+    /// ...
+    pub contend_rounds: u32,
+    /// ... through this many yields of ours, make the queue another flow's (see
+    /// `policy.rs`); `contend_rounds` rounds with the queue gone end that.
+    pub contend_yields: u32,
+    /// `Policy::Low`, contended: each round the queue stands cuts the estimate to this
+    /// share.
+    pub low_beta: f64,
+
     // ---- Ablation -------------------------------------------------------------------------
     /// Rules switched off, to measure what each one pays for (`bench/sim-matrix --ablate`);
     /// empty in normal use.
@@ -427,6 +442,10 @@ impl Default for Params {
             rx_stall_room_us: 250_000,
             rx_drop_guess_div: 2,
             congestion_cap_bdps: 2,
+            policy: Policy::Fair,
+            contend_rounds: 5,
+            contend_yields: 2,
+            low_beta: 0.5,
             ablation: Ablation::default(),
         }
     }

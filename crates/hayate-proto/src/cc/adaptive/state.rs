@@ -2,7 +2,7 @@
 //! them and the pacing rate each state sets.
 
 use super::loss::enough_datagrams;
-use super::{bytes_in, congestion_cap, Adaptive, Feedback, Rule};
+use super::{bytes_in, congestion_cap, Adaptive, Feedback, Policy, Rule};
 
 //STATE
 /// The controller's state without ProbeBw's phase (for traces and tests).
@@ -49,6 +49,11 @@ impl Adaptive {
             State::Drain => Mode::Drain,
             State::ProbeBw(_) => Mode::ProbeBw,
         }
+    }
+
+    /// Contended under `Policy::Low`: giving way (see `policy.rs`).
+    pub(super) fn scavenging(&self) -> bool {
+        self.contention.contended && self.p.policy == Policy::Low
     }
 
     /// In ProbeBw, whatever the phase.
@@ -132,7 +137,13 @@ impl Adaptive {
     /// it was found, not the latest sample's. A sender whose host held it reads the ACKs
     /// that waited meanwhile as a queue that jumped (35 ms on the harness's 100 ms path,
     /// where 8 had stood): sized by that, the cut was the big queue's, 0.7 of the link.
-    pub(super) fn queue_found(&mut self, (path_q_us, q_us): (u64, u64)) {
+    pub(super) fn queue_found(&mut self, queues: (u64, u64)) {
+        self.cut(queues, None);
+    }
+
+    /// [`queue_found`](Self::queue_found) with the share's gain given (the policy's cut,
+    /// see `policy.rs`) instead of chosen by the queue and the shares' history.
+    pub(super) fn cut(&mut self, (path_q_us, q_us): (u64, u64), gain_given: Option<f64>) {
         let w = self.est.round_rx_w + self.est.last_round_w;
         // All of both rounds' deliveries, not only those taken while the queue stood. With
         // senders whose hosts stall, that selection read the smaller of two flows 10-15 %
@@ -169,6 +180,7 @@ impl Adaptive {
         if path_q_us as f64 > big && self.p.ablation.on(Rule::BigQueueGain) {
             gain = self.p.big_queue_gain;
         }
+        let gain = gain_given.unwrap_or(gain);
         self.shares.push(share);
         if self.shares.len() > self.p.share_history {
             self.shares.remove(0);
@@ -308,6 +320,18 @@ impl Adaptive {
             self.push_bw_round(self.round_sample());
         }
         let (queue_building, round_queue, standing) = self.round_queue();
+        // Not on a buffer known to be short: there a newcomer's queue stands through our
+        // yields too.
+        if self.state != State::Startup && !self.shallow() {
+            let least =
+                (self.queue.round_samples > 0).then_some(self.queue.round_min_path_queue_us);
+            let target = self.queue_target_us();
+            self.contention
+                .end_round(&self.p, least, target, self.draining());
+        } else if self.shallow() {
+            self.contention = Default::default();
+        }
+        let scavenging = self.scavenging();
 
         let bw = self.bottleneck();
         match self.state {
@@ -347,6 +371,11 @@ impl Adaptive {
                     unreachable!("in ProbeBw");
                 };
                 let next = match phase {
+                    _ if scavenging && standing => {
+                        // A queue not ours stood all round: give way (see `policy.rs`).
+                        self.cut(self.least_queues(), Some(self.p.low_beta));
+                        Phase::Down(1)
+                    }
                     Phase::Refill | Phase::Up(_)
                         if standing
                             && self.p.ablation.on(Rule::StandingQueueYield)
