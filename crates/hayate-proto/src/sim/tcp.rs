@@ -26,6 +26,7 @@ const C: f64 = 0.4;
 const BETA: f64 = 0.7;
 const INITIAL_WINDOW: f64 = 10.0;
 const MIN_RTO_US: u64 = 200_000;
+const INITIAL_RTO_US: u64 = 1_000_000;
 
 /// One bulk flow: sends from `start_us` until `stop_us`.
 #[derive(Debug, Clone)]
@@ -162,7 +163,12 @@ impl Tcp {
     }
 
     fn rto_us(&self) -> u64 {
-        (2 * self.srtt_us).max(MIN_RTO_US)
+        match self.srtt_us {
+            // RFC 6298's 1 s before the first sample: 200 ms would time out every window
+            // on a path of a longer RTT, before any acknowledgment could come back.
+            0 => INITIAL_RTO_US,
+            s => (2 * s).max(MIN_RTO_US),
+        }
     }
 
     /// Starts it, or gives up on everything outstanding after a timeout (the tail of a
