@@ -1,6 +1,8 @@
 //! The adaptive controller across link models in the simulator (issue 42): for each model ×
 //! RTT × loss row, one upload's steady utilisation, the share it retransmitted and the
-//! median queueing delay at the bottleneck. `bench/sim-matrix` runs it in release mode.
+//! median queueing delay at the bottleneck; beside cross traffic (a TCP CUBIC flow, a
+//! BBR-like flow, on/off short flows) also the cross traffic's throughput, and on a link
+//! whose rate halves and recovers. `bench/sim-matrix` runs it in release mode.
 //!
 //! ```text
 //! cargo run --release -p hayate-proto --example sim_matrix -- [--models fifo,codel,...]
@@ -18,14 +20,20 @@
 //! capacity is the policer's rate with a policer, the link's otherwise, and the loss the
 //! mean random loss (Bernoulli, or Gilbert-Elliott's mean). **retx** is retransmitted ÷ sent
 //! data packets; **q50** the median time the forward link's datagrams waited in its queue.
+//!
+//! With cross traffic (it starts with the upload and runs until the upload is done) the
+//! window is from 2 s to half a second before the upload's end, **hayate %** is steady as
+//! above and **cross %** the cross traffic's data rate over the same window, over capacity ×
+//! 1448/1500 (a TCP segment's data share) × (1 − loss). On the link whose rate changes the
+//! capacity is the rate's mean over that window.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use hayate_proto::cc::{Ablation, AdaptiveParams, AdaptiveRule, Policy, RateConfig};
 use hayate_proto::sim::{
-    self, CoDelParams, GilbertElliott, JitterDist, JitterParams, LinkParams, PolicerParams,
-    Scenario,
+    self, CoDelParams, FlowSize, GilbertElliott, JitterDist, JitterParams, LinkParams,
+    PolicerParams, RateStep, Scenario, ShortFlows, TcpSpec,
 };
 use hayate_proto::wire::{block_size, AddrFamily};
 
@@ -63,7 +71,23 @@ const MODELS: &[(&str, &str)] = &[
         "thin-rev",
         "1-BDP FIFO, ACKs through 1 Mbit/s (64 KB buffer)",
     ),
+    (
+        "ratestep",
+        "1-BDP FIFO (of the full rate), the rate halves at 1/3 of --secs and recovers at 2/3",
+    ),
+    ("cubic", "1-BDP FIFO, beside one TCP CUBIC bulk flow"),
+    ("bbr", "1-BDP FIFO, beside one BBR-like bulk flow"),
+    (
+        "onoff",
+        "1-BDP FIFO, beside on/off short CUBIC flows: 30 % mean load, Pareto sizes (mean 100 kB, shape 1.5)",
+    ),
 ];
+
+/// Models with cross traffic: their table has a cross % column.
+const CROSS: &[&str] = &["cubic", "bbr", "onoff"];
+
+/// A TCP segment's data share of the wire bytes.
+const TCP_DATA_SHARE: f64 = 1448.0 / 1500.0;
 
 #[derive(Debug, Clone)]
 struct Row {
@@ -84,6 +108,8 @@ struct Outcome {
     retx_pct: f64,
     q50_ms: f64,
     drops: u64,
+    /// The cross traffic's data rate, % (models with cross traffic).
+    cross_pct: f64,
     error: Option<String>,
 }
 
@@ -156,6 +182,40 @@ fn scenario(row: &Row) -> (Scenario, f64, f64) {
             rev.rate = Some(MBIT);
             rev.queue_bytes = 64_000;
         }
+        "ratestep" => {
+            sc.forward_steps = vec![
+                RateStep {
+                    at_us: row.secs * 1_000_000 / 3,
+                    rate: Some(rate / 2),
+                },
+                RateStep {
+                    at_us: row.secs * 2_000_000 / 3,
+                    rate: Some(rate),
+                },
+            ];
+        }
+        "cubic" | "bbr" => {
+            let flow = TcpSpec {
+                start_us: 0,
+                stop_us: u64::MAX,
+            };
+            if row.model == "cubic" {
+                sc.tcp_flows = vec![flow];
+            } else {
+                sc.bbr_flows = vec![flow];
+            }
+        }
+        "onoff" => {
+            sc.short_flows = Some(ShortFlows {
+                load: (0.3 * rate as f64 * TCP_DATA_SHARE) as u64,
+                size: FlowSize::Pareto {
+                    mean: 100_000,
+                    shape: 1.5,
+                },
+                start_us: 0,
+                stop_us: u64::MAX,
+            });
+        }
         m => panic!("unknown model {m}"),
     }
     sc.forward = fwd;
@@ -178,6 +238,10 @@ fn scenario(row: &Row) -> (Scenario, f64, f64) {
     }
     sc.uploads = vec![("f".into(), data((rate * row.secs) as usize))];
     sc.limit_us = row.secs * 5_000_000;
+    if CROSS.contains(&row.model) {
+        // Sharing, the upload takes longer.
+        sc.limit_us = row.secs * 20_000_000;
+    }
     (sc, capacity, row.loss)
 }
 
@@ -188,11 +252,30 @@ fn run_row(row: &Row) -> Outcome {
     let peak = t.iter().copied().max().unwrap_or(0);
     let last_full = t.iter().rposition(|&b| b * 2 >= peak).unwrap_or(0);
     let a = 20usize;
-    let b = (t.len().saturating_sub(5)).min(last_full);
-    let steady = if b > a {
-        t[a..b].iter().sum::<u64>() as f64 / ((b - a) as f64 / 10.0)
-    } else {
-        0.0
+    let mut b = t.len().saturating_sub(5);
+    // Sharing the link or losing half of it, the upload's rate falls below half its peak
+    // before the end.
+    if !CROSS.contains(&row.model) && row.model != "ratestep" {
+        b = b.min(last_full);
+    }
+    let mean_over = |t: &[u64]| {
+        if b > a {
+            t.iter().take(b).skip(a).sum::<u64>() as f64 / ((b - a) as f64 / 10.0)
+        } else {
+            0.0
+        }
+    };
+    let steady = mean_over(t);
+    let mut capacity = capacity;
+    if row.model == "ratestep" && b > a {
+        let (down, up) = (row.secs * 10 / 3, row.secs * 20 / 3);
+        let halved = (a..b).filter(|&i| (down..up).contains(&(i as u64))).count();
+        capacity *= 1.0 - 0.5 * halved as f64 / (b - a) as f64;
+    }
+    let cross = match row.model {
+        "onoff" => mean_over(&r.short_rx_trace),
+        "cubic" | "bbr" => mean_over(&r.tcp_rx_trace[0]),
+        _ => 0.0,
     };
     let hist = &r.fwd_queue_delay_hist;
     let total: u64 = hist.iter().sum();
@@ -211,6 +294,7 @@ fn run_row(row: &Row) -> Outcome {
         retx_pct: 100.0 * c.data_packets_retransmitted as f64 / c.data_packets_sent.max(1) as f64,
         q50_ms: q50 as f64 * 0.1,
         drops: r.fwd_queue_drops + r.fwd_aqm_drops + r.fwd_policer_drops,
+        cross_pct: 100.0 * cross / (capacity * TCP_DATA_SHARE * (1.0 - loss)),
         error: r.error.clone(),
     }
 }
@@ -318,26 +402,49 @@ fn main() {
             last_model = row.model;
             let desc = MODELS.iter().find(|m| m.0 == row.model).unwrap().1;
             println!("\n{}: {desc}", row.model);
+            if CROSS.contains(&row.model) {
+                println!(
+                    "{:>7} {:>6} {:>6} {:>9} {:>8} {:>7} {:>7} {:>7}  result",
+                    "rtt ms", "loss %", "seed", "hayate %", "cross %", "retx %", "q50 ms", "drops"
+                );
+            } else {
+                println!(
+                    "{:>7} {:>6} {:>6} {:>9} {:>7} {:>7} {:>7}  result",
+                    "rtt ms", "loss %", "seed", "steady %", "retx %", "q50 ms", "drops"
+                );
+            }
+        }
+        let result = if o.ok {
+            "ok".to_string()
+        } else {
+            format!("FAILED: {}", o.error.as_deref().unwrap_or("?"))
+        };
+        if CROSS.contains(&row.model) {
             println!(
-                "{:>7} {:>6} {:>6} {:>9} {:>7} {:>7} {:>7}  result",
-                "rtt ms", "loss %", "seed", "steady %", "retx %", "q50 ms", "drops"
+                "{:>7} {:>6.2} {:>6} {:>9.1} {:>8.1} {:>7.2} {:>7.1} {:>7}  {}",
+                row.rtt_ms,
+                row.loss * 100.0,
+                row.seed,
+                o.steady_pct,
+                o.cross_pct,
+                o.retx_pct,
+                o.q50_ms,
+                o.drops,
+                result
+            );
+        } else {
+            println!(
+                "{:>7} {:>6.2} {:>6} {:>9.1} {:>7.2} {:>7.1} {:>7}  {}",
+                row.rtt_ms,
+                row.loss * 100.0,
+                row.seed,
+                o.steady_pct,
+                o.retx_pct,
+                o.q50_ms,
+                o.drops,
+                result
             );
         }
-        println!(
-            "{:>7} {:>6.2} {:>6} {:>9.1} {:>7.2} {:>7.1} {:>7}  {}",
-            row.rtt_ms,
-            row.loss * 100.0,
-            row.seed,
-            o.steady_pct,
-            o.retx_pct,
-            o.q50_ms,
-            o.drops,
-            if o.ok {
-                "ok".to_string()
-            } else {
-                format!("FAILED: {}", o.error.as_deref().unwrap_or("?"))
-            }
-        );
     }
     print_ablation(&rows, &results, base_rows, &rules);
 }

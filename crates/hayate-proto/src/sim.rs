@@ -3,8 +3,10 @@
 //! that queue (`codel`), a token-bucket policer (`policer`), delay jitter and ACK aggregation
 //! (`jitter`) and bursty loss (`gilbert`). Both ends run the real
 //! [`Connection`]/[`Endpoint`] code with real crypto; only time and the wire are simulated,
-//! so a 30 %-loss transfer over a 200 ms path finishes in milliseconds of real time. TCP CUBIC
-//! bulk flows can share the forward link as cross traffic ([`TcpSpec`]).
+//! so a 30 %-loss transfer over a 200 ms path finishes in milliseconds of real time. The
+//! forward link's rate can change over time ([`RateStep`]). Cross traffic can share the
+//! forward link: TCP CUBIC and BBR-like bulk flows ([`TcpSpec`], `tcp` and `bbr`), and on/off
+//! short CUBIC flows at a mean load ([`ShortFlows`], `onoff`).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
@@ -19,14 +21,17 @@ use crate::rng::Rng as KeyRng;
 use crate::transfer::XferId;
 use crate::wire::{AddrFamily, Cid};
 
+mod bbr;
 mod codel;
 mod gilbert;
 mod jitter;
+mod onoff;
 mod policer;
 mod tcp;
 pub use codel::CoDelParams;
 pub use gilbert::GilbertElliott;
 pub use jitter::{JitterDist, JitterParams};
+pub use onoff::{FlowSize, ShortFlows};
 pub use policer::PolicerParams;
 use tcp::Tcp;
 pub use tcp::TcpSpec;
@@ -194,6 +199,10 @@ pub struct Scenario {
     pub client_stall_us: u64,
     /// TCP CUBIC bulk flows through the same forward link (cross traffic).
     pub tcp_flows: Vec<TcpSpec>,
+    /// BBR-like bulk flows through the same forward link (cross traffic; `sim/bbr.rs`).
+    pub bbr_flows: Vec<TcpSpec>,
+    /// On/off short CUBIC flows through the same forward link (cross traffic).
+    pub short_flows: Option<ShortFlows>,
     /// Every client's adaptive controller runs with these tunables (`None`: the defaults),
     /// e.g. with rules switched off ([`crate::cc::Ablation`]).
     pub client_cc_params: Option<crate::cc::AdaptiveParams>,
@@ -229,6 +238,8 @@ impl Scenario {
             client_stall_every_us: 0,
             client_stall_us: 0,
             tcp_flows: Vec::new(),
+            bbr_flows: Vec::new(),
+            short_flows: None,
             client_cc_params: None,
         }
     }
@@ -349,11 +360,21 @@ pub struct SimResult {
     pub server_rx_trace: Vec<u64>,
     /// Every client: the scenario's own first, then `extra_clients` in order.
     pub clients: Vec<ClientResult>,
-    /// Each of `tcp_flows`: data bytes delivered per 100 ms of virtual time, and its loss
-    /// events (window cuts).
+    /// Each of `tcp_flows`, then each of `bbr_flows`: data bytes delivered per 100 ms of
+    /// virtual time.
     pub tcp_rx_trace: Vec<Vec<u64>>,
-    /// Each of `tcp_flows`: how many loss events (window cuts) it had.
+    /// Each of `tcp_flows`, then each of `bbr_flows`: how many loss events it had (CUBIC cut
+    /// its window for each; BBR only counts them).
     pub tcp_loss_events: Vec<u64>,
+    /// The short flows ([`Scenario::short_flows`]): data bytes delivered per 100 ms, all
+    /// flows together.
+    pub short_rx_trace: Vec<u64>,
+    /// Short flows started.
+    pub short_flows_started: u64,
+    /// Short flows finished (all their bytes delivered and acknowledged).
+    pub short_flows_finished: u64,
+    /// Data bytes the short flows that started had to send.
+    pub short_offered_bytes: u64,
 }
 
 /// splitmix64: deterministic, dependency-free randomness for the network model.
@@ -555,6 +576,9 @@ enum Dest {
     /// TCP flow `n`'s segment `seq` to its receiver, and the acknowledgment of it back.
     TcpData(usize, u64),
     TcpAck(usize, u64),
+    /// The same for short flow `n`.
+    ShortData(u64, u64),
+    ShortAck(u64, u64),
 }
 
 /// Both directions of the simulated wire and the datagrams on it.
@@ -589,7 +613,7 @@ impl Net {
     /// corrupt it.
     fn put(&mut self, to: Dest, now: u64, d: &[u8]) {
         let link = if matches!(to, Dest::Client(_)) { 1 } else { 0 };
-        if let Dest::TcpData(..) = to {
+        if let Dest::TcpData(..) | Dest::ShortData(..) = to {
             for at in self.links[0].send(now, tcp::WIRE_BYTES, &mut self.rng) {
                 self.push(at, to, Vec::new(), false);
             }
@@ -904,7 +928,28 @@ pub fn run(sc: &Scenario) -> SimResult {
         inflight: HashMap::new(),
         seq: 0,
     };
-    let mut tcps: Vec<Tcp> = sc.tcp_flows.iter().cloned().map(Tcp::new).collect();
+    // The cross traffic's random numbers: a stream of their own, so that adding it leaves
+    // every other random choice as it was.
+    let cross_rng = |n: u64| Rng::new(sc.seed ^ 0x4352_4f53_5300 ^ (n << 40));
+    let mut tcps: Vec<Tcp> = sc
+        .tcp_flows
+        .iter()
+        .cloned()
+        .map(Tcp::new)
+        .chain(
+            sc.bbr_flows
+                .iter()
+                .enumerate()
+                .map(|(n, s)| Tcp::bbr(s.clone(), cross_rng(n as u64 + 1))),
+        )
+        .collect();
+    let mut onoff = sc
+        .short_flows
+        .clone()
+        .map(|s| onoff::Generator::new(s, cross_rng(0)));
+    // The short flows running, by number.
+    let mut shorts: BTreeMap<u64, Tcp> = BTreeMap::new();
+    let mut short_next = 0u64;
     let mut steps = sc.forward_steps.clone();
     let mut end_us = None;
     steps.sort_by_key(|s| Reverse(s.at_us));
@@ -1022,6 +1067,24 @@ pub fn run(sc: &Scenario) -> SimResult {
                     net.push(at, Dest::TcpAck(n, seq), Vec::new(), false);
                 }
                 Dest::TcpAck(n, seq) => tcps[n].on_ack(now, seq),
+                Dest::ShortData(n, seq) => {
+                    if let (Some(t), Some(g)) = (shorts.get_mut(&n), onoff.as_mut()) {
+                        g.on_delivered(now, t.on_delivered(now));
+                    }
+                    let at = now + net.links[1].p.delay_us;
+                    net.push(at, Dest::ShortAck(n, seq), Vec::new(), false);
+                }
+                Dest::ShortAck(n, seq) => {
+                    if let Some(t) = shorts.get_mut(&n) {
+                        t.on_ack(now, seq);
+                        if t.done() {
+                            shorts.remove(&n);
+                            if let Some(g) = onoff.as_mut() {
+                                g.finished += 1;
+                            }
+                        }
+                    }
+                }
                 Dest::Client(n) | Dest::ClientLate(n, _) => {
                     let arrived = match to {
                         Dest::ClientLate(_, a) => a,
@@ -1125,6 +1188,20 @@ pub fn run(sc: &Scenario) -> SimResult {
                 net.put(Dest::TcpData(n, seq), now, &[]);
             }
         }
+        if let Some(g) = onoff.as_mut() {
+            for size in g.poll_start(now) {
+                shorts.insert(short_next, Tcp::short(now, size));
+                short_next += 1;
+            }
+        }
+        for (&n, t) in shorts.iter_mut() {
+            if t.next_timer().is_some_and(|at| at <= now) {
+                t.on_timer(now);
+            }
+            for seq in t.poll_send(now) {
+                net.put(Dest::ShortData(n, seq), now, &[]);
+            }
+        }
         for cid in server.cids() {
             let to = server.conn_addr(cid).and_then(|a| by_addr.get(&a).copied());
             let Some(c) = server.conn_mut(cid) else {
@@ -1183,10 +1260,13 @@ pub fn run(sc: &Scenario) -> SimResult {
         if let Some(s) = steps.last() {
             next = next.min(s.at_us);
         }
-        for t in &tcps {
+        for t in tcps.iter().chain(shorts.values()) {
             if let Some(at) = t.next_timer() {
                 next = next.min(at.max(now + 1));
             }
+        }
+        if let Some(at) = onoff.as_ref().and_then(onoff::Generator::next_start) {
+            next = next.min(at.max(now + 1));
         }
         if next == u64::MAX {
             sim_error = Some("simulation stalled: nothing left to do".to_string());
@@ -1210,6 +1290,12 @@ pub fn run(sc: &Scenario) -> SimResult {
     for t in tcps {
         res.tcp_loss_events.push(t.loss_events);
         res.tcp_rx_trace.push(t.rx_trace);
+    }
+    if let Some(g) = onoff {
+        res.short_rx_trace = g.rx_trace;
+        res.short_flows_started = g.started;
+        res.short_flows_finished = g.finished;
+        res.short_offered_bytes = g.offered;
     }
     let mut all_ok = true;
     for mut cl in clients {
