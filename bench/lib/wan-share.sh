@@ -3,7 +3,7 @@
 #   1. two hayate transfers, the second starting 5 s after the first: their goodput while
 #      both run, and Jain's fairness index (the issue's target: >= 0.95 once both run);
 #   2. hayate next to one TCP CUBIC stream (iperf3, buffers raised) that was there first:
-#      what each gets while both run.
+#      what each gets while both run, once per policy in SHARE_POLICIES (`--policy`).
 # Sourced by bench/wan after its helpers (prof_start, set_tcp_bufs, run_hayate's key, ...).
 
 # Per-second goodput of a `hayate cp --interval 1` log as "seconds-since-T0 bits/s" lines,
@@ -17,10 +17,12 @@ share_series() { # LOG LAUNCH T0
         END { for (i = 1; i < n; i++) printf "%.3f %.0f %.3f\n", ts[i], r[i], own[i] }' "$1"
 }
 
-# hayate_bg NAME: a `hayate cp` of the source file to share-NAME.bin, in the background.
+# hayate_bg NAME [ARGS...]: a `hayate cp` of the source file to share-NAME.bin, in the
+# background, with ARGS.
 hayate_bg() {
     local name=$1
-    HAYATE_CC_TRACE=$WAN_LOG/share-cc-$name.tsv ip netns exec "$WAN_NS_C" "$HAYATE_BIN" cp --key-file "$HAYATE_KEY" --json --interval 1 \
+    shift
+    HAYATE_CC_TRACE=$WAN_LOG/share-cc-$name.tsv ip netns exec "$WAN_NS_C" "$HAYATE_BIN" cp --key-file "$HAYATE_KEY" --json --interval 1 "$@" \
         "$SRC_FILE" "hayate://$WAN_SERVER_IP:$HAYATE_PORT/share-$name.bin" \
         >"$WAN_LOG/share-$name.json" 2>"$WAN_LOG/share-$name.err" &
     BG_PID=$!
@@ -69,38 +71,42 @@ run_share() { # RATE RTT LOSS BUF_BDP
     SHARE_ROWS+=("| two hayate | second (from 5 s) | $(fmt_mbps "$mb") | | $(share_verified b) |")
     rm -f "$WORK/fs/dst/share-a.bin" "$WORK/fs/dst/share-b.bin"
 
-    # 2. hayate next to a CUBIC stream that started 5 s earlier.
-    echo "   hayate next to a TCP CUBIC stream ..." >&2
-    set_tcp_bufs raised
-    warm_pages "$(stat -c %s "$SRC_FILE")"
-    ip netns exec "$WAN_NS_S" iperf3 -s -1 -p "$IPERF_PORT" -B "$WAN_SERVER_IP" >"$WAN_LOG/share-iperf3-server.log" 2>&1 &
-    local ips=$! ipc
-    sleep 0.3
-    t0=$(now_s)
-    ip netns exec "$WAN_NS_C" iperf3 -c "$WAN_SERVER_IP" -p "$IPERF_PORT" -t 30 -C cubic --json \
-        >"$WAN_LOG/share-iperf3.json" 2>"$WAN_LOG/share-iperf3.err" &
-    ipc=$!
-    sleep 5
-    la=$(now_s); hayate_bg c; pa=$BG_PID
-    timeout 120 bash -c "while kill -0 $pa 2>/dev/null; do sleep 0.2; done"
-    wait "$pa" 2>/dev/null
-    wait "$ipc" 2>/dev/null
-    kill "$ips" 2>/dev/null; wait "$ips" 2>/dev/null
-    set_tcp_bufs default
-    share_series "$WAN_LOG/share-c.err" "$la" "$t0" >"$WAN_LOG/share-c.tsv"
-    jq -r '.intervals[]?.sum | "\(.start) \(.bits_per_second)"' "$WAN_LOG/share-iperf3.json" \
-        >"$WAN_LOG/share-tcp.tsv" 2>/dev/null
-    local mt mh
-    # iperf3's intervals start at its own 0 s, which is T0 (give or take its connect).
-    read -r mh mt n < <(awk 'NR == FNR { t[int($1)] = $2; next }
-        $3 > 2 && (int($1) in t) { n++; sh += $2; st += t[int($1)] }
-        END { if (!n) print "- - 0"; else printf "%.0f %.0f %d\n", sh / n, st / n, n }' \
-        "$WAN_LOG/share-tcp.tsv" "$WAN_LOG/share-c.tsv")
-    local pct=-
-    [ "$n" != 0 ] && pct=$(awk -v h="$mh" -v t="$mt" 'BEGIN { printf "%.0f", t * 100 / (h + t) }')
-    SHARE_ROWS+=("| hayate + TCP CUBIC | CUBIC (from 0 s, raised bufs) | $(fmt_mbps "$mt") | CUBIC's share $pct % | $n s both running |")
-    SHARE_ROWS+=("| hayate + TCP CUBIC | hayate (from 5 s) | $(fmt_mbps "$mh") | | $(share_verified c) |")
-    rm -f "$WORK/fs/dst/share-c.bin"
+    # 2. hayate next to a CUBIC stream that started 5 s earlier, per policy.
+    local pol c
+    for pol in ${SHARE_POLICIES//,/ }; do
+        c=c-$pol
+        echo "   hayate --policy $pol next to a TCP CUBIC stream ..." >&2
+        set_tcp_bufs raised
+        warm_pages "$(stat -c %s "$SRC_FILE")"
+        ip netns exec "$WAN_NS_S" iperf3 -s -1 -p "$IPERF_PORT" -B "$WAN_SERVER_IP" >"$WAN_LOG/share-iperf3-server.log" 2>&1 &
+        local ips=$! ipc
+        sleep 0.3
+        t0=$(now_s)
+        ip netns exec "$WAN_NS_C" iperf3 -c "$WAN_SERVER_IP" -p "$IPERF_PORT" -t 30 -C cubic --json \
+            >"$WAN_LOG/share-iperf3.json" 2>"$WAN_LOG/share-iperf3.err" &
+        ipc=$!
+        sleep 5
+        la=$(now_s); hayate_bg "$c" --policy "$pol"; pa=$BG_PID
+        timeout 120 bash -c "while kill -0 $pa 2>/dev/null; do sleep 0.2; done"
+        wait "$pa" 2>/dev/null
+        wait "$ipc" 2>/dev/null
+        kill "$ips" 2>/dev/null; wait "$ips" 2>/dev/null
+        set_tcp_bufs default
+        share_series "$WAN_LOG/share-$c.err" "$la" "$t0" >"$WAN_LOG/share-$c.tsv"
+        jq -r '.intervals[]?.sum | "\(.start) \(.bits_per_second)"' "$WAN_LOG/share-iperf3.json" \
+            >"$WAN_LOG/share-tcp.tsv" 2>/dev/null
+        local mt mh
+        # iperf3's intervals start at its own 0 s, which is T0 (give or take its connect).
+        read -r mh mt n < <(awk 'NR == FNR { t[int($1)] = $2; next }
+            $3 > 2 && (int($1) in t) { n++; sh += $2; st += t[int($1)] }
+            END { if (!n) print "- - 0"; else printf "%.0f %.0f %d\n", sh / n, st / n, n }' \
+            "$WAN_LOG/share-tcp.tsv" "$WAN_LOG/share-$c.tsv")
+        local pct=-
+        [ "$n" != 0 ] && pct=$(awk -v h="$mh" -v t="$mt" 'BEGIN { printf "%.0f", t * 100 / (h + t) }')
+        SHARE_ROWS+=("| hayate --policy $pol + TCP CUBIC | CUBIC (from 0 s, raised bufs) | $(fmt_mbps "$mt") | CUBIC's share $pct % | $n s both running |")
+        SHARE_ROWS+=("| hayate --policy $pol + TCP CUBIC | hayate (from 5 s) | $(fmt_mbps "$mh") | | $(share_verified "$c") |")
+        rm -f "$WORK/fs/dst/share-$c.bin"
+    done
     kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
     prof_stop
 }

@@ -1029,51 +1029,6 @@ fn the_simulated_cubic_flow_fills_the_link_and_shares_it() {
     );
 }
 
-/// A hayate transfer that joins a TCP CUBIC stream on a 1-BDP buffer leaves it most of its
-/// share: the issue asks that hayate not take every last byte from TCP. (It takes too
-/// little: CUBIC keeps the buffer full, and a delay-based flow yields to that queue every
-/// time; measured here 1-7 Mbit/s of 100. A competitive mode is future work.)
-#[test]
-fn leaves_a_tcp_flow_its_share() {
-    for (rtt, seed) in [(10, 32), (50, 33)] {
-        let mut sc = Scenario::new(seed);
-        (sc.forward, sc.reverse) = path(100 * MBIT, rtt, 0.0, 1.0);
-        adaptive(&mut sc);
-        sc.limit_us = 20_000_000;
-        sc.tcp_flows = vec![TcpSpec {
-            start_us: 0,
-            stop_us: u64::MAX,
-        }];
-        // hayate starts once CUBIC has the link (the scenario's own client only keeps the
-        // simulation going).
-        sc.uploads = vec![("tiny".into(), data(1000))];
-        let mut late = sc.another_client(3_000_000);
-        late.uploads = vec![("f".into(), data(60_000_000))];
-        sc.extra_clients.push(late);
-        let r = sim::run(&sc);
-        let limit = Some("simulation time limit reached".to_string());
-        assert!(r.ok || r.error == limit, "{:?}", r.error);
-        let h = &r.clients[1].server_rx_trace;
-        let t = &r.tcp_rx_trace[0];
-        let end = h
-            .iter()
-            .rposition(|&x| x > 0)
-            .unwrap_or(0)
-            .saturating_sub(5)
-            .min(195);
-        assert!(end >= 100, "hayate ended at {end}");
-        let (tcp, hayate) = (trace_mean_mbit(t, 50, end), trace_mean_mbit(h, 50, end));
-        eprintln!(
-            "{rtt} ms: CUBIC {tcp:.1} Mbit/s, hayate {hayate:.1} Mbit/s over 5..{end} (100 ms)"
-        );
-        assert!(
-            tcp >= 45.0,
-            "{rtt} ms: CUBIC kept {tcp:.1}, hayate {hayate:.1}"
-        );
-        assert!(tcp + hayate >= 85.0, "{rtt} ms: {tcp:.1} + {hayate:.1}");
-    }
-}
-
 /// A hayate upload that joins a TCP CUBIC stream 3 s in, on `rate_mbit` × `rtt_ms` with a
 /// 1-BDP buffer, under `policy`: the mean Mbit/s of each from 5 s to the end (40 s).
 fn beside_cubic(rate_mbit: u64, rtt_ms: u64, seed: u64, policy: Policy) -> (f64, f64) {
@@ -1107,6 +1062,25 @@ fn beside_cubic(rate_mbit: u64, rtt_ms: u64, seed: u64, policy: Policy) -> (f64,
         hayate / (hayate + tcp)
     );
     (hayate, tcp)
+}
+
+/// `--policy fair` beside a TCP CUBIC stream that keeps a 1-BDP buffer full: the queue
+/// stands through hayate's yields, so it competes as a loss-based flow does (a cut to 0.7
+/// when the buffer overflows, CUBIC's curve between) instead of yielding to nothing.
+/// Yielding to that queue left it 1.8-2.7 Mbit/s of 100 (shares 0.02-0.03). Measured
+/// (with the simulated CUBIC's fast convergence, as Linux's): shares 0.58 (100 Mbit/s,
+/// 10 ms), 0.34 (100, 50), 0.37 (300, 10), 0.38 (300, 50).
+#[test]
+fn fair_holds_a_share_beside_cubic() {
+    for (rate, rtt, seed) in [(100, 10, 32), (100, 50, 33), (300, 10, 34), (300, 50, 35)] {
+        let (hayate, tcp) = beside_cubic(rate, rtt, seed, Policy::Fair);
+        let share = hayate / (hayate + tcp);
+        assert!(
+            (0.3..=0.7).contains(&share),
+            "{rate} Mbit/s, {rtt} ms: hayate {hayate:.1}, CUBIC {tcp:.1}"
+        );
+        assert!(hayate + tcp >= 0.9 * rate as f64, "{hayate:.1} + {tcp:.1}");
+    }
 }
 
 /// `--policy low` gives way to the same CUBIC stream: at most a tenth of the link (as

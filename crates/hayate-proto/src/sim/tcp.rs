@@ -291,10 +291,17 @@ impl Tcp {
         }
     }
 
-    /// A loss event: the window falls to `BETA` of itself and a new curve begins.
+    /// A loss event: the window falls to `BETA` of itself and a new curve begins. With
+    /// fast convergence (RFC 9438 §4.7, on in Linux): a window that did not get back to the
+    /// last curve's top lets go of more, its curve aiming at `(1 + BETA) / 2` of it, so a
+    /// flow that has more than its share makes room for a newcomer.
     fn cut(&mut self) {
         self.loss_events += 1;
-        self.w_max = self.cwnd;
+        self.w_max = if self.cwnd < self.w_max {
+            self.cwnd * (1.0 + BETA) / 2.0
+        } else {
+            self.cwnd
+        };
         self.cwnd = (self.cwnd * BETA).max(2.0);
         self.ssthresh = self.cwnd;
         self.epoch_start_us = None;

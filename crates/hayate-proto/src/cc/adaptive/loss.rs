@@ -124,7 +124,7 @@ impl Adaptive {
         // and left the newcomer with what its search found (the simulator, 100 Mbit/s,
         // 100 ms, 0.1 BDP: a fifth to a third of the link, Jain 0.82-0.89 over four starts).
         let foreign = self.in_probe_bw()
-            && self.shallow()
+            && (self.shallow() || self.contention.contended)
             && self.loss.last_round_calm
             && self.loss.round_rx_drops == 0
             && paced_settled > 0

@@ -51,6 +51,19 @@
 //! | ProbeBw(Down(n)) | round end, otherwise | ProbeBw(Refill) | |
 //! | ProbeBw(any) | the receiver's OS dropped datagrams | ProbeBw(Refill) | estimate = what the receiver took in |
 //!
+//! **Sharing with traffic that does not yield** (`policy.rs`). Past Startup, a queue that
+//! stood all round for `contend_rounds` rounds through `contend_yields` of our yields is
+//! another flow's, one that keeps the buffer full (TCP CUBIC): the flow is *contended*
+//! until the queue has been gone as many rounds. Contended, the [`Policy`] changes the
+//! table:
+//!
+//! | policy | state | condition | next state | what changes |
+//! |---|---|---|---|---|
+//! | Fair | ProbeBw(Up(k)) | | | pace = the estimate or CUBIC's curve (RFC 9438) over the RTT, if more; a queue does not end Up |
+//! | Fair | ProbeBw(Refill, Up) | round end: the buffer overflowed (the RTT fell by `contend_drop` from full, or the round lost over random loss), once per overflow | ProbeBw(Down(1)) | estimate = share × `contend_beta`, no drain; a new curve from the share |
+//! | Fair | ProbeBw(Down(n)) | round end | ProbeBw(Refill) | (no draining a queue that is not ours) |
+//! | Low | ProbeBw(any) | round end: a queue stood all round | ProbeBw(Down(1)) | estimate = share × `low_beta` (down to the rate floor) |
+//!
 //! **Careful resume** (RFC 9959). A session given a remembered path ([`RememberedPath`]:
 //! the rate and minimum RTT an earlier session to the same peer found, and its age) runs
 //! Startup's first round trip as usual (Reconnaissance), then, inside Startup:
@@ -407,7 +420,7 @@ impl RateControl for Adaptive {
             return Some(self.hold_in_flight.map_or(cap, |h| h.min(cap)));
         }
         let bw = self.bottleneck().max(self.rate);
-        let cap = congestion_cap(&self.p, bw, self.min_rtt_us);
+        let cap = congestion_cap(&self.p, bw, self.cap_rtt_us());
         // A receiver that stops for a while holds what comes meanwhile in its buffer (what
         // is in flight is on the path or there): as much as that holds, within reason.
         let room = self

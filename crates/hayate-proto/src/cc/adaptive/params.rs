@@ -263,9 +263,19 @@ pub struct Params {
     /// Rounds in a row with a queue over the target all round (Copa waits 5 round trips)
     /// ...
     pub contend_rounds: u32,
-    /// ... through this many yields of ours, make the queue another flow's (see
-    /// `policy.rs`); `contend_rounds` rounds with the queue gone end that.
+    /// ... through this many yields of ours, make the queue another flow's.
     pub contend_yields: u32,
+    /// `Policy::Fair`, contended: a round losing more than random loss cuts the estimate
+    /// to this share (CUBIC's multiplicative decrease) ...
+    pub contend_beta: f64,
+    /// ... at most once in this many rounds (a loss-based flow cuts once per overflow) ...
+    pub contend_cut_rounds: u32,
+    /// ... or when the RTT falls from full by this share of it (at least a queue target):
+    /// the other flow lost what overflowed and cut ...
+    pub contend_drop: f64,
+    /// ... and between cuts its rate follows CUBIC's window curve with this constant
+    /// (MSS/s³, RFC 9438's C).
+    pub contend_cubic_c: f64,
     /// `Policy::Low`, contended: each round the queue stands cuts the estimate to this
     /// share.
     pub low_beta: f64,
@@ -443,8 +453,12 @@ impl Default for Params {
             rx_drop_guess_div: 2,
             congestion_cap_bdps: 2,
             policy: Policy::Fair,
-            contend_rounds: 5,
-            contend_yields: 2,
+            contend_rounds: 10,
+            contend_yields: 4,
+            contend_beta: 0.7,
+            contend_cubic_c: 0.4,
+            contend_cut_rounds: 3,
+            contend_drop: 0.08,
             low_beta: 0.5,
             ablation: Ablation::default(),
         }

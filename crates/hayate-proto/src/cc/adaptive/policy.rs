@@ -2,19 +2,31 @@
 //!
 //! A delay-based flow yields whenever a queue stands; a loss-based flow (TCP CUBIC or Reno)
 //! keeps the bottleneck's buffer full and yields only when it overflows. Beside such a flow
-//! the queue never goes. The contention detector tells that case apart (Copa's test): the
-//! queue stood over the target all round, round after round, through two of our own yields
-//! (another delay-based flow yields too, and the queue goes). A queue we keep alone goes
-//! when we yield.
+//! the queue never goes, and a flow that yields to it gives up its share a little more at
+//! every yield, down to nothing. The contention detector tells that case apart (Copa's
+//! test): the queue stood over the target all round for `Params::contend_rounds` rounds in a
+//! row, through `Params::contend_yields` of our own yields. A queue we keep alone goes when
+//! we yield, and so does one another hayate flow keeps (it yields too). Not on a buffer
+//! known to be short: there a newcomer's queue stands through our yields as well.
 //!
 //! While contended, the [`Policy`] decides:
-//! - [`Policy::Fair`] (the default): the controller's own rules, unchanged (it yields to the
-//!   queue as to any other).
+//! - [`Policy::Fair`] competes as a loss-based flow does, by CUBIC's rules (RFC 9438) in
+//!   rate terms: the queue no longer ends a probe; when the buffer overflows the estimate
+//!   is cut to `Params::contend_beta` of the share; between overflows the rate follows
+//!   CUBIC's window curve over the RTT (`curve_rate`), so that beside a CUBIC flow both grow
+//!   alike. The overflow is ours when a round loses more than random loss explains; the
+//!   other flow's when the RTT, having stood at the deepest seen (the buffer full), falls
+//!   by `Params::contend_drop` of it: that flow lost what overflowed and cut. A paced flow
+//!   beside a bursty one rarely loses at those moments (the bursts meet the full buffer),
+//!   and cutting only on its own losses it kept the buffer full and left CUBIC nothing.
+//!   Our own cut's fall does not count: after a cut the RTT must fall and fill again first.
 //! - [`Policy::Low`] (a scavenger, as LEDBAT): every round the foreign queue stands, the
 //!   estimate is cut to `Params::low_beta` of the share, down to the rate floor.
 //!
 //! Contention ends once the queue was (nearly) gone `Params::contend_rounds` rounds in a
-//! row: the other flow left, or was not elastic, and the delay signal is ours again.
+//! row, counted only once the curve is back at the window before the last cut (both flows
+//! cut at an overflow, and the queue can be gone until they grow back): the other flow left,
+//! or was not elastic, and the delay signal is ours again.
 
 use super::params::Params;
 
@@ -22,16 +34,17 @@ use super::params::Params;
 /// doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum Policy {
-    /// The controller's own rules: a share beside other hayate flows.
+    /// Hold a fair share: compete with loss-based flows as they do (the default); beside
+    /// other hayate flows, the controller's own rules.
     #[default]
     Fair,
-    /// Stay out of the way: give way to any traffic that keeps a queue standing, down to
-    /// the rate floor (for background jobs).
+    /// Stay out of the way: yield to any standing queue, down to the rate floor (for
+    /// background jobs).
     Low,
 }
 
 impl Policy {
-    /// Its name on the command line.
+    /// Its name on the command line and in traces.
     pub fn name(self) -> &'static str {
         match self {
             Policy::Fair => "fair",
@@ -49,51 +62,153 @@ impl Policy {
     }
 }
 
-/// The contention detector's state.
+/// The contention detector's state, and `Policy::Fair`'s window curve while contended.
 #[derive(Debug, Clone, Default)]
 pub(super) struct Contention {
     /// Rounds in a row whose least path queue stood over the queue target ...
     held_rounds: u32,
-    /// ... through this many yields of ours (Down phases) ...
+    /// ... through this many yields of ours (Down phases; another delay-based flow yields
+    /// too, and within two of ours the queue is gone) ...
     yields: u32,
     /// ... whether the last round was one of them.
     was_yield: bool,
     /// A queue not ours stands: the policy is in force ...
     pub(super) contended: bool,
-    /// ... until the queue was gone this many rounds in a row.
+    /// ... until the queue was gone this many rounds in a row, with the curve back at the
+    /// window before the last cut (the other flow no longer takes its part).
     gone_rounds: u32,
+    /// The largest RTT that stood while contended (the minimum plus the path's queue),
+    /// µs: the buffer is full there. An RTT, not a queue: where a queue never goes, the
+    /// minimum RTT drifts up as its window forgets the emptier past.
+    full_rtt_us: u64,
+    /// The minimum RTT at the last round's end: a round in which it moved measured its
+    /// queues against two minimums, and says nothing of the buffer.
+    last_min_rtt_us: u64,
+    /// Since the last cut the RTT fell from full (the cut's own effect, or the other
+    /// flow's), then the buffer was full again (within a target) ...
+    low_since_cut: bool,
+    reached_full: bool,
+    /// ... and this round the RTT fell from there by `Params::contend_drop` of it: the
+    /// other flow lost what overflowed and cut.
+    fell: bool,
+    /// Rounds since the last cut.
+    since_cut: u32,
+    /// CUBIC's curve (RFC 9438 §4.2) in rate terms: when the epoch began (µs), the window
+    /// before the last cut (bytes, its rate times the RTT then), and the time to get back
+    /// to it (s).
+    epoch_us: u64,
+    w_max: f64,
+    k_s: f64,
 }
 
 impl Contention {
-    /// At a round's end: its least path queue (`None` without RTT samples), the queue
-    /// target, whether the round was one of our yields.
+    /// At a round's end: its least path queue and the largest that stood (`None` without
+    /// RTT samples), the minimum RTT, the queue target, whether the round was one of our
+    /// yields. Returns whether contention began with this round.
     pub(super) fn end_round(
         &mut self,
         p: &Params,
-        least_us: Option<u64>,
+        now_us: u64,
+        queues_us: Option<(u64, u64)>,
+        min_rtt_us: u64,
         target_us: u64,
         yielded: bool,
-    ) {
-        let was_yield = std::mem::replace(&mut self.was_yield, yielded);
-        let Some(least) = least_us else {
-            return;
+    ) -> bool {
+        self.since_cut = self.since_cut.saturating_add(1);
+        self.fell = false;
+        let Some((least, most)) = queues_us else {
+            return false;
         };
+        let was = self.contended;
+        let was_yield = std::mem::replace(&mut self.was_yield, yielded);
         if least as f64 <= p.drain_floor * target_us as f64 {
             self.held_rounds = 0;
             self.yields = 0;
-            self.gone_rounds += 1;
+            // Not while the curve is still under the window before the last cut: both flows
+            // cut, and the queue can be gone until they grow back.
+            if now_us >= self.epoch_us + (self.k_s * 1e6) as u64 {
+                self.gone_rounds += 1;
+            }
             self.contended &= self.gone_rounds < p.contend_rounds;
-            return;
-        }
-        self.gone_rounds = 0;
-        if least > target_us {
-            self.held_rounds += 1;
-            self.yields += u32::from(yielded && !was_yield);
-            self.contended |=
-                self.held_rounds >= p.contend_rounds && self.yields >= p.contend_yields;
         } else {
-            self.held_rounds = 0;
-            self.yields = 0;
+            self.gone_rounds = 0;
+            if least > target_us {
+                self.held_rounds += 1;
+                self.yields += u32::from(yielded && !was_yield);
+                self.contended |=
+                    self.held_rounds >= p.contend_rounds && self.yields >= p.contend_yields;
+            } else {
+                self.held_rounds = 0;
+                self.yields = 0;
+            }
         }
+        if !self.contended {
+            return false;
+        }
+        if !was {
+            self.full_rtt_us = 0;
+            self.low_since_cut = true;
+            self.reached_full = false;
+        }
+        let steady = std::mem::replace(&mut self.last_min_rtt_us, min_rtt_us) == min_rtt_us;
+        if steady {
+            self.full_rtt_us = self.full_rtt_us.max(min_rtt_us + most);
+            // Full within half a band, fallen by a band: a band is a share of the RTT, and
+            // at least a queue target (under it is the queue's jitter).
+            let band = ((p.contend_drop * self.full_rtt_us as f64) as u64).max(target_us);
+            let low = min_rtt_us + least + band <= self.full_rtt_us;
+            self.fell = self.reached_full && low;
+            // After our own cut the queue falls first (if the cut was big enough to show):
+            // that fall is ours, and the buffer must fill again before the next one counts.
+            self.low_since_cut |= low;
+            self.reached_full |=
+                self.low_since_cut && min_rtt_us + most + band / 2 >= self.full_rtt_us;
+        }
+        !was
+    }
+
+    /// `Policy::Fair`: the buffer overflowed, once since the last cut: for us (`lost`, a
+    /// round losing more than random loss), or for the other flow, whose cut shows as the
+    /// RTT falling from full. A paced flow beside a loss-based one loses little when the
+    /// buffer overflows (the other flow's bursts meet the full buffer and take the drops);
+    /// cutting only on our own losses left that flow nothing.
+    pub(super) fn overflowed(&self, p: &Params, lost: bool) -> bool {
+        self.fell || (lost && self.since_cut >= p.contend_cut_rounds)
+    }
+
+    /// A new epoch of the curve at `now_us`: `rate` (bytes/s) over `rtt_us` was the window
+    /// when the buffer overflowed (`cut` true: the estimate was cut to `contend_beta` of it;
+    /// false: contention just began, and the curve starts at its plateau).
+    pub(super) fn start_epoch(
+        &mut self,
+        p: &Params,
+        now_us: u64,
+        rate: u64,
+        rtt_us: u64,
+        cut: bool,
+    ) {
+        self.epoch_us = now_us;
+        self.w_max = rate as f64 * rtt_us as f64 / 1e6;
+        self.k_s = 0.0;
+        if cut {
+            self.since_cut = 0;
+            self.low_since_cut = false;
+            self.reached_full = false;
+            self.k_s =
+                (self.w_max / p.grow_step * (1.0 - p.contend_beta) / p.contend_cubic_c).cbrt();
+        }
+    }
+
+    /// The curve's rate at `now_us` over `rtt_us`, bytes/s: CUBIC's window (or its
+    /// Reno-friendly estimate, if more) over the RTT, so that beside a CUBIC flow both grow
+    /// alike between the overflows both see.
+    pub(super) fn curve_rate(&self, p: &Params, now_us: u64, rtt_us: u64) -> u64 {
+        let t = now_us.saturating_sub(self.epoch_us) as f64 / 1e6;
+        let rtt = (rtt_us.max(p.rtt_floor_us)) as f64 / 1e6;
+        let mss = p.grow_step;
+        let cubic = p.contend_cubic_c * (t - self.k_s).powi(3) * mss + self.w_max;
+        let beta = p.contend_beta;
+        let reno = self.w_max * beta + 3.0 * (1.0 - beta) / (1.0 + beta) * t / rtt * mss;
+        (cubic.max(reno).max(mss) / rtt) as u64
     }
 }

@@ -51,9 +51,24 @@ impl Adaptive {
         }
     }
 
+    /// Contended under `Policy::Fair`: competing as a loss-based flow (see `policy.rs`).
+    pub(super) fn competing(&self) -> bool {
+        self.contention.contended && self.p.policy == Policy::Fair
+    }
+
     /// Contended under `Policy::Low`: giving way (see `policy.rs`).
     pub(super) fn scavenging(&self) -> bool {
         self.contention.contended && self.p.policy == Policy::Low
+    }
+
+    /// The round trip the in-flight caps allow for: the base one, plus the queue another
+    /// flow keeps standing when competing with it (our data waits in it too).
+    pub(super) fn cap_rtt_us(&self) -> u64 {
+        if self.competing() {
+            self.min_rtt_us + self.queue.last_round_min_path_queue_us
+        } else {
+            self.min_rtt_us
+        }
     }
 
     /// In ProbeBw, whatever the phase.
@@ -141,9 +156,11 @@ impl Adaptive {
         self.cut(queues, None);
     }
 
-    /// [`queue_found`](Self::queue_found) with the share's gain given (the policy's cut,
-    /// see `policy.rs`) instead of chosen by the queue and the shares' history.
-    pub(super) fn cut(&mut self, (path_q_us, q_us): (u64, u64), gain_given: Option<f64>) {
+    /// [`queue_found`](Self::queue_found) with the share's gain given (the policy's cuts,
+    /// see `policy.rs`) instead of chosen by the queue and the shares' history; a cut to a
+    /// given share does not drain a queue that is not ours, either.
+    /// Returns the share (before the gain).
+    pub(super) fn cut(&mut self, (path_q_us, q_us): (u64, u64), gain: Option<f64>) -> u64 {
         let w = self.est.round_rx_w + self.est.last_round_w;
         // All of both rounds' deliveries, not only those taken while the queue stood. With
         // senders whose hosts stall, that selection read the smaller of two flows 10-15 %
@@ -174,13 +191,14 @@ impl Adaptive {
         // what was sent (a flow at 1.4 times the link lost a quarter of it that way).
         let l = self.random_loss().unwrap_or(self.loss.loss_ewma);
         share = (share as f64 / (1.0 - l.min(self.p.max_loss_compensation))) as u64;
+        let given = gain;
         let mut gain = self.share_gain(share);
         let big = (self.min_rtt_us as f64 * self.p.big_queue)
             .max(self.queue_target_us() as f64 * self.p.big_queue_targets);
         if path_q_us as f64 > big && self.p.ablation.on(Rule::BigQueueGain) {
             gain = self.p.big_queue_gain;
         }
-        let gain = gain_given.unwrap_or(gain);
+        let gain = given.unwrap_or(gain);
         self.shares.push(share);
         if self.shares.len() > self.p.share_history {
             self.shares.remove(0);
@@ -193,6 +211,10 @@ impl Adaptive {
         let span = self.min_rtt_us.max(self.p.min_drain_span_us) as f64;
         self.drain_gain = (1.0 - q_us as f64 / span)
             .clamp(self.p.min_queue_drain_gain, self.p.max_queue_drain_gain);
+        if given.is_some() {
+            self.drain_gain = 1.0;
+        }
+        share
     }
 
     /// What of a share just found becomes the estimate. Shares that keep moving mean flows
@@ -300,7 +322,18 @@ impl Adaptive {
             State::ProbeBw(Phase::Down(_)) => bw * self.drain_gain,
             // No increment: `bw + 0.0`.
             State::ProbeBw(Phase::Refill) => bw,
-            State::ProbeBw(Phase::Up(k)) => bw + self.increment(k).min(bw * self.p.max_grow),
+            State::ProbeBw(Phase::Up(k)) => {
+                if self.competing() {
+                    // CUBIC's curve instead of the increment (see `policy.rs`).
+                    bw.max(
+                        self.contention
+                            .curve_rate(&self.p, self.now_us, self.srtt_us)
+                            as f64,
+                    )
+                } else {
+                    bw + self.increment(k).min(bw * self.p.max_grow)
+                }
+            }
         });
         if let Some((jump, _)) = self.jump_floor() {
             if self.state == State::Startup {
@@ -308,7 +341,7 @@ impl Adaptive {
                 self.rate = self.rate.max(jump);
             }
         }
-        self.congestion_cap = congestion_cap(&self.p, est.max(self.rate), self.min_rtt_us);
+        self.congestion_cap = congestion_cap(&self.p, est.max(self.rate), self.cap_rtt_us());
         self.drained_rate = self.clamp(bw);
         self.blind_rate = self.rate.min(self.drained_rate);
         self.drained_in_flight = bytes_in(est, self.min_rtt_us);
@@ -320,18 +353,27 @@ impl Adaptive {
             self.push_bw_round(self.round_sample());
         }
         let (queue_building, round_queue, standing) = self.round_queue();
-        // Not on a buffer known to be short: there a newcomer's queue stands through our
-        // yields too.
+        // Not on a buffer known to be short: there a delay-based newcomer's queue stands
+        // through our yields too, and it is not a loss-based flow's.
         if self.state != State::Startup && !self.shallow() {
-            let least =
-                (self.queue.round_samples > 0).then_some(self.queue.round_min_path_queue_us);
+            let yielded = self.draining();
+            let queues = (self.queue.round_samples > 0).then_some((
+                self.queue.round_min_path_queue_us,
+                self.queue.round_max_path_queue_us,
+            ));
             let target = self.queue_target_us();
-            self.contention
-                .end_round(&self.p, least, target, self.draining());
+            if self
+                .contention
+                .end_round(&self.p, now_us, queues, self.min_rtt_us, target, yielded)
+            {
+                let rate = self.bottleneck();
+                self.contention
+                    .start_epoch(&self.p, now_us, rate, self.srtt_us, false);
+            }
         } else if self.shallow() {
             self.contention = Default::default();
         }
-        let scavenging = self.scavenging();
+        let (competing, scavenging) = (self.competing(), self.scavenging());
 
         let bw = self.bottleneck();
         match self.state {
@@ -373,11 +415,25 @@ impl Adaptive {
                 let next = match phase {
                     _ if scavenging && standing => {
                         // A queue not ours stood all round: give way (see `policy.rs`).
-                        self.cut(self.least_queues(), Some(self.p.low_beta));
+                        let _ = self.cut(self.least_queues(), Some(self.p.low_beta));
+                        Phase::Down(1)
+                    }
+                    Phase::Refill | Phase::Up(_)
+                        if competing
+                            && self.contention.overflowed(
+                                &self.p,
+                                self.loss_over_random(self.loss.round_lost, self.round_settled()),
+                            ) =>
+                    {
+                        // The buffer the other flow keeps full overflowed: both cut.
+                        let share = self.cut(self.least_queues(), Some(self.p.contend_beta));
+                        self.contention
+                            .start_epoch(&self.p, now_us, share, self.srtt_us, true);
                         Phase::Down(1)
                     }
                     Phase::Refill | Phase::Up(_)
                         if standing
+                            && !competing
                             && self.p.ablation.on(Rule::StandingQueueYield)
                             && self.queue.round_samples >= self.p.grow_queue_samples
                             && self.est.round_rx_n + self.est.last_round_n
@@ -416,6 +472,7 @@ impl Adaptive {
                     Phase::Down(0) => Phase::Down(1),
                     Phase::Down(n)
                         if standing
+                            && !competing
                             && n < self.p.max_drain_rounds
                             && self.p.ablation.on(Rule::DownWhileStanding) =>
                     {
@@ -463,6 +520,7 @@ impl Adaptive {
             self.leave_startup();
         }
         if matches!(self.state, State::ProbeBw(Phase::Up(_)))
+            && !self.competing()
             && self.queue.grow_queued_samples >= self.p.grow_queue_samples
             && fb.now_us - self.queue.grow_queued_since_us >= self.grow_queue_persist_us()
         {
