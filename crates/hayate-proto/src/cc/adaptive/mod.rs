@@ -97,8 +97,8 @@
 //! ProbeRtt: the minimum RTT comes from the connection's `RttEstimator` (its own window), and
 //! the controller keeps the queue short instead of emptying it periodically. Trace names (the
 //! `state` column of `HAYATE_CC_TRACE`, parsed by `bench/wan` and the tests, so kept):
-//! `startup`, `resume` (careful resume's jump), `drain`, `probe` (Refill and Up), `yield`
-//! (Down).
+//! `startup`, `resume` (careful resume's jump), `drain`, `probe` (Refill and Up), `compete`
+//! (Refill and Up while competing under `Policy::Fair`, see below), `yield` (Down).
 //!
 //! Each rule group of the table can be switched off on its own (`Params::ablation`, a
 //! [`Rule`] set, empty by default) to measure what it pays for across the simulator's link
@@ -437,6 +437,7 @@ impl RateControl for Adaptive {
         match self.state {
             State::Startup => "startup",
             State::Drain => "drain",
+            State::ProbeBw(Phase::Refill | Phase::Up(_)) if self.competing() => "compete",
             State::ProbeBw(Phase::Refill | Phase::Up(_)) => "probe",
             State::ProbeBw(Phase::Down(_)) => "yield",
         }
