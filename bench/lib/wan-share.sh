@@ -18,11 +18,12 @@ share_series() { # LOG LAUNCH T0
 }
 
 # hayate_bg NAME [ARGS...]: a `hayate cp` of the source file to share-NAME.bin, in the
-# background, with ARGS.
+# background, with ARGS; without the remembered path (each flow starts as a stranger's
+# would, whatever ran before).
 hayate_bg() {
     local name=$1
     shift
-    HAYATE_CC_TRACE=$WAN_LOG/share-cc-$name.tsv ip netns exec "$WAN_NS_C" "$HAYATE_BIN" cp --key-file "$HAYATE_KEY" --json --interval 1 "$@" \
+    HAYATE_CC_TRACE=$WAN_LOG/share-cc-$name.tsv ip netns exec "$WAN_NS_C" "$HAYATE_BIN" cp --key-file "$HAYATE_KEY" --json --interval 1 --no-cache "$@" \
         "$SRC_FILE" "hayate://$WAN_SERVER_IP:$HAYATE_PORT/share-$name.bin" \
         >"$WAN_LOG/share-$name.json" 2>"$WAN_LOG/share-$name.err" &
     BG_PID=$!

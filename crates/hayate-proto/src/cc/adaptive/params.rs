@@ -265,9 +265,14 @@ pub struct Params {
     pub contend_rounds: u32,
     /// ... through this many yields of ours, make the queue another flow's.
     pub contend_yields: u32,
+    /// Or this many of our yields in a row that did not lower the queue (by a tenth), with
+    /// no round between them in which it was gone.
+    pub contend_unpaid_yields: u32,
     /// `Policy::Fair`, contended: a round losing more than random loss cuts the estimate
     /// to this share (CUBIC's multiplicative decrease) ...
     pub contend_beta: f64,
+    /// Contention began: pace this times the estimate until the first overflow.
+    pub contend_search_gain: f64,
     /// ... at most once in this many rounds (a loss-based flow cuts once per overflow) ...
     pub contend_cut_rounds: u32,
     /// ... or when the RTT falls from full by this share of it (at least a queue target):
@@ -455,7 +460,9 @@ impl Default for Params {
             policy: Policy::Fair,
             contend_rounds: 10,
             contend_yields: 4,
+            contend_unpaid_yields: 4,
             contend_beta: 0.7,
+            contend_search_gain: 1.25,
             contend_cubic_c: 0.4,
             contend_cut_rounds: 3,
             contend_drop: 0.08,

@@ -323,7 +323,9 @@ impl Adaptive {
             // No increment: `bw + 0.0`.
             State::ProbeBw(Phase::Refill) => bw,
             State::ProbeBw(Phase::Up(k)) => {
-                if self.competing() {
+                if self.competing() && self.contention.searching {
+                    bw * self.p.contend_search_gain
+                } else if self.competing() {
                     // CUBIC's curve instead of the increment (see `policy.rs`).
                     bw.max(
                         self.contention
