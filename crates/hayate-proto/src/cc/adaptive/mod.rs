@@ -52,14 +52,16 @@
 //! | ProbeBw(any) | the receiver's OS dropped datagrams | ProbeBw(Refill) | estimate = what the receiver took in |
 //!
 //! **Sharing with traffic that does not yield** (`policy.rs`). Past Startup, a queue that
-//! stood all round for `contend_rounds` rounds through `contend_yields` of our yields is
-//! another flow's, one that keeps the buffer full (TCP CUBIC): the flow is *contended*
+//! stood all round for `contend_rounds` rounds through `contend_yields` of our yields, or
+//! `contend_unpaid_yields` yields in a row that did not lower it, is another flow's, one
+//! that keeps the buffer full (TCP CUBIC): the flow is *contended*
 //! until the queue has been gone as many rounds. Contended, the [`Policy`] changes the
 //! table:
 //!
 //! | policy | state | condition | next state | what changes |
 //! |---|---|---|---|---|
-//! | Fair | ProbeBw(Up(k)) | | | pace = the estimate or CUBIC's curve (RFC 9438) over the RTT, if more; a queue does not end Up |
+//! | Fair | ProbeBw(Up(k)) | no cut yet since contention began | | pace = `contend_search_gain` × the estimate; a queue does not end Up |
+//! | Fair | ProbeBw(Up(k)) | after a cut | | pace = the estimate or CUBIC's curve (RFC 9438) over the RTT, if more; a queue does not end Up |
 //! | Fair | ProbeBw(Refill, Up) | round end: the buffer overflowed (the RTT fell by `contend_drop` from full, or the round lost over random loss), once per overflow | ProbeBw(Down(1)) | estimate = share × `contend_beta`, no drain; a new curve from the share |
 //! | Fair | ProbeBw(Down(n)) | round end | ProbeBw(Refill) | (no draining a queue that is not ours) |
 //! | Low | ProbeBw(any) | round end: a queue stood all round | ProbeBw(Down(1)) | estimate = share × `low_beta` (down to the rate floor) |

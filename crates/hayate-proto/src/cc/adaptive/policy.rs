@@ -13,10 +13,12 @@
 //!
 //! While contended, the [`Policy`] decides:
 //! - [`Policy::Fair`] competes as a loss-based flow does, by CUBIC's rules (RFC 9438) in
-//!   rate terms: the queue no longer ends a probe; when the buffer overflows the estimate
-//!   is cut to `Params::contend_beta` of the share; between overflows the rate follows
-//!   CUBIC's window curve over the RTT (`curve_rate`), so that beside a CUBIC flow both grow
-//!   alike. The overflow is ours when a round loses more than random loss explains; the
+//!   rate terms: the queue no longer ends a probe; first it searches, pacing
+//!   `Params::contend_search_gain` times what it gets through, as a TCP newcomer's slow
+//!   start does (what our yields gave away while the detector made sure is taken back in a
+//!   few round trips); when the buffer overflows the estimate is cut to
+//!   `Params::contend_beta` of the share; between overflows the rate follows CUBIC's window
+//!   curve over the RTT (`curve_rate`), so that beside a CUBIC flow both grow alike. The overflow is ours when a round loses more than random loss explains; the
 //!   other flow's when the RTT, having stood at the deepest seen (the buffer full), falls
 //!   by `Params::contend_drop` of it: that flow lost what overflowed and cut. A paced flow
 //!   beside a bursty one rarely loses at those moments (the bursts meet the full buffer),
