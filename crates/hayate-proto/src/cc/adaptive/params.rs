@@ -265,9 +265,6 @@ pub struct Params {
     pub contend_rounds: u32,
     /// ... through this many yields of ours, make the queue another flow's.
     pub contend_yields: u32,
-    /// Or this many of our yields in a row that did not lower the queue (by a tenth), with
-    /// no round between them in which it was gone.
-    pub contend_unpaid_yields: u32,
     /// `Policy::Fair`, contended: a round losing more than random loss cuts the estimate
     /// to this share (CUBIC's multiplicative decrease) ...
     pub contend_beta: f64,
@@ -460,7 +457,6 @@ impl Default for Params {
             policy: Policy::Fair,
             contend_rounds: 10,
             contend_yields: 4,
-            contend_unpaid_yields: 4,
             contend_beta: 0.7,
             contend_search_gain: 1.25,
             contend_cubic_c: 0.4,

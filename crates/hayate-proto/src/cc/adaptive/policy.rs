@@ -5,11 +5,9 @@
 //! the queue never goes, and a flow that yields to it gives up its share a little more at
 //! every yield, down to nothing. The contention detector tells that case apart (Copa's
 //! test): the queue stood over the target all round for `Params::contend_rounds` rounds in a
-//! row, through `Params::contend_yields` of our own yields; or `Params::contend_unpaid_yields`
-//! of our yields in a row did not lower the queue (a test that needs no minimum RTT: behind
-//! a queue that stood before this flow came, the minimum has some of it in). A queue we keep
-//! alone goes when we yield, and so does one another hayate flow keeps (it yields too). Not
-//! on a buffer known to be short: there a newcomer's queue stands through our yields as well.
+//! row, through `Params::contend_yields` of our own yields. A queue we keep alone goes when
+//! we yield, and so does one another hayate flow keeps (it yields too). Not on a buffer
+//! known to be short: there a newcomer's queue stands through our yields as well.
 //!
 //! While contended, the [`Policy`] decides:
 //! - [`Policy::Fair`] competes as a loss-based flow does, by CUBIC's rules (RFC 9438) in
@@ -76,12 +74,6 @@ pub(super) struct Contention {
     yields: u32,
     /// ... whether the last round was one of them.
     was_yield: bool,
-    /// The least RTT (the minimum plus the least path queue) of the round a yield of ours
-    /// began in, µs, and yields in a row that did not lower the queue by a tenth: the
-    /// other test, which needs no minimum RTT (behind a queue that stood before this flow
-    /// came the minimum has some of it in, and the queue over it swings around the target).
-    yield_from: Option<u64>,
-    unpaid_yields: u32,
     /// A queue not ours stands: the policy is in force ...
     pub(super) contended: bool,
     /// ... until the queue was gone this many rounds in a row, with the curve back at the
@@ -136,24 +128,9 @@ impl Contention {
         };
         let was = self.contended;
         let was_yield = std::mem::replace(&mut self.was_yield, yielded);
-        let least_rtt = min_rtt_us + least;
-        if yielded && !was_yield {
-            self.yield_from = Some(least_rtt);
-        } else if !yielded && was_yield {
-            if let Some(from) = self.yield_from.take() {
-                let queue = from.saturating_sub(min_rtt_us);
-                if (least_rtt as f64) < from as f64 - 0.1 * queue as f64 {
-                    self.unpaid_yields = 0;
-                } else {
-                    self.unpaid_yields += 1;
-                    self.contended |= self.unpaid_yields >= p.contend_unpaid_yields;
-                }
-            }
-        }
         if least as f64 <= p.drain_floor * target_us as f64 {
             self.held_rounds = 0;
             self.yields = 0;
-            self.unpaid_yields = 0;
             // Not while the curve is still under the window before the last cut: both flows
             // cut, and the queue can be gone until they grow back.
             if now_us >= self.epoch_us + (self.k_s * 1e6) as u64 {
