@@ -144,8 +144,8 @@ pub struct CpArgs {
     /// Pace at exactly --rate (`max`: no pacing at all) instead of adapting to the path
     #[arg(long)]
     pub fixed: bool,
-    /// How to share a bottleneck with other traffic: `fair` holds a fair share beside TCP,
-    /// `low` gives way to any traffic that keeps a queue standing (for background jobs)
+    /// How to share a bottleneck with traffic that keeps a queue standing (TCP): `fair`
+    /// competes for a share as TCP does, `low` gives way to it (for background jobs)
     #[arg(long, default_value = "fair", value_parser = parse_policy, value_name = "fair|low")]
     pub policy: Policy,
     /// Neither use nor update the paths remembered in ~/.cache/hayate/paths (uploads to a
