@@ -191,14 +191,16 @@ impl Adaptive {
         // what was sent (a flow at 1.4 times the link lost a quarter of it that way).
         let l = self.random_loss().unwrap_or(self.loss.loss_ewma);
         share = (share as f64 / (1.0 - l.min(self.p.max_loss_compensation))) as u64;
-        let given = gain;
-        let mut gain = self.share_gain(share);
-        let big = (self.min_rtt_us as f64 * self.p.big_queue)
-            .max(self.queue_target_us() as f64 * self.p.big_queue_targets);
-        if path_q_us as f64 > big && self.p.ablation.on(Rule::BigQueueGain) {
-            gain = self.p.big_queue_gain;
-        }
-        let gain = given.unwrap_or(gain);
+        let policy_cut = gain.is_some();
+        let gain = gain.unwrap_or_else(|| {
+            let big = (self.min_rtt_us as f64 * self.p.big_queue)
+                .max(self.queue_target_us() as f64 * self.p.big_queue_targets);
+            if path_q_us as f64 > big && self.p.ablation.on(Rule::BigQueueGain) {
+                self.p.big_queue_gain
+            } else {
+                self.share_gain(share)
+            }
+        });
         self.shares.push(share);
         if self.shares.len() > self.p.share_history {
             self.shares.remove(0);
@@ -209,11 +211,12 @@ impl Adaptive {
         // Under it by as much as the queue holds, so that it empties in about a round trip
         // (not more: a queue drained too far leaves the link idle), or `Params::min_drain_span_us`.
         let span = self.min_rtt_us.max(self.p.min_drain_span_us) as f64;
-        self.drain_gain = (1.0 - q_us as f64 / span)
-            .clamp(self.p.min_queue_drain_gain, self.p.max_queue_drain_gain);
-        if given.is_some() {
-            self.drain_gain = 1.0;
-        }
+        self.drain_gain = if policy_cut {
+            1.0
+        } else {
+            (1.0 - q_us as f64 / span)
+                .clamp(self.p.min_queue_drain_gain, self.p.max_queue_drain_gain)
+        };
         share
     }
 
@@ -357,7 +360,8 @@ impl Adaptive {
         let (queue_building, round_queue, standing) = self.round_queue();
         // Not on a buffer known to be short: there a delay-based newcomer's queue stands
         // through our yields too, and it is not a loss-based flow's.
-        if self.state != State::Startup && !self.shallow() {
+        let shallow = self.shallow();
+        if self.state != State::Startup && !shallow {
             let yielded = self.draining();
             let queues = (self.queue.round_samples > 0).then_some((
                 self.queue.round_min_path_queue_us,
@@ -372,7 +376,7 @@ impl Adaptive {
                 self.contention
                     .start_epoch(&self.p, now_us, rate, self.srtt_us, false);
             }
-        } else if self.shallow() {
+        } else if shallow {
             self.contention = Default::default();
         }
         let (competing, scavenging) = (self.competing(), self.scavenging());
