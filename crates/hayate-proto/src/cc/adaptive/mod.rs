@@ -52,8 +52,9 @@
 //! | ProbeBw(any) | the receiver's OS dropped datagrams | ProbeBw(Refill) | estimate = what the receiver took in |
 //!
 //! **Sharing with traffic that does not yield** (`policy.rs`). Past Startup, a queue that
-//! stood all round for `contend_rounds` rounds through `contend_yields` of our yields is
-//! another flow's, one that keeps the buffer full (TCP CUBIC): the flow is *contended*
+//! stood all round for `contend_rounds` rounds through `contend_yields` of our yields, or
+//! was never gone for `contend_standing_rounds` rounds and `contend_standing_us` through as
+//! many, is another flow's, one that keeps the buffer full (TCP CUBIC): the flow is *contended*
 //! until the queue has been gone as many rounds. Contended, the [`Policy`] changes the
 //! table:
 //!

@@ -265,6 +265,17 @@ pub struct Params {
     pub contend_rounds: u32,
     /// ... through this many yields of ours, make the queue another flow's.
     pub contend_yields: u32,
+    /// So do this many rounds in a row in which the queue was never (nearly) gone, through
+    /// as many yields. Joining behind a loss-based flow, the minimum RTT has that flow's
+    /// standing queue in it; over it our yields push the queue just under the target
+    /// while that flow grows into what they give away, and the first test waits for the
+    /// other flow's next cut. Our own queue, and one another hayate flow keeps, goes within
+    /// a few yields (on the emulated WAN, at most 8 rounds in a row).
+    pub contend_standing_rounds: u32,
+    /// ... and at least this long, µs: on a short path the queue target is at its floor,
+    /// within a host's timing jitter, and two hayate flows' gentle drains can leave a
+    /// millisecond standing for up to 1.9 s (10 ms, in the simulator).
+    pub contend_standing_us: u64,
     /// `Policy::Fair`, contended: a round losing more than random loss cuts the estimate
     /// to this share (CUBIC's multiplicative decrease) ...
     pub contend_beta: f64,
@@ -457,6 +468,8 @@ impl Default for Params {
             policy: Policy::Fair,
             contend_rounds: 10,
             contend_yields: 4,
+            contend_standing_rounds: 12,
+            contend_standing_us: 3_000_000,
             contend_beta: 0.7,
             contend_search_gain: 1.25,
             contend_cubic_c: 0.4,

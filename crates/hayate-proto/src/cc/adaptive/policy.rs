@@ -9,6 +9,14 @@
 //! we yield, and so does one another hayate flow keeps (it yields too). Not on a buffer
 //! known to be short: there a newcomer's queue stands through our yields as well.
 //!
+//! A flow that joins behind a loss-based one never sees the path empty: its minimum RTT has
+//! that flow's standing queue in it, and over that minimum each of its yields pushes the
+//! queue just under the target while the other flow grows into what the yield gave away.
+//! The first test then waits for the other flow's next cut (10-20 s on a 50 ms path), the
+//! share draining meanwhile. So does a slower one: the queue was never (nearly) gone, under
+//! `Params::drain_floor` of the target, for `Params::contend_standing_rounds` rounds and
+//! `Params::contend_standing_us`, through as many yields.
+//!
 //! While contended, the [`Policy`] decides:
 //! - [`Policy::Fair`] competes as a loss-based flow does, by CUBIC's rules (RFC 9438) in
 //!   rate terms: the queue no longer ends a probe; first it searches, pacing
@@ -74,6 +82,12 @@ pub(super) struct Contention {
     yields: u32,
     /// ... whether the last round was one of them.
     was_yield: bool,
+    /// Rounds in a row in which the queue was never (nearly) gone, and our yields through
+    /// them: the slower test, for a queue that our yields push just under the target
+    /// without ever emptying (see `Params::contend_standing_rounds`).
+    standing_rounds: u32,
+    standing_yields: u32,
+    standing_since_us: u64,
     /// A queue not ours stands: the policy is in force ...
     pub(super) contended: bool,
     /// ... until the queue was gone this many rounds in a row, with the curve back at the
@@ -128,9 +142,12 @@ impl Contention {
         };
         let was = self.contended;
         let was_yield = std::mem::replace(&mut self.was_yield, yielded);
+        let yield_began = yielded && !was_yield;
         if least as f64 <= p.drain_floor * target_us as f64 {
             self.held_rounds = 0;
             self.yields = 0;
+            self.standing_rounds = 0;
+            self.standing_yields = 0;
             // Not while the curve is still under the window before the last cut: both flows
             // cut, and the queue can be gone until they grow back.
             if now_us >= self.epoch_us + (self.k_s * 1e6) as u64 {
@@ -139,15 +156,23 @@ impl Contention {
             self.contended &= self.gone_rounds < p.contend_rounds;
         } else {
             self.gone_rounds = 0;
+            if self.standing_rounds == 0 {
+                self.standing_since_us = now_us;
+            }
+            self.standing_rounds += 1;
+            self.standing_yields += u32::from(yield_began);
             if least > target_us {
                 self.held_rounds += 1;
-                self.yields += u32::from(yielded && !was_yield);
-                self.contended |=
-                    self.held_rounds >= p.contend_rounds && self.yields >= p.contend_yields;
+                self.yields += u32::from(yield_began);
             } else {
                 self.held_rounds = 0;
                 self.yields = 0;
             }
+            self.contended |= (self.held_rounds >= p.contend_rounds
+                && self.yields >= p.contend_yields)
+                || (self.standing_rounds >= p.contend_standing_rounds
+                    && now_us >= self.standing_since_us + p.contend_standing_us
+                    && self.standing_yields >= p.contend_yields);
         }
         if !self.contended {
             return false;
@@ -218,5 +243,62 @@ impl Contention {
         let beta = p.contend_beta;
         let reno = self.w_max * beta + 3.0 * (1.0 - beta) / (1.0 + beta) * t / rtt * mss;
         (cubic.max(reno).max(mss) / rtt) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `rounds` rounds of `round_us` each, starting at `now_us`: the least path queue
+    /// of round `i` is `least(i)`, every third round one of our yields. Returns the time the
+    /// flow became contended, if it did.
+    fn feed(
+        c: &mut Contention,
+        p: &Params,
+        mut now_us: u64,
+        round_us: u64,
+        rounds: u32,
+        least: impl Fn(u32) -> u64,
+    ) -> Option<u64> {
+        let (min_rtt, target) = (80_000, 4_000);
+        for i in 0..rounds {
+            now_us += round_us;
+            let q = least(i);
+            if c.end_round(p, now_us, Some((q, q + 1_000)), min_rtt, target, i % 3 == 0) {
+                return Some(now_us);
+            }
+        }
+        None
+    }
+
+    /// Behind a loss-based flow's standing queue our yields push the queue just under the
+    /// target, never out: the slower test finds it after `contend_standing_us`, where the
+    /// first test (a queue over the target all round) never does.
+    #[test]
+    fn a_queue_never_gone_through_our_yields_is_another_flows() {
+        let p = Params::default();
+        // Over the target two rounds in three, just under it after each yield: 3-5 ms
+        // standing over an 80 ms minimum, a 4 ms target (on the emulated WAN, hayate behind
+        // a CUBIC flow at 300 Mbit/s, 50 ms).
+        let standing = |i: u32| if i % 3 == 1 { 3_000 } else { 5_000 };
+        let mut c = Contention::default();
+        let at = feed(&mut c, &p, 0, 90_000, 100, standing).expect("contended");
+        assert!(
+            (p.contend_standing_us..p.contend_standing_us + 200_000).contains(&at),
+            "contended at {at} µs"
+        );
+        assert!(c.contended);
+
+        // The same queue, gone once every 8 rounds (our own, or another hayate flow's: on
+        // the emulated WAN it goes at least that often): never contended.
+        let mut c = Contention::default();
+        let gone_at_times = |i: u32| if i % 8 == 7 { 1_000 } else { standing(i) };
+        assert_eq!(feed(&mut c, &p, 0, 90_000, 400, gone_at_times), None);
+        // Nor on a short path within its first seconds of a millisecond standing (two flows
+        // at 10 ms; a 2 ms target's half is within a host's jitter).
+        let mut c = Contention::default();
+        let short = |i: u32| if i % 200 == 199 { 500 } else { 3_000 };
+        assert_eq!(feed(&mut c, &p, 0, 10_000, 2_000, short), None);
     }
 }
