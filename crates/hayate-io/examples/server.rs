@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use hayate_io::driver::server::{serve, Scope, ServerOptions};
 use hayate_io::driver::StopFlag;
-use hayate_proto::cc::{Policy, RateConfig};
+use hayate_proto::cc::RateConfig;
 use hayate_proto::crypto::Psk;
 use hayate_proto::Config;
 
@@ -28,11 +28,7 @@ fn main() -> anyhow::Result<()> {
         psk,
         proto: Config {
             // The server adapts to each client's own cap; no cap of its own.
-            rate: RateConfig::Adaptive {
-                max: None,
-                min: 0,
-                policy: Policy::Fair,
-            },
+            rate: RateConfig::ADAPTIVE,
             ..Config::default()
         },
     };

@@ -8,7 +8,7 @@
 
 use hayate_io::driver::client::{run, ClientOptions, Job, Progress, Transport, Ui};
 use hayate_io::driver::StopFlag;
-use hayate_proto::cc::{Policy, RateConfig};
+use hayate_proto::cc::RateConfig;
 use hayate_proto::crypto::Psk;
 use hayate_proto::Config;
 
@@ -45,11 +45,7 @@ fn main() -> anyhow::Result<()> {
         Psk::parse_key_file(&text.contents)?,
         Config {
             // Found by itself, no cap (what `hayate cp` does without --rate).
-            rate: RateConfig::Adaptive {
-                max: None,
-                min: 0,
-                policy: Policy::Fair,
-            },
+            rate: RateConfig::ADAPTIVE,
             ..Config::default()
         },
     );

@@ -30,7 +30,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use hayate_proto::cc::{Ablation, AdaptiveParams, AdaptiveRule, Policy, RateConfig};
+use hayate_proto::cc::{Ablation, AdaptiveParams, AdaptiveRule, RateConfig};
 use hayate_proto::sim::{
     self, CoDelParams, FlowSize, GilbertElliott, JitterDist, JitterParams, LinkParams,
     PolicerParams, RateStep, Scenario, ShortFlows, TcpSpec,
@@ -220,16 +220,8 @@ fn scenario(row: &Row) -> (Scenario, f64, f64) {
     }
     sc.forward = fwd;
     sc.reverse = rev;
-    sc.client.rate = RateConfig::Adaptive {
-        max: None,
-        min: 0,
-        policy: Policy::Fair,
-    };
-    sc.server.rate = RateConfig::Adaptive {
-        max: None,
-        min: 0,
-        policy: Policy::Fair,
-    };
+    sc.client.rate = RateConfig::ADAPTIVE;
+    sc.server.rate = RateConfig::ADAPTIVE;
     if let Some(rule) = row.off {
         sc.client_cc_params = Some(AdaptiveParams {
             ablation: Ablation::default().without(rule),

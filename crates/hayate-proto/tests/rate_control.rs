@@ -41,16 +41,8 @@ fn path(rate: u64, rtt_ms: u64, loss: f64, buffer_bdp: f64) -> (LinkParams, Link
 }
 
 fn adaptive(sc: &mut Scenario) {
-    sc.client.rate = RateConfig::Adaptive {
-        max: None,
-        min: 0,
-        policy: Policy::Fair,
-    };
-    sc.server.rate = RateConfig::Adaptive {
-        max: None,
-        min: 0,
-        policy: Policy::Fair,
-    };
+    sc.client.rate = RateConfig::ADAPTIVE;
+    sc.server.rate = RateConfig::ADAPTIVE;
 }
 
 /// Mean goodput (bytes/s) at the server over 100 ms buckets [from, to), stopping before the

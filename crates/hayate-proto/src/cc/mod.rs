@@ -134,6 +134,14 @@ pub enum RateConfig {
 }
 
 impl RateConfig {
+    /// Found by itself, no cap, no floor, a fair share (what `hayate cp` does without
+    /// `--rate`, `--rate-min`, `--fixed` or `--policy`).
+    pub const ADAPTIVE: RateConfig = RateConfig::Adaptive {
+        max: None,
+        min: 0,
+        policy: Policy::Fair,
+    };
+
     /// As sent in `Ctrl::Params`: (rate_max, rate_min, adaptive, policy), 0 = no limit.
     pub fn to_params(self) -> (u64, u64, bool, Policy) {
         match self {
