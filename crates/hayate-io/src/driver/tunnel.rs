@@ -51,6 +51,10 @@ pub struct Pump {
     wr: Option<OwnedFd>,
     /// `wr` is a socket: its end is a `shutdown(SHUT_WR)`, not a close.
     socket: bool,
+    /// `rd` and `wr` are one file (a socket on both standard input and output, as socat
+    /// or inetd hand it over, or the far side's TCP connection): they share the file status
+    /// flags, so `wr`'s may not be put back while `rd` is still read.
+    shared: bool,
     read_eof: bool,
     buf: Vec<u8>,
     /// Why moving bytes failed, once it did.
@@ -67,6 +71,17 @@ fn get_flags(fd: &OwnedFd) -> i32 {
     unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) }
 }
 
+/// The fd's file type bits and identity (`st_mode & S_IFMT`, device, inode).
+fn file_id(fd: &OwnedFd) -> Option<(u32, u64, u64)> {
+    // SAFETY: fstat into a zeroed stat of an fd we own.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return None;
+    }
+    Some((st.st_mode & libc::S_IFMT, st.st_dev, st.st_ino))
+}
+
 fn set_flags(fd: &OwnedFd, fl: i32) -> io::Result<()> {
     // SAFETY: F_SETFL on an fd we own.
     if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl) } < 0 {
@@ -78,15 +93,21 @@ fn set_flags(fd: &OwnedFd, fl: i32) -> io::Result<()> {
 impl Pump {
     /// `rd`/`wr` are made non-blocking (and put back as they were when the pump is dropped:
     /// a terminal shares its flags with the shell).
-    pub fn new(rd: OwnedFd, wr: OwnedFd, socket: bool) -> io::Result<Pump> {
+    pub fn new(rd: OwnedFd, wr: OwnedFd) -> io::Result<Pump> {
         let (fr, fw) = (get_flags(&rd), get_flags(&wr));
         set_flags(&rd, fr | libc::O_NONBLOCK)?;
         set_flags(&wr, fw | libc::O_NONBLOCK)?;
+        let (idr, idw) = (file_id(&rd), file_id(&wr));
+        let socket = idw.is_some_and(|(t, _, _)| t == libc::S_IFSOCK);
+        // A socket is one file however often it is dup'ed; a pipe or terminal opened twice
+        // is two, each with its own flags, and is left to be put back on its own.
+        let shared = socket && idr.is_some() && idr == idw;
         Ok(Pump {
             flags: [(rd.as_raw_fd(), fr), (wr.as_raw_fd(), fw)],
             rd,
             wr: Some(wr),
             socket,
+            shared,
             read_eof: false,
             buf: vec![0; READ_CHUNK],
             error: None,
@@ -171,10 +192,16 @@ impl Pump {
     fn close_write(&mut self) {
         if let Some(wr) = self.wr.take() {
             if self.socket {
+                // The peer sees the end only from a shutdown: closing one fd of a socket
+                // still open for reading tells it nothing.
                 // SAFETY: shutdown of a socket we own.
                 unsafe { libc::shutdown(wr.as_raw_fd(), libc::SHUT_WR) };
             }
-            self.restore(&wr, 1);
+            // `rd` is still read, non-blocking: a shared file keeps the flags until the drop
+            // (a blocking read would stop the loop, and the session with it).
+            if !self.shared {
+                self.restore(&wr, 1);
+            }
         }
     }
 
@@ -290,7 +317,7 @@ impl FarEnd {
                 unreachable!("matched above");
             };
             let fd = OwnedFd::from(sock);
-            match fd.try_clone().and_then(|wr| Pump::new(fd, wr, true)) {
+            match fd.try_clone().and_then(|wr| Pump::new(fd, wr)) {
                 Ok(p) => {
                     conn.answer_tunnel(Ok(()));
                     *self = FarEnd::Open(p);
@@ -401,7 +428,7 @@ impl Policy for TunnelClient {
                 // An idle shell is not a dead session.
                 s.conn.keep_alive(true);
                 if let Some((rd, wr)) = self.fds.take() {
-                    match Pump::new(rd, wr, false) {
+                    match Pump::new(rd, wr) {
                         Ok(p) => self.pump = Some(p),
                         Err(e) => {
                             self.error = Some(format!("standard input/output: {e}"));
@@ -592,6 +619,50 @@ mod tests {
         assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
         // SAFETY: fresh fds from pipe2, owned by nobody else.
         unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+    }
+
+    /// Standard input and output may be one socket (socat's `EXEC:`, inetd, systemd's
+    /// socket activation): the end of the peer's stream must be a shutdown the other end
+    /// sees, and the reading half must stay non-blocking (a blocking read would stop the
+    /// loop, and the session with it).
+    #[test]
+    fn one_socket_for_both_halves_is_half_closed_and_never_blocks() {
+        use std::io::{Read, Write};
+        use std::os::unix::net::UnixStream;
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let rd = OwnedFd::from(ours);
+        let wr = rd.try_clone().unwrap();
+        let psk = Psk::generate();
+        let mut conn = Connection::client(Config::default(), &psk, AddrFamily::V4, Instant::now());
+        conn.open_tunnel("127.0.0.1", 22);
+        let room = conn.stream_room();
+        let mut p = Pump::new(rd, wr).unwrap();
+        // The peer's stream ended and every byte went out.
+        p.close_write();
+        assert!(p.write_closed());
+        theirs
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut b = [0u8; 8];
+        let end = theirs.read(&mut b);
+        assert!(matches!(end, Ok(0)), "the other end saw no end: {end:?}");
+        assert_ne!(
+            get_flags(&p.rd) & libc::O_NONBLOCK,
+            0,
+            "the reading half was made blocking"
+        );
+        // Nothing to read: the pump comes back at once, still waiting for input.
+        p.pump(&mut conn, true);
+        assert!(!p.read_eof());
+        assert!(!p.wait_fds().is_empty());
+        // What the other end still writes goes into the stream.
+        theirs.write_all(b"after").unwrap();
+        p.pump(&mut conn, true);
+        assert_eq!(conn.stream_room(), room - 5);
+        // And its end, too.
+        theirs.shutdown(std::net::Shutdown::Write).unwrap();
+        p.pump(&mut conn, true);
+        assert!(p.read_eof());
     }
 
     #[test]
