@@ -710,3 +710,220 @@ mod tests {
         }
     }
 }
+
+#[cfg(test)]
+mod loopback {
+    //! Both ends of a tunnel in this process, over loopback UDP: the client's [`run`] on a
+    //! pair of pipes (ssh's end), the far side's `serve_stdio` connecting to a TCP listener
+    //! of the test (sshd's place).
+    use super::*;
+    use crate::driver::server::{serve_stdio, Scope};
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::FromRawFd;
+    use std::sync::mpsc;
+    use std::thread::{self, JoinHandle};
+
+    fn pipe() -> (OwnedFd, OwnedFd) {
+        let mut fds = [0i32; 2];
+        // SAFETY: pipe2 fills two fds we then own.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: fresh fds from pipe2, owned by nobody else.
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+    }
+
+    fn pattern(n: usize, seed: u8) -> Vec<u8> {
+        (0..n)
+            .map(|i| (i as u32).wrapping_mul(2654435761).to_le_bytes()[i % 4] ^ seed)
+            .collect()
+    }
+
+    struct Ends {
+        far_stop: StopFlag,
+        far: Option<JoinHandle<Result<(), String>>>,
+        /// Our ends of the far side's ssh channel: open, so it does not see ssh leave.
+        _chan: (OwnedFd, OwnedFd),
+        client: Option<JoinHandle<Outcome>>,
+        client_stop: StopFlag,
+        /// Writes to the client's standard input.
+        stdin: Option<std::fs::File>,
+        /// Reads the client's standard output.
+        stdout: Option<std::fs::File>,
+        /// The far side's TCP connection, as the service sees it.
+        service: TcpStream,
+    }
+
+    impl Ends {
+        fn start() -> Ends {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let far_port = listener.local_addr().unwrap().port();
+            let (chan_in, keep_w) = pipe();
+            let (keep_r, chan_out) = pipe();
+            let far_stop = StopFlag::new();
+            let (tx, rx) = mpsc::channel();
+            let far = {
+                let stop = far_stop.clone();
+                let dir = std::env::temp_dir();
+                thread::spawn(move || {
+                    let mut announce = |port: u16, psk: &Psk| {
+                        let _ = tx.send((port, psk.clone()));
+                        Ok(())
+                    };
+                    let mut log = |_: &str| {};
+                    serve_stdio(
+                        Scope::WholeFs(dir),
+                        Config::default(),
+                        (0, 0),
+                        (chan_in, chan_out),
+                        &mut announce,
+                        stop,
+                        &mut log,
+                    )
+                    .map_err(|e| e.to_string())
+                })
+            };
+            let (port, psk) = rx.recv_timeout(Duration::from_secs(10)).expect("far side");
+            let (stdin_r, stdin_w) = pipe();
+            let (stdout_r, stdout_w) = pipe();
+            let client_stop = StopFlag::new();
+            let client = {
+                let stop = client_stop.clone();
+                let opts = TunnelOptions {
+                    addr: ([127, 0, 0, 1], port).into(),
+                    psk,
+                    proto: Config {
+                        rate: hayate_proto::cc::RateConfig::Adaptive {
+                            max: None,
+                            min: 0,
+                            policy: hayate_proto::cc::Policy::Fair,
+                        },
+                        ..Config::default()
+                    },
+                    udp_timeout: Duration::from_secs(5),
+                    far_host: "127.0.0.1".into(),
+                    far_port,
+                };
+                thread::spawn(move || run(opts, stdin_r, stdout_w, stop).0)
+            };
+            listener.set_nonblocking(false).unwrap();
+            let (service, _) = listener.accept().unwrap();
+            Ends {
+                far_stop,
+                far: Some(far),
+                _chan: (keep_w, keep_r),
+                client: Some(client),
+                client_stop,
+                stdin: Some(std::fs::File::from(stdin_w)),
+                stdout: Some(std::fs::File::from(stdout_r)),
+                service,
+            }
+        }
+
+        /// Waits for the client to end (both directions closed), then stops the far side.
+        fn finish(mut self, limit: Duration) -> Outcome {
+            let c = self.client.take().unwrap();
+            let t = Instant::now();
+            while !c.is_finished() {
+                assert!(
+                    t.elapsed() < limit,
+                    "the client did not end within {limit:?}"
+                );
+                thread::sleep(Duration::from_millis(10));
+            }
+            let out = c.join().unwrap();
+            self.far_stop.stop();
+            self.far.take().unwrap().join().unwrap().unwrap();
+            out
+        }
+    }
+
+    impl Drop for Ends {
+        fn drop(&mut self) {
+            self.client_stop.stop();
+            self.far_stop.stop();
+        }
+    }
+
+    /// Both directions at once, each reader stalled first: every byte arrives, in order.
+    fn exchange(up: usize, down: usize, stall: Duration, limit: Duration) {
+        let mut e = Ends::start();
+        let up_data = pattern(up, 1);
+        let down_data = pattern(down, 2);
+        let t0 = Instant::now();
+        let writer = {
+            let mut stdin = e.stdin.take().unwrap();
+            let d = up_data.clone();
+            thread::spawn(move || {
+                for c in d.chunks(64 << 10) {
+                    stdin.write_all(c).unwrap();
+                }
+            })
+        };
+        let reader = {
+            let mut stdout = e.stdout.take().unwrap();
+            thread::spawn(move || {
+                thread::sleep(stall);
+                let mut v = Vec::new();
+                stdout.read_to_end(&mut v).unwrap();
+                v
+            })
+        };
+        let service_w = {
+            let mut s = e.service.try_clone().unwrap();
+            let d = down_data.clone();
+            thread::spawn(move || {
+                for c in d.chunks(64 << 10) {
+                    s.write_all(c).unwrap();
+                }
+                s.shutdown(std::net::Shutdown::Write).unwrap();
+            })
+        };
+        let service_r = {
+            let mut s = e.service.try_clone().unwrap();
+            thread::spawn(move || {
+                thread::sleep(stall);
+                let mut v = Vec::new();
+                s.read_to_end(&mut v).unwrap();
+                v
+            })
+        };
+        fn wait<T>(h: &JoinHandle<T>, what: &str, t0: Instant, limit: Duration) {
+            while !h.is_finished() {
+                assert!(t0.elapsed() < limit, "{what} not done within {limit:?}");
+                thread::sleep(Duration::from_millis(10));
+            }
+        }
+        wait(&writer, "writing standard input", t0, limit);
+        writer.join().unwrap();
+        wait(&service_w, "the service's writing", t0, limit);
+        service_w.join().unwrap();
+        wait(&service_r, "the service's reading", t0, limit);
+        let got_up = service_r.join().unwrap();
+        assert_eq!(got_up.len(), up);
+        assert!(got_up == up_data, "upload bytes differ");
+        wait(&reader, "reading standard output", t0, limit);
+        let got_down = reader.join().unwrap();
+        assert_eq!(got_down.len(), down);
+        assert!(got_down == down_data, "download bytes differ");
+        match e.finish(limit.saturating_sub(t0.elapsed())) {
+            Outcome::Done => {}
+            Outcome::Failed(f) => panic!("failed: {f}"),
+            Outcome::Refused(r) => panic!("refused: {r}"),
+            Outcome::NoUdp { .. } => panic!("no UDP"),
+        }
+    }
+
+    /// No sshd needed (so it always runs): both directions at once, each reader stalled
+    /// for a second while the other side keeps writing, every byte arrives in order and both
+    /// ends close. A stall anywhere (a read not resumed, an acknowledgement never sent) fails
+    /// it within the limit instead of hanging.
+    #[test]
+    fn both_ways_with_stalled_readers() {
+        exchange(
+            8 << 20,
+            8 << 20,
+            Duration::from_secs(1),
+            Duration::from_secs(120),
+        );
+    }
+}
