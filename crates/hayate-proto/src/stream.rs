@@ -1154,3 +1154,111 @@ mod tests {
         }
     }
 }
+
+/// Random schedules of everything a sender and a receiver may see (writes of any size,
+/// chunks of any size, loss, reordering, maps told in parts, lost acknowledgements, probe
+/// timeouts, a reader of any pace): the sender's books always balance (bytes sent are
+/// acknowledged, declared lost, or in a chunk in flight, which is what the session's
+/// in-flight count assumes), a sender holding bytes always has something to send or to
+/// wait for (else nothing would wake it), and every byte arrives in order.
+#[cfg(test)]
+mod chaos {
+    use super::*;
+    use rand::seq::SliceRandom;
+    use rand::{Rng, SeedableRng};
+    use rand_chacha::ChaCha8Rng;
+
+    fn run(seed: u64) {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let window = rng.gen_range(5_000u64..200_000);
+        let len = rng.gen_range(0usize..400_000);
+        let data: Vec<u8> = (0..len).map(|i| (i * 7 + seed as usize) as u8).collect();
+        let mut tx = StreamSend::with_capacity(window, rng.gen_range(3_000usize..300_000));
+        let mut rx = StreamRecv::new(window);
+        let mut got = Vec::new();
+        let mut written = 0;
+        let mut pn = 0u64;
+        let mut net: Vec<(u64, Chunk, Vec<u8>)> = Vec::new();
+        let mut largest_rx = 0u64;
+        let (mut sent, mut acked, mut lost) = (0u64, 0u64, 0u64);
+        let mut buf = vec![0u8; 1400];
+        let loss = rng.gen_range(0.0..0.3);
+        for round in 0..400_000 {
+            let n = rng.gen_range(0..20_000).min(len - written);
+            written += tx.write(&data[written..written + n]);
+            if written == len && !tx.is_finished() && rng.gen_bool(0.5) {
+                tx.finish();
+            }
+            for _ in 0..rng.gen_range(0..10) {
+                let max = rng.gen_range(1..1400);
+                let Some(c) = tx.next_chunk(max, pn, &mut buf) else {
+                    break;
+                };
+                sent += c.len as u64;
+                if !rng.gen_bool(loss) {
+                    net.push((pn, c, buf[..c.len].to_vec()));
+                }
+                pn += 1;
+            }
+            net.shuffle(&mut rng);
+            let keep = rng.gen_range(0..=net.len());
+            for (p, c, d) in net.drain(keep..) {
+                largest_rx = largest_rx.max(p);
+                rx.on_chunk(c.offset, c.fin, &d).expect("within limit");
+            }
+            let mut tmp = vec![0u8; rng.gen_range(0..30_000)];
+            let k = rx.read(&mut tmp);
+            got.extend_from_slice(&tmp[..k]);
+            if rng.gen_bool(0.7) {
+                let a = rx.ack(rng.gen_range(1..6));
+                if !rng.gen_bool(loss) {
+                    let o = tx.on_ack(&a, |p| p + 8 <= largest_rx, |_| false);
+                    acked += o.newly_acked_bytes;
+                    lost += o.lost_bytes;
+                }
+            }
+            if rng.gen_bool(0.05) {
+                lost += tx.on_probe_timeout(16);
+                // The probe itself: a packet of its own that arrives, later than the rest.
+                pn += 1;
+                if !rng.gen_bool(loss) {
+                    largest_rx = largest_rx.max(pn - 1);
+                }
+            }
+            let in_chunks: u64 = tx
+                .in_flight
+                .iter()
+                .map(|(&s, c)| c.end.min(tx.written).saturating_sub(s))
+                .sum();
+            assert_eq!(sent - acked - lost, in_chunks, "seed {seed} round {round}");
+            if tx.is_finished() && tx.is_done() && rx.is_finished() {
+                assert!(got == data, "seed {seed}");
+                return;
+            }
+            // Nothing can stall: something is in flight, queued, or waits for window.
+            let pending_data = tx.written > tx.base || (tx.fin && !tx.is_done());
+            if pending_data {
+                assert!(
+                    tx.has_sendable() || tx.is_outstanding() || !net.is_empty(),
+                    "seed {seed} round {round}: stalled at {} of {} (sent to {}, limit {})",
+                    tx.base,
+                    tx.written,
+                    tx.next_new,
+                    tx.limit
+                );
+            }
+        }
+        panic!(
+            "seed {seed}: did not finish: {} of {len} read, {} acknowledged",
+            got.len(),
+            tx.base
+        );
+    }
+
+    #[test]
+    fn random_schedules_balance_the_books_and_never_stall() {
+        for seed in 0..1000 {
+            run(seed);
+        }
+    }
+}

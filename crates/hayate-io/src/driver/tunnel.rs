@@ -51,6 +51,10 @@ pub struct Pump {
     wr: Option<OwnedFd>,
     /// `wr` is a socket: its end is a `shutdown(SHUT_WR)`, not a close.
     socket: bool,
+    /// `rd` and `wr` are one file (a socket on both standard input and output, as socat
+    /// or inetd hand it over, or the far side's TCP connection): they share the file status
+    /// flags, so `wr`'s may not be put back while `rd` is still read.
+    shared: bool,
     read_eof: bool,
     buf: Vec<u8>,
     /// Why moving bytes failed, once it did.
@@ -67,6 +71,17 @@ fn get_flags(fd: &OwnedFd) -> i32 {
     unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) }
 }
 
+/// The fd's file type bits and identity (`st_mode & S_IFMT`, device, inode).
+fn file_id(fd: &OwnedFd) -> Option<(u32, u64, u64)> {
+    // SAFETY: fstat into a zeroed stat of an fd we own.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return None;
+    }
+    Some((st.st_mode & libc::S_IFMT, st.st_dev, st.st_ino))
+}
+
 fn set_flags(fd: &OwnedFd, fl: i32) -> io::Result<()> {
     // SAFETY: F_SETFL on an fd we own.
     if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl) } < 0 {
@@ -78,15 +93,21 @@ fn set_flags(fd: &OwnedFd, fl: i32) -> io::Result<()> {
 impl Pump {
     /// `rd`/`wr` are made non-blocking (and put back as they were when the pump is dropped:
     /// a terminal shares its flags with the shell).
-    pub fn new(rd: OwnedFd, wr: OwnedFd, socket: bool) -> io::Result<Pump> {
+    pub fn new(rd: OwnedFd, wr: OwnedFd) -> io::Result<Pump> {
         let (fr, fw) = (get_flags(&rd), get_flags(&wr));
         set_flags(&rd, fr | libc::O_NONBLOCK)?;
         set_flags(&wr, fw | libc::O_NONBLOCK)?;
+        let (idr, idw) = (file_id(&rd), file_id(&wr));
+        let socket = idw.is_some_and(|(t, _, _)| t == libc::S_IFSOCK);
+        // A socket is one file however often it is dup'ed; a pipe or terminal opened twice
+        // is two, each with its own flags, and is left to be put back on its own.
+        let shared = socket && idr.is_some() && idr == idw;
         Ok(Pump {
             flags: [(rd.as_raw_fd(), fr), (wr.as_raw_fd(), fw)],
             rd,
             wr: Some(wr),
             socket,
+            shared,
             read_eof: false,
             buf: vec![0; READ_CHUNK],
             error: None,
@@ -171,10 +192,16 @@ impl Pump {
     fn close_write(&mut self) {
         if let Some(wr) = self.wr.take() {
             if self.socket {
+                // The peer sees the end only from a shutdown: closing one fd of a socket
+                // still open for reading tells it nothing.
                 // SAFETY: shutdown of a socket we own.
                 unsafe { libc::shutdown(wr.as_raw_fd(), libc::SHUT_WR) };
             }
-            self.restore(&wr, 1);
+            // `rd` is still read, non-blocking: a shared file keeps the flags until the drop
+            // (a blocking read would stop the loop, and the session with it).
+            if !self.shared {
+                self.restore(&wr, 1);
+            }
         }
     }
 
@@ -290,7 +317,7 @@ impl FarEnd {
                 unreachable!("matched above");
             };
             let fd = OwnedFd::from(sock);
-            match fd.try_clone().and_then(|wr| Pump::new(fd, wr, true)) {
+            match fd.try_clone().and_then(|wr| Pump::new(fd, wr)) {
                 Ok(p) => {
                     conn.answer_tunnel(Ok(()));
                     *self = FarEnd::Open(p);
@@ -401,7 +428,7 @@ impl Policy for TunnelClient {
                 // An idle shell is not a dead session.
                 s.conn.keep_alive(true);
                 if let Some((rd, wr)) = self.fds.take() {
-                    match Pump::new(rd, wr, false) {
+                    match Pump::new(rd, wr) {
                         Ok(p) => self.pump = Some(p),
                         Err(e) => {
                             self.error = Some(format!("standard input/output: {e}"));
@@ -594,6 +621,50 @@ mod tests {
         unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
     }
 
+    /// Standard input and output may be one socket (socat's `EXEC:`, inetd, systemd's
+    /// socket activation): the end of the peer's stream must be a shutdown the other end
+    /// sees, and the reading half must stay non-blocking (a blocking read would stop the
+    /// loop, and the session with it).
+    #[test]
+    fn one_socket_for_both_halves_is_half_closed_and_never_blocks() {
+        use std::io::{Read, Write};
+        use std::os::unix::net::UnixStream;
+        let (ours, mut theirs) = UnixStream::pair().unwrap();
+        let rd = OwnedFd::from(ours);
+        let wr = rd.try_clone().unwrap();
+        let psk = Psk::generate();
+        let mut conn = Connection::client(Config::default(), &psk, AddrFamily::V4, Instant::now());
+        conn.open_tunnel("127.0.0.1", 22);
+        let room = conn.stream_room();
+        let mut p = Pump::new(rd, wr).unwrap();
+        // The peer's stream ended and every byte went out.
+        p.close_write();
+        assert!(p.write_closed());
+        theirs
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut b = [0u8; 8];
+        let end = theirs.read(&mut b);
+        assert!(matches!(end, Ok(0)), "the other end saw no end: {end:?}");
+        assert_ne!(
+            get_flags(&p.rd) & libc::O_NONBLOCK,
+            0,
+            "the reading half was made blocking"
+        );
+        // Nothing to read: the pump comes back at once, still waiting for input.
+        p.pump(&mut conn, true);
+        assert!(!p.read_eof());
+        assert!(!p.wait_fds().is_empty());
+        // What the other end still writes goes into the stream.
+        theirs.write_all(b"after").unwrap();
+        p.pump(&mut conn, true);
+        assert_eq!(conn.stream_room(), room - 5);
+        // And its end, too.
+        theirs.shutdown(std::net::Shutdown::Write).unwrap();
+        p.pump(&mut conn, true);
+        assert!(p.read_eof());
+    }
+
     #[test]
     fn a_daemon_refuses_tunnels() {
         let root = tempfile::tempdir().unwrap();
@@ -637,5 +708,222 @@ mod tests {
             Outcome::NoUdp { .. } => panic!("no answer from the daemon"),
             Outcome::Failed(e) => panic!("failed: {e}"),
         }
+    }
+}
+
+#[cfg(test)]
+mod loopback {
+    //! Both ends of a tunnel in this process, over loopback UDP: the client's [`run`] on a
+    //! pair of pipes (ssh's end), the far side's `serve_stdio` connecting to a TCP listener
+    //! of the test (sshd's place).
+    use super::*;
+    use crate::driver::server::{serve_stdio, Scope};
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::FromRawFd;
+    use std::sync::mpsc;
+    use std::thread::{self, JoinHandle};
+
+    fn pipe() -> (OwnedFd, OwnedFd) {
+        let mut fds = [0i32; 2];
+        // SAFETY: pipe2 fills two fds we then own.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: fresh fds from pipe2, owned by nobody else.
+        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
+    }
+
+    fn pattern(n: usize, seed: u8) -> Vec<u8> {
+        (0..n)
+            .map(|i| (i as u32).wrapping_mul(2654435761).to_le_bytes()[i % 4] ^ seed)
+            .collect()
+    }
+
+    struct Ends {
+        far_stop: StopFlag,
+        far: Option<JoinHandle<Result<(), String>>>,
+        /// Our ends of the far side's ssh channel: open, so it does not see ssh leave.
+        _chan: (OwnedFd, OwnedFd),
+        client: Option<JoinHandle<Outcome>>,
+        client_stop: StopFlag,
+        /// Writes to the client's standard input.
+        stdin: Option<std::fs::File>,
+        /// Reads the client's standard output.
+        stdout: Option<std::fs::File>,
+        /// The far side's TCP connection, as the service sees it.
+        service: TcpStream,
+    }
+
+    impl Ends {
+        fn start() -> Ends {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let far_port = listener.local_addr().unwrap().port();
+            let (chan_in, keep_w) = pipe();
+            let (keep_r, chan_out) = pipe();
+            let far_stop = StopFlag::new();
+            let (tx, rx) = mpsc::channel();
+            let far = {
+                let stop = far_stop.clone();
+                let dir = std::env::temp_dir();
+                thread::spawn(move || {
+                    let mut announce = |port: u16, psk: &Psk| {
+                        let _ = tx.send((port, psk.clone()));
+                        Ok(())
+                    };
+                    let mut log = |_: &str| {};
+                    serve_stdio(
+                        Scope::WholeFs(dir),
+                        Config::default(),
+                        (0, 0),
+                        (chan_in, chan_out),
+                        &mut announce,
+                        stop,
+                        &mut log,
+                    )
+                    .map_err(|e| e.to_string())
+                })
+            };
+            let (port, psk) = rx.recv_timeout(Duration::from_secs(10)).expect("far side");
+            let (stdin_r, stdin_w) = pipe();
+            let (stdout_r, stdout_w) = pipe();
+            let client_stop = StopFlag::new();
+            let client = {
+                let stop = client_stop.clone();
+                let opts = TunnelOptions {
+                    addr: ([127, 0, 0, 1], port).into(),
+                    psk,
+                    proto: Config {
+                        rate: hayate_proto::cc::RateConfig::Adaptive {
+                            max: None,
+                            min: 0,
+                            policy: hayate_proto::cc::Policy::Fair,
+                        },
+                        ..Config::default()
+                    },
+                    udp_timeout: Duration::from_secs(5),
+                    far_host: "127.0.0.1".into(),
+                    far_port,
+                };
+                thread::spawn(move || run(opts, stdin_r, stdout_w, stop).0)
+            };
+            listener.set_nonblocking(false).unwrap();
+            let (service, _) = listener.accept().unwrap();
+            Ends {
+                far_stop,
+                far: Some(far),
+                _chan: (keep_w, keep_r),
+                client: Some(client),
+                client_stop,
+                stdin: Some(std::fs::File::from(stdin_w)),
+                stdout: Some(std::fs::File::from(stdout_r)),
+                service,
+            }
+        }
+
+        /// Waits for the client to end (both directions closed), then stops the far side.
+        fn finish(mut self, limit: Duration) -> Outcome {
+            let c = self.client.take().unwrap();
+            let t = Instant::now();
+            while !c.is_finished() {
+                assert!(
+                    t.elapsed() < limit,
+                    "the client did not end within {limit:?}"
+                );
+                thread::sleep(Duration::from_millis(10));
+            }
+            let out = c.join().unwrap();
+            self.far_stop.stop();
+            self.far.take().unwrap().join().unwrap().unwrap();
+            out
+        }
+    }
+
+    impl Drop for Ends {
+        fn drop(&mut self) {
+            self.client_stop.stop();
+            self.far_stop.stop();
+        }
+    }
+
+    /// Both directions at once, each reader stalled first: every byte arrives, in order.
+    fn exchange(up: usize, down: usize, stall: Duration, limit: Duration) {
+        let mut e = Ends::start();
+        let up_data = pattern(up, 1);
+        let down_data = pattern(down, 2);
+        let t0 = Instant::now();
+        let writer = {
+            let mut stdin = e.stdin.take().unwrap();
+            let d = up_data.clone();
+            thread::spawn(move || {
+                for c in d.chunks(64 << 10) {
+                    stdin.write_all(c).unwrap();
+                }
+            })
+        };
+        let reader = {
+            let mut stdout = e.stdout.take().unwrap();
+            thread::spawn(move || {
+                thread::sleep(stall);
+                let mut v = Vec::new();
+                stdout.read_to_end(&mut v).unwrap();
+                v
+            })
+        };
+        let service_w = {
+            let mut s = e.service.try_clone().unwrap();
+            let d = down_data.clone();
+            thread::spawn(move || {
+                for c in d.chunks(64 << 10) {
+                    s.write_all(c).unwrap();
+                }
+                s.shutdown(std::net::Shutdown::Write).unwrap();
+            })
+        };
+        let service_r = {
+            let mut s = e.service.try_clone().unwrap();
+            thread::spawn(move || {
+                thread::sleep(stall);
+                let mut v = Vec::new();
+                s.read_to_end(&mut v).unwrap();
+                v
+            })
+        };
+        fn wait<T>(h: &JoinHandle<T>, what: &str, t0: Instant, limit: Duration) {
+            while !h.is_finished() {
+                assert!(t0.elapsed() < limit, "{what} not done within {limit:?}");
+                thread::sleep(Duration::from_millis(10));
+            }
+        }
+        wait(&writer, "writing standard input", t0, limit);
+        writer.join().unwrap();
+        wait(&service_w, "the service's writing", t0, limit);
+        service_w.join().unwrap();
+        wait(&service_r, "the service's reading", t0, limit);
+        let got_up = service_r.join().unwrap();
+        assert_eq!(got_up.len(), up);
+        assert!(got_up == up_data, "upload bytes differ");
+        wait(&reader, "reading standard output", t0, limit);
+        let got_down = reader.join().unwrap();
+        assert_eq!(got_down.len(), down);
+        assert!(got_down == down_data, "download bytes differ");
+        match e.finish(limit.saturating_sub(t0.elapsed())) {
+            Outcome::Done => {}
+            Outcome::Failed(f) => panic!("failed: {f}"),
+            Outcome::Refused(r) => panic!("refused: {r}"),
+            Outcome::NoUdp { .. } => panic!("no UDP"),
+        }
+    }
+
+    /// No sshd needed (so it always runs): both directions at once, each reader stalled
+    /// for a second while the other side keeps writing, every byte arrives in order and both
+    /// ends close. A stall anywhere (a read not resumed, an acknowledgement never sent) fails
+    /// it within the limit instead of hanging.
+    #[test]
+    fn both_ways_with_stalled_readers() {
+        exchange(
+            8 << 20,
+            8 << 20,
+            Duration::from_secs(1),
+            Duration::from_secs(120),
+        );
     }
 }

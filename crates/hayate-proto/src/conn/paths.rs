@@ -98,11 +98,20 @@ impl Connection {
     }
 
     /// The rate controller's in-flight cap is reached: wait for feedback.
+    ///
+    /// Never with nothing in flight: only an acknowledgement moves the controller, and with
+    /// nothing in flight none is coming, nor a probe timeout (nothing is outstanding). A cap
+    /// at or below zero bytes (the adaptive controller's startup hold, taken when everything
+    /// had just been acknowledged) would otherwise stop the session for good with data
+    /// waiting: the tunnel's far side held 16 MiB unsent, its reader idle, both ends asleep.
     pub(super) fn window_full(&self) -> bool {
-        self.path
-            .cc
-            .in_flight_cap()
-            .is_some_and(|cap| self.in_flight_bytes() >= cap)
+        let in_flight = self.in_flight_bytes();
+        in_flight > 0
+            && self
+                .path
+                .cc
+                .in_flight_cap()
+                .is_some_and(|cap| in_flight >= cap)
     }
 
     /// A datagram that carries only a PATH_CHALLENGE with `token`, for the endpoint to send
