@@ -419,7 +419,11 @@ impl RateControl for Adaptive {
                 // Careful resume's jump: its window, until what it delivers says more.
                 cap = cap.max(jump_cap);
             }
-            return Some(self.hold_in_flight.map_or(cap, |h| h.min(cap)));
+            let hold_floor = (self.p.startup_hold_min_datagrams as f64 * self.p.grow_step) as u64;
+            return Some(
+                self.hold_in_flight
+                    .map_or(cap, |h| h.max(hold_floor).min(cap)),
+            );
         }
         let bw = self.bottleneck().max(self.rate);
         let cap = congestion_cap(&self.p, bw, self.cap_rtt_us());

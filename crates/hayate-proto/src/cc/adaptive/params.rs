@@ -67,6 +67,11 @@ pub struct Params {
     /// ... from this many rounds in (a newcomer's first rounds read flat while it only sends
     /// its first guess).
     pub startup_hold_rounds: u32,
+    /// The hold is never under this many datagrams (`grow_step` bytes each; BBR's minimum
+    /// window is 4): what was in flight when the queue showed can be nothing (everything
+    /// just acknowledged, or lost since), and a cap of nothing sends nothing, so no
+    /// acknowledgement comes to lift it.
+    pub startup_hold_min_datagrams: u32,
     /// The held flight is no less than this share of what the path carries over the base
     /// RTT: all of it overflowed short buffers, much less left the search short.
     pub hold_carried: f64,
@@ -395,6 +400,7 @@ impl Default for Params {
             startup_hold_queue_us: 500,
             startup_hold_samples: 2,
             startup_hold_rounds: 3,
+            startup_hold_min_datagrams: 4,
             hold_carried: 0.9,
 
             resume_max_age_us: 3_600_000_000,

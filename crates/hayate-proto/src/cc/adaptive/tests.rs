@@ -126,6 +126,33 @@ fn startup_holds_at_its_own_queue_only() {
     );
 }
 
+/// A hold taken with nothing in flight (everything just acknowledged, or lost since) still
+/// lets a few datagrams go: a cap of nothing sends nothing, and no acknowledgement would
+/// come to lift it (a tunnel session stalled for good that way).
+#[test]
+fn a_hold_of_nothing_in_flight_still_sends() {
+    let mut a = Adaptive::new(None, 0);
+    let mut now = 0;
+    for _ in 0..32 {
+        now += 5_000;
+        let rate = a.pacing_rate().unwrap();
+        a.on_sent(now, rate * 5_000 / 1_000_000);
+        a.on_feedback(&fb(now, 50_000, 50_000, rate));
+    }
+    assert_eq!(a.mode(), Mode::Startup);
+    let floor = (a.p.startup_hold_min_datagrams as f64 * a.p.grow_step) as u64;
+    for q in [300, 600, 900, 1_200] {
+        now += 1_000;
+        a.on_feedback(&Feedback {
+            in_flight: 0,
+            ..fb(now, 50_000 + q, 50_000, 1_000)
+        });
+    }
+    assert!(a.hold_in_flight.is_some(), "no hold taken");
+    let cap = a.in_flight_cap().unwrap();
+    assert!(cap >= floor, "cap {cap} under {floor}");
+}
+
 /// A busy VM holds the sender for a round: what it sent meanwhile trickles in a round trip
 /// later, behind a queue its own catch-up or the host's stall left. That is the sender's
 /// shortfall, not the path's share (read as one, it cut a 1 Gbit/s flow to 350 Mbit/s).
