@@ -10,10 +10,10 @@
 //!
 //! The margin is learnt per thread: it follows the [`ON_TIME`] quantile of how late this
 //! thread's kernel sleeps actually wake (a few µs on an idle VM with 1 ns slack, tens of
-//! µs on a busy one), between [`SPIN_MIN`] and [`SPIN_MARGIN`]. A fixed margin sized for
-//! the busy case spun 80 µs before every burst: at 4-5 Gbit/s on loopback, with a burst
-//! every 150 µs, the sender spent half its time spinning, CPU the receiver on the other
-//! core's share then lacked.
+//! µs on a busy one), between [`SPIN_MIN`] and [`SPIN_MARGIN`]. The pacer wakes the sender
+//! every eight datagrams (every 96 µs at 1 Gbit/s, less above): a fixed 80 µs margin had it
+//! spinning most of the time, CPU that the receiver, sharing the same two cores on a local
+//! copy, then lacked (docs/PERFORMANCE.md, "The pacer spins").
 
 use std::cell::Cell;
 use std::io;
