@@ -2058,6 +2058,9 @@ pub struct SourceFile {
     keep_chunks: bool,
     /// Chunks read whole, for [`take_chunks`](Self::take_chunks).
     chunks: Vec<(u64, Arc<Vec<u8>>)>,
+    /// Chunks read earlier that a hash job may still hold: reused once it let go (a fresh
+    /// 1 MiB buffer per chunk is zeroed and page-faulted in, on the protocol loop).
+    lent: Vec<Arc<Vec<u8>>>,
     /// The file as it was opened.
     was: Ident,
     locate: Option<Locate>,
@@ -2095,6 +2098,10 @@ impl SourceFile {
     /// subtree, so a chunk read for sending is hashed as it is (`verify::Sending`).
     pub const CHUNK: usize = crate::verify::SUBTREE_LEN as usize;
 
+    /// Chunks kept for reuse while hash jobs hold them: about what the hash workers have
+    /// queued at the sending rate (more are dropped, and allocated afresh when needed).
+    const LENT_MAX: usize = 8;
+
     /// `size`: the file's length as offered (the file as it is now is what later reads
     /// are checked against).
     pub fn new(file: File, size: u64) -> Self {
@@ -2112,6 +2119,7 @@ impl SourceFile {
             len: 0,
             keep_chunks: false,
             chunks: Vec::new(),
+            lent: Vec::new(),
             was,
             locate: None,
             failure: None,
@@ -2221,11 +2229,28 @@ impl SourceFile {
     fn read_ahead(&mut self, pos: u64) -> Result<(), SourceError> {
         let start = pos - pos % Self::CHUNK as u64;
         let want = (self.size - start).min(Self::CHUNK as u64) as usize;
-        // The previous buffer is reused unless a hash job still holds it.
+        // The previous buffer is reused unless a hash job still holds it; then one an
+        // earlier job has let go of.
         let mut buf = match Arc::get_mut(&mut self.ahead) {
             Some(b) if b.len() == want => std::mem::take(b),
-            _ => vec![0; want],
+            _ => {
+                let old = std::mem::take(&mut self.ahead);
+                if Arc::strong_count(&old) > 1 && self.lent.len() < Self::LENT_MAX {
+                    self.lent.push(old);
+                }
+                let free = self
+                    .lent
+                    .iter_mut()
+                    .position(|c| Arc::get_mut(c).is_some_and(|b| b.len() == want));
+                match free {
+                    Some(i) => Arc::try_unwrap(self.lent.swap_remove(i)).unwrap_or_default(),
+                    None => vec![0; want],
+                }
+            }
         };
+        if buf.len() != want {
+            buf = vec![0; want];
+        }
         self.len = 0;
         let n = read_at(&self.file, start, &mut buf)?;
         self.check()?;

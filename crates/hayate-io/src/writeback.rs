@@ -12,7 +12,7 @@
 use std::fs::File;
 use std::io::{self, Write};
 use std::os::unix::fs::FileExt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
@@ -52,6 +52,11 @@ struct Shared {
     state: Mutex<State>,
     /// Signalled whenever queued bytes are written.
     written: Condvar,
+    /// `state.queued` and whether `state.error` is set, kept beside the lock (written under
+    /// it): the protocol loop asks both for every block it receives, and reads them here
+    /// without taking the lock the writer thread takes for every run.
+    queued: AtomicUsize,
+    failed: AtomicBool,
 }
 
 struct Pool {
@@ -106,8 +111,10 @@ fn run(job: Job) {
             drop(file);
             let mut s = state.state.lock().expect("write state");
             s.queued -= buf.len();
+            state.queued.store(s.queued, Ordering::Release);
             if let Err(e) = r {
                 s.error.get_or_insert((e.raw_os_error(), e.to_string()));
+                state.failed.store(true, Ordering::Release);
             }
             if s.spares.len() < SPARES {
                 buf.clear();
@@ -203,8 +210,8 @@ impl Queue {
 
     /// Whether `len` more bytes can be queued without waiting.
     pub fn has_room(&self, len: usize) -> bool {
-        let s = self.shared.state.lock().expect("write state");
-        s.queued == 0 || s.queued + len <= MAX_QUEUED
+        let queued = self.shared.queued.load(Ordering::Acquire);
+        queued == 0 || queued + len <= MAX_QUEUED
     }
 
     fn send(&self, job: Job) -> io::Result<()> {
@@ -228,6 +235,7 @@ impl Queue {
         }
         error(&s)?;
         s.queued += buf.len();
+        self.shared.queued.store(s.queued, Ordering::Release);
         drop(s);
         self.send(Job::Write {
             file: self.file.clone(),
@@ -259,6 +267,9 @@ impl Queue {
 
     /// The first error of a write done so far, without waiting.
     pub fn check(&self) -> io::Result<()> {
+        if !self.shared.failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
         error(&self.shared.state.lock().expect("write state"))
     }
 
