@@ -32,8 +32,8 @@ pub mod transfer;
 pub mod wire;
 
 pub use conn::{
-    BlockSink, BlockSource, CcTraceRow, Config, Connection, Event, FileOffer, ReceiverState, Side,
-    Stats, StorageError,
+    BlockSink, BlockSource, CcTraceRow, Config, Connection, Event, FileOffer, NoFiles,
+    ReceiverState, Side, Stats, StorageError,
 };
 pub use endpoint::{Endpoint, Route};
 pub use transfer::XferId;

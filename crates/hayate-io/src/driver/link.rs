@@ -300,15 +300,7 @@ impl Links {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn pipe() -> (OwnedFd, OwnedFd) {
-        use std::os::fd::FromRawFd;
-        let mut fds = [0i32; 2];
-        // SAFETY: pipe2 fills two fds we then own.
-        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        // SAFETY: fresh fds from pipe2, owned by nobody else.
-        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
-    }
+    use crate::driver::test_pipe as pipe;
 
     #[test]
     fn frames_cross_a_pipe_in_order_and_garbage_ends_the_stream() {

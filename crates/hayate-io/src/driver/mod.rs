@@ -129,3 +129,9 @@ impl CcTrace {
         let _ = self.out.flush();
     }
 }
+
+/// A pipe for tests (both ends close-on-exec): the fds a tunnel or an ssh channel runs on.
+#[cfg(test)]
+pub(crate) fn test_pipe() -> (std::os::fd::OwnedFd, std::os::fd::OwnedFd) {
+    rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).expect("pipe")
+}

@@ -15,9 +15,7 @@ use std::time::{Duration, Instant};
 
 use hayate_proto::crypto::Psk;
 use hayate_proto::wire::AddrFamily;
-use hayate_proto::{
-    BlockSink, BlockSource, Config, Connection, Event, Stats, StorageError, XferId,
-};
+use hayate_proto::{Config, Connection, Event, Stats};
 
 use super::engine::{self, Flow, Net, Policy, Session};
 use super::link::Links;
@@ -28,20 +26,7 @@ use crate::udp::UdpSocket;
 const READ_CHUNK: usize = 256 << 10;
 
 /// A tunnel session moves no files.
-#[derive(Debug, Default)]
-pub struct NoFiles;
-
-impl BlockSource for NoFiles {
-    fn read(&mut self, _: XferId, _: u64, _: &mut [u8]) -> Result<(), StorageError> {
-        Err(StorageError::NotOpen)
-    }
-}
-
-impl BlockSink for NoFiles {
-    fn write(&mut self, _: XferId, _: u64, _: &[u8]) -> Result<(), StorageError> {
-        Err(StorageError::NotOpen)
-    }
-}
+pub use hayate_proto::NoFiles;
 
 /// Moves bytes between a pair of fds (standard input and output, or both halves of a TCP
 /// socket) and a session's stream, never waiting on either.
@@ -611,15 +596,7 @@ pub fn run_tcp(
 mod tests {
     use super::*;
     use crate::driver::server::{serve, Scope, ServerOptions};
-    use std::os::fd::FromRawFd;
-
-    fn pipe() -> (OwnedFd, OwnedFd) {
-        let mut fds = [0i32; 2];
-        // SAFETY: pipe2 fills two fds we then own.
-        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        // SAFETY: fresh fds from pipe2, owned by nobody else.
-        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
-    }
+    use crate::driver::test_pipe as pipe;
 
     /// Standard input and output may be one socket (socat's `EXEC:`, inetd, systemd's
     /// socket activation): the end of the peer's stream must be a shutdown the other end
@@ -718,19 +695,11 @@ mod loopback {
     //! of the test (sshd's place).
     use super::*;
     use crate::driver::server::{serve_stdio, Scope};
+    use crate::driver::test_pipe as pipe;
     use std::io::{Read, Write};
     use std::net::{TcpListener, TcpStream};
-    use std::os::fd::FromRawFd;
     use std::sync::mpsc;
     use std::thread::{self, JoinHandle};
-
-    fn pipe() -> (OwnedFd, OwnedFd) {
-        let mut fds = [0i32; 2];
-        // SAFETY: pipe2 fills two fds we then own.
-        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
-        // SAFETY: fresh fds from pipe2, owned by nobody else.
-        unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) }
-    }
 
     fn pattern(n: usize, seed: u8) -> Vec<u8> {
         (0..n)

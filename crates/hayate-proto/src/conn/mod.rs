@@ -34,7 +34,7 @@ mod tunnel;
 pub use events::Event;
 pub use paths::ReceiverState;
 pub use stats::{CcTraceRow, Stats};
-pub use storage::{BlockSink, BlockSource, StorageError};
+pub use storage::{BlockSink, BlockSource, NoFiles, StorageError};
 pub use transfers::{FileOffer, MAX_INCOMING_BLOCKS, MAX_OPEN_INCOMING};
 
 use paths::PathData;

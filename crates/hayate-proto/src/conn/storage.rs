@@ -27,6 +27,23 @@ pub trait BlockSink {
     }
 }
 
+/// Storage for a session that moves no files (a tunnel's): every block is
+/// [`StorageError::NotOpen`].
+#[derive(Debug, Default, Clone, Copy)]
+pub struct NoFiles;
+
+impl BlockSource for NoFiles {
+    fn read(&mut self, _: XferId, _: u64, _: &mut [u8]) -> Result<(), StorageError> {
+        Err(StorageError::NotOpen)
+    }
+}
+
+impl BlockSink for NoFiles {
+    fn write(&mut self, _: XferId, _: u64, _: &[u8]) -> Result<(), StorageError> {
+        Err(StorageError::NotOpen)
+    }
+}
+
 /// Why a [`BlockSource`] or [`BlockSink`] could not move a block. The core only shows it,
 /// in the reason the transfer fails with; a driver's own error goes in
 /// [`StorageError::Other`], where `downcast_ref` finds it.

@@ -277,25 +277,12 @@ mod tests {
 
     use super::*;
     use crate::cc::RateControl;
+    use crate::conn::NoFiles;
     use crate::crypto::Psk;
     use crate::endpoint::{Endpoint, Route};
     use crate::rng::Rng;
     use crate::wire::{AddrFamily, Cid};
-    use crate::{BlockSink, BlockSource, Config, StorageError, XferId};
-
-    struct NoFiles;
-
-    impl BlockSource for NoFiles {
-        fn read(&mut self, _: XferId, _: u64, _: &mut [u8]) -> Result<(), StorageError> {
-            Err(StorageError::NotOpen)
-        }
-    }
-
-    impl BlockSink for NoFiles {
-        fn write(&mut self, _: XferId, _: u64, _: &[u8]) -> Result<(), StorageError> {
-            Err(StorageError::NotOpen)
-        }
-    }
+    use crate::Config;
 
     /// A controller whose in-flight cap is zero bytes, whatever it hears: what the adaptive
     /// controller reports while it holds a flight it measured with nothing in flight.
