@@ -81,6 +81,34 @@ pub struct UdpSocket {
     gso_off: AtomicBool,
 }
 
+/// The MTU of the kernel's route to `peer`: the outgoing interface's (65536 for loopback,
+/// 1420 for a WireGuard tunnel, 9000 on a jumbo-frame LAN), or less if ICMP taught it so.
+/// An upper bound on the path's MTU, which the handshake then proves (`docs/PROTOCOL.md`,
+/// "Path MTU"). `None` when the kernel cannot say (no route).
+pub fn route_mtu(peer: SocketAddr) -> Option<u16> {
+    let bind: SocketAddr = if peer.is_ipv4() {
+        (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    // Connecting a UDP socket sends nothing: it only looks the route up.
+    let s = std::net::UdpSocket::bind(bind).ok()?;
+    s.connect(peer).ok()?;
+    let mtu = if peer.is_ipv4() {
+        rustix::net::sockopt::ip_mtu(&s)
+    } else {
+        rustix::net::sockopt::ipv6_mtu(&s)
+    }
+    .ok()?;
+    Some(mtu.min(u32::from(u16::MAX)) as u16)
+}
+
+/// The largest MTU a client offers toward `peer`: its own `limit`, or less when the route's
+/// interface is smaller ([`route_mtu`]).
+pub fn mtu_toward(limit: u16, peer: SocketAddr) -> u16 {
+    route_mtu(peer).map_or(limit, |r| limit.min(r))
+}
+
 impl UdpSocket {
     /// Binds a non-blocking socket, raises its buffers as far as allowed, enables GRO and
     /// drop counting where the kernel supports them.

@@ -108,9 +108,11 @@ struct PathProbe {
 struct Entry {
     conn: Connection,
     addr: SocketAddr,
-    /// For a repeated ClientHello: its random and the reply we gave.
+    /// For a repeated ClientHello: its random and the reply we gave (its fields, and the
+    /// length they were padded to).
     client_key: (u64, [u8; 32]),
-    reply: Vec<u8>,
+    reply: [u8; wire::SERVER_HELLO_LEN],
+    reply_len: usize,
     created: Instant,
     probe: Option<PathProbe>,
 }
@@ -326,12 +328,9 @@ impl Endpoint {
             if let Some(sid) = self.by_hello.get(&(cid, random)) {
                 if let Some(e) = self.conns.get(sid) {
                     // Same hello again (our reply was lost): same answer, never bigger.
-                    if data.len() == wire::CLIENT_HELLO_LEN
-                        && e.reply.len() < data.len()
-                        && self.reply_window.admit(now, REPLIES_PER_SEC)
-                    {
+                    if e.reply_len <= data.len() && self.reply_window.admit(now, REPLIES_PER_SEC) {
                         self.stats.hellos_repeated += 1;
-                        return Route::Reply(e.reply.clone());
+                        return Route::Reply(handshake::padded_reply(&e.reply, e.reply_len));
                     }
                 }
                 return Route::Drop;
@@ -367,21 +366,22 @@ impl Endpoint {
             self.stats.hellos_rejected_auth += 1;
             return self.reject(now, data, RejectReason::AuthFailed);
         }
-        match handshake::accept_verified(&self.psk, &ch, data, self.cfg.mtu, &mut self.rng) {
+        let fam = if from.is_ipv4() {
+            AddrFamily::V4
+        } else {
+            AddrFamily::V6
+        };
+        match handshake::accept_verified(&self.psk, &ch, data, self.cfg.mtu, fam, &mut self.rng) {
             Ok(acc) => {
                 self.evict_half_open(now);
-                let fam = if from.is_ipv4() {
-                    AddrFamily::V4
-                } else {
-                    AddrFamily::V6
-                };
                 let sid = acc.server_cid;
                 if self.conns.contains_key(&sid) {
                     // A 32-bit cid drawn twice: drop the hello; its retransmission draws anew.
                     self.stats.cid_collisions += 1;
                     return Route::Drop;
                 }
-                let reply = acc.reply.to_vec();
+                let reply = acc.reply_datagram();
+                let (fields, reply_len) = (acc.reply, acc.reply_len);
                 let conn = Connection::server(self.cfg.clone(), &self.psk, acc, fam, now);
                 self.by_hello.insert(ids, sid);
                 self.conns.insert(
@@ -390,7 +390,8 @@ impl Endpoint {
                         conn,
                         addr: from,
                         client_key: ids,
-                        reply: reply.clone(),
+                        reply: fields,
+                        reply_len,
                         created: now,
                         probe: None,
                     },

@@ -8,10 +8,10 @@ use x25519_dalek::{PublicKey, StaticSecret};
 use crate::crypto::{PacketKey, Psk, SessionKeys};
 use crate::rng::Rng;
 use crate::wire::{
-    client_hello_ids, peek_kind, Cid, ClientHello, HelloReject, HelloRetry, PacketKind,
-    RejectReason, ServerHello, WireError, CLIENT_HELLO_LEN, CLIENT_HELLO_MAC_OFFSET,
-    HELLO_REJECT_LEN, HELLO_RETRY_LEN, MIN_MTU, RETRY_TOKEN_LEN, SERVER_HELLO_LEN,
-    SERVER_HELLO_MAC_OFFSET, VERSION,
+    client_hello_ids, hello_datagram_len, mtu_proven_by, peek_kind, AddrFamily, Cid, ClientHello,
+    HelloReject, HelloRetry, PacketKind, RejectReason, ServerHello, WireError, CLIENT_HELLO_LEN,
+    CLIENT_HELLO_MAC_OFFSET, HELLO_REJECT_LEN, HELLO_RETRY_LEN, MIN_MTU, RETRY_TOKEN_LEN,
+    SERVER_HELLO_LEN, SERVER_HELLO_MAC_OFFSET, VERSION,
 };
 
 /// A client follows at most this many HelloRetries in one handshake (a server restarted
@@ -180,6 +180,23 @@ impl ClientHandshake {
         hs
     }
 
+    /// Another attempt at the same handshake offering a smaller `mtu`, for a path that did
+    /// not carry the first: the same cid, a fresh random and key (so the server takes it
+    /// for a new hello, not a repeat of the one whose answer never came back).
+    pub fn retry_smaller(&self, psk: &Psk, mtu: u16, rng: &mut Rng) -> Self {
+        let mut hs = ClientHandshake {
+            hello: [0; CLIENT_HELLO_LEN],
+            cid: self.cid,
+            random: rng.array(),
+            mtu: mtu.max(MIN_MTU),
+            eph: StaticSecret::from(rng.array::<32>()),
+            token: [0; RETRY_TOKEN_LEN],
+            retries: 0,
+        };
+        hs.build_hello(psk);
+        hs
+    }
+
     fn build_hello(&mut self, psk: &Psk) {
         let hello = ClientHello {
             client_cid: self.cid,
@@ -216,9 +233,26 @@ impl ClientHandshake {
         Ok(true)
     }
 
-    /// The ClientHello datagram; the same bytes on every retransmission.
+    /// The ClientHello's fields, unpadded; the same bytes on every retransmission.
     pub fn hello(&self) -> &[u8] {
         &self.hello
+    }
+
+    /// Writes the ClientHello datagram into `buf`: the hello zero-padded to the largest UDP
+    /// payload of the offered MTU, so that its arrival proves the path carries that much.
+    /// Returns its length; `buf` must hold [`hello_datagram_len`] bytes.
+    pub fn write_datagram(&self, fam: AddrFamily, buf: &mut [u8]) -> usize {
+        let n = hello_datagram_len(self.mtu, fam);
+        buf[..CLIENT_HELLO_LEN].copy_from_slice(&self.hello);
+        buf[CLIENT_HELLO_LEN..n].fill(0);
+        n
+    }
+
+    /// [`write_datagram`](Self::write_datagram) into a new buffer.
+    pub fn datagram(&self, fam: AddrFamily) -> Vec<u8> {
+        let mut b = vec![0; hello_datagram_len(self.mtu, fam)];
+        self.write_datagram(fam, &mut b);
+        b
     }
 
     /// The client's connection id, chosen for the hello.
@@ -261,6 +295,14 @@ impl ClientHandshake {
                         "server mtu above the offered one",
                     )));
                 }
+                // The padding proves the way back carries the agreed size. IPv6's header
+                // size is assumed, the larger: a server on a dual-stack socket sees an IPv4
+                // client as IPv6 and pads 20 bytes less.
+                if mtu_proven_by(datagram.len(), AddrFamily::V6) < sh.mtu {
+                    return Err(HandshakeError::Malformed(WireError::BadValue(
+                        "server hello shorter than the mtu it agrees",
+                    )));
+                }
                 Ok(ClientEstablished {
                     server_cid: sh.server_cid,
                     mtu: sh.mtu,
@@ -297,24 +339,47 @@ pub struct ServerAccept {
     pub server_cid: Cid,
     /// The ClientHello's random, which identifies a repeated hello.
     pub client_random: [u8; 32],
-    /// Negotiated: min(client's, server's limit).
+    /// Negotiated: the least of the client's offer, the server's limit and what the hello's
+    /// size proved the path carries (never below `MIN_MTU`).
     pub mtu: u16,
-    /// The ServerHello to send. Cache it: a retransmitted ClientHello must get these same
+    /// The ServerHello's fields. Cache them: a retransmitted ClientHello must get these same
     /// bytes (calling `server_accept` again would make a new session).
     pub reply: [u8; SERVER_HELLO_LEN],
+    /// Length of the ServerHello datagram: `reply` zero-padded to the largest UDP payload of
+    /// the agreed MTU, never longer than the hello (see [`reply_datagram`]).
+    ///
+    /// [`reply_datagram`]: Self::reply_datagram
+    pub reply_len: usize,
     /// send = s2c, recv = c2s
     pub keys: SessionKeys,
 }
 
-/// Verifies a ClientHello and builds the ServerHello with fresh cid, random and ephemeral
-/// key. `mtu = min(client's, max_mtu)`, `max_mtu` raised to `MIN_MTU` if below.
+impl ServerAccept {
+    /// The ServerHello datagram: [`reply`](Self::reply) padded to
+    /// [`reply_len`](Self::reply_len).
+    pub fn reply_datagram(&self) -> Vec<u8> {
+        padded_reply(&self.reply, self.reply_len)
+    }
+}
+
+/// A ServerHello's fields zero-padded to `len` bytes.
+pub fn padded_reply(reply: &[u8; SERVER_HELLO_LEN], len: usize) -> Vec<u8> {
+    let mut b = vec![0; len.max(SERVER_HELLO_LEN)];
+    b[..SERVER_HELLO_LEN].copy_from_slice(reply);
+    b
+}
+
+/// Verifies a ClientHello datagram that came over `fam` and builds the ServerHello with
+/// fresh cid, random and ephemeral key. `mtu = min(client's, max_mtu, proven)`, where
+/// `proven` is what the datagram's own size shows the path carries; never below `MIN_MTU`.
 /// `BadMac` / `UnsupportedVersion` are worth a [`hello_reject`]; `Malformed` is dropped.
 pub fn server_accept(
     psk: &Psk,
     hello: &[u8],
     max_mtu: u16,
+    fam: AddrFamily,
 ) -> Result<ServerAccept, HandshakeError> {
-    server_accept_with(psk, hello, max_mtu, &mut Rng::os())
+    server_accept_with(psk, hello, max_mtu, fam, &mut Rng::os())
 }
 
 /// Checks a ClientHello's shape and MAC, the cheap part of [`server_accept`] (no key
@@ -335,10 +400,11 @@ pub fn server_accept_with(
     psk: &Psk,
     hello: &[u8],
     max_mtu: u16,
+    fam: AddrFamily,
     rng: &mut Rng,
 ) -> Result<ServerAccept, HandshakeError> {
     let ch = verify_client_hello(psk, hello)?;
-    accept_verified(psk, &ch, hello, max_mtu, rng)
+    accept_verified(psk, &ch, hello, max_mtu, fam, rng)
 }
 
 /// The key exchange of [`server_accept_with`] for a hello that [`verify_client_hello`]
@@ -348,15 +414,21 @@ pub fn accept_verified(
     ch: &ClientHello,
     hello: &[u8],
     max_mtu: u16,
+    fam: AddrFamily,
     rng: &mut Rng,
 ) -> Result<ServerAccept, HandshakeError> {
     let eph = StaticSecret::from(rng.array::<32>());
+    let mtu = ch
+        .mtu
+        .min(max_mtu)
+        .min(mtu_proven_by(hello.len(), fam))
+        .max(MIN_MTU);
     let mut sh = ServerHello {
         client_cid: ch.client_cid,
         server_cid: random_cid(rng),
         server_random: rng.array(),
         server_eph: PublicKey::from(&eph).to_bytes(),
-        mtu: ch.mtu.min(max_mtu.max(MIN_MTU)),
+        mtu,
         mac: [0; 32],
     };
     let s = schedule(
@@ -369,7 +441,7 @@ pub fn accept_verified(
     let unsigned = sh.encode();
     let mac = hmac::sign(
         &s.server_hello_key,
-        &server_hello_mac_input(hello, &unsigned),
+        &server_hello_mac_input(&hello[..CLIENT_HELLO_LEN], &unsigned),
     );
     sh.mac.copy_from_slice(mac.as_ref());
     Ok(ServerAccept {
@@ -378,6 +450,8 @@ pub fn accept_verified(
         client_random: ch.client_random,
         mtu: sh.mtu,
         reply: sh.encode(),
+        // Never longer than the hello: no amplification.
+        reply_len: hello_datagram_len(sh.mtu, fam).min(hello.len()),
         keys: SessionKeys {
             send: PacketKey::new(&s.s2c),
             recv: PacketKey::new(&s.c2s),

@@ -75,6 +75,9 @@ pub struct LinkParams {
     pub aggregate_us: u64,
     /// Bursty loss after the bottleneck, on top of `loss`.
     pub burst_loss: Option<GilbertElliott>,
+    /// The link's MTU: a bigger IP packet is dropped, as a router drops one with the
+    /// don't-fragment bit set (`None`: any size).
+    pub mtu: Option<usize>,
 }
 
 impl Default for LinkParams {
@@ -96,6 +99,7 @@ impl Default for LinkParams {
             jitter: None,
             aggregate_us: 0,
             burst_loss: None,
+            mtu: None,
         }
     }
 }
@@ -304,6 +308,10 @@ pub struct ClientResult {
     /// What its rate controller measured of the path at the end, when worth remembering
     /// (see [`RateControl::measured`](crate::cc::RateControl::measured)).
     pub measured: Option<crate::cc::PathMeasurement>,
+    /// The MTU its session agreed in the handshake.
+    pub mtu: u16,
+    /// When its handshake completed, µs of virtual time.
+    pub connected_us: Option<u64>,
 }
 
 /// What [`run`] saw: the outcome, the files as each side holds them, every side's counters
@@ -445,6 +453,7 @@ struct Link {
     random_losses: u64,
     aqm_drops: u64,
     policer_drops: u64,
+    too_big_drops: u64,
     /// Queueing delay of delivered datagrams, per 100 µs.
     queue_delay_hist: Vec<u64>,
     codel: Option<codel::CoDel>,
@@ -475,6 +484,7 @@ impl Link {
             random_losses: 0,
             aqm_drops: 0,
             policer_drops: 0,
+            too_big_drops: 0,
             queue_delay_hist: Vec::new(),
             codel: p.aqm.map(codel::CoDel::new),
             policer: p.policer.map(policer::Policer::new),
@@ -487,6 +497,10 @@ impl Link {
 
     /// Arrival times for a datagram entering the link at `now` (empty = dropped).
     fn send(&mut self, now: u64, len: usize, rng: &mut Rng) -> Vec<u64> {
+        if self.p.mtu.is_some_and(|m| len > m) {
+            self.too_big_drops += 1;
+            return vec![];
+        }
         if let Some(pol) = &mut self.policer {
             if !pol.pass(now, len as u64) {
                 self.policer_drops += 1;
@@ -784,13 +798,16 @@ impl Client {
     }
 
     /// Application logic: accept downloads, check them, note results.
-    fn on_events(&mut self) {
+    fn on_events(&mut self, now: u64) {
         let Some(conn) = self.conn.as_mut().filter(|_| !self.done) else {
             return;
         };
         while let Some(ev) = conn.poll_event() {
             match ev {
-                Event::Connected => {}
+                Event::Connected => {
+                    self.res.mtu = conn.mtu();
+                    self.res.connected_us.get_or_insert(now);
+                }
                 Event::Offered {
                     xfer, path, size, ..
                 } => {
@@ -1118,7 +1135,7 @@ pub fn run(sc: &Scenario) -> SimResult {
 
         // Application logic of both ends.
         for c in clients.iter_mut() {
-            c.on_events();
+            c.on_events(now);
         }
         for cid in server.cids() {
             let Some(c) = server.conn_mut(cid) else {

@@ -12,14 +12,18 @@ use std::ops::Range;
 /// 8: `MetaOp::Remove` (`cp -r --delete`).
 /// 9: the control stream selectively acknowledged (STREAM_ACK for stream 1).
 /// 10: the sharing policy in `Params`.
-pub const VERSION: u8 = 10;
+/// 11: hellos padded to the MTU they offer or agree: the padding proves the path carries it.
+pub const VERSION: u8 = 11;
 /// The first three bytes of every hello (ClientHello, ServerHello, HelloReject, HelloRetry):
 /// ASCII `HYT`.
 pub const MAGIC: [u8; 3] = *b"HYT";
-/// Size of a ClientHello, bytes: exactly this, padded, so any path of [`MIN_MTU`] carries it
-/// and every reply to it is smaller (no amplification).
+/// Size of a ClientHello's fields, bytes. On the wire it is zero-padded further, to the
+/// largest UDP payload of the MTU it offers ([`hello_datagram_len`]): a hello that arrives
+/// proves the path carries datagrams that big. Every reply is at most as big as the hello
+/// it answers (no amplification).
 pub const CLIENT_HELLO_LEN: usize = 1200;
-/// Size of a ServerHello, bytes.
+/// Size of a ServerHello's fields, bytes; zero-padded on the wire to the largest UDP payload
+/// of the MTU it agrees, which proves the way back.
 pub const SERVER_HELLO_LEN: usize = 120;
 /// Size of a HelloReject, bytes (the same in every version).
 pub const HELLO_REJECT_LEN: usize = 48;
@@ -84,6 +88,21 @@ pub fn udp_payload_limit(mtu: u16, fam: AddrFamily) -> usize {
         AddrFamily::V6 => 48,
     };
     (mtu as usize).saturating_sub(overhead)
+}
+
+/// Length of a hello datagram that offers or agrees `mtu`: the largest UDP payload of an IP
+/// packet that size, at least the hello's fields ([`CLIENT_HELLO_LEN`]).
+pub fn hello_datagram_len(mtu: u16, fam: AddrFamily) -> usize {
+    udp_payload_limit(mtu, fam).max(CLIENT_HELLO_LEN)
+}
+
+/// The largest MTU that a datagram of `len` bytes of UDP payload proves the path carries.
+pub fn mtu_proven_by(len: usize, fam: AddrFamily) -> u16 {
+    let overhead = match fam {
+        AddrFamily::V4 => 28,
+        AddrFamily::V6 => 48,
+    };
+    (len + overhead).min(u16::MAX as usize) as u16
 }
 
 /// File bytes per DATA block: what is left of a full datagram after the sealed header, the
@@ -1050,6 +1069,19 @@ fn check_hello_prefix(d: &[u8], len: usize, kind: u8) -> Result<(), WireError> {
     Ok(())
 }
 
+/// Magic, kind and version of a hello of at least `len` bytes whose bytes after `len` are
+/// zero (the padding that proves the path's MTU).
+fn check_padded_hello(d: &[u8], len: usize, kind: u8) -> Result<(), WireError> {
+    if d.len() < len {
+        return Err(WireError::Truncated);
+    }
+    check_hello_prefix(&d[..len], len, kind)?;
+    if d[len..].iter().any(|&b| b != 0) {
+        return Err(WireError::BadValue("non-zero hello padding"));
+    }
+    Ok(())
+}
+
 /// Length, magic and kind, whatever the version.
 fn check_hello_shape(d: &[u8], len: usize, kind: u8) -> Result<(), WireError> {
     check_len(d, len)?;
@@ -1129,10 +1161,11 @@ impl ClientHello {
         b
     }
 
-    /// Strict: exact length, magic, kind, version, zero padding, mtu ≥ 1280. Does not check
-    /// the MAC. A wrong version gives `UnsupportedVersion` (see [`client_hello_ids`]).
+    /// Strict: at least [`CLIENT_HELLO_LEN`] bytes, magic, kind, version, zero padding (inside
+    /// the fields and after them), mtu ≥ 1280. Does not check the MAC. A wrong version gives
+    /// `UnsupportedVersion` (see [`client_hello_ids`]).
     pub fn decode(d: &[u8]) -> Result<Self, WireError> {
-        check_hello_prefix(d, CLIENT_HELLO_LEN, KIND_CLIENT_HELLO)?;
+        check_padded_hello(d, CLIENT_HELLO_LEN, KIND_CLIENT_HELLO)?;
         if d[CLIENT_HELLO_PAD].iter().any(|&b| b != 0) {
             return Err(WireError::BadValue("non-zero hello padding"));
         }
@@ -1190,10 +1223,10 @@ impl ServerHello {
         b
     }
 
-    /// Strict: exact length, magic, kind, version, zero reserved byte, mtu ≥ 1280. Does not
-    /// check the MAC.
+    /// Strict: at least [`SERVER_HELLO_LEN`] bytes, magic, kind, version, zero reserved byte
+    /// and padding, mtu ≥ 1280. Does not check the MAC, nor that the padding proves the mtu.
     pub fn decode(d: &[u8]) -> Result<Self, WireError> {
-        check_hello_prefix(d, SERVER_HELLO_LEN, KIND_SERVER_HELLO)?;
+        check_padded_hello(d, SERVER_HELLO_LEN, KIND_SERVER_HELLO)?;
         if d[87] != 0 {
             return Err(WireError::BadValue("non-zero reserved byte"));
         }

@@ -26,17 +26,17 @@ fn transfer(tx: &PacketKey, rx: &PacketKey, pn: u64, msg: &[u8]) -> Option<Vec<u
 }
 
 fn accept(p: &Psk, hello: &[u8], max_mtu: u16) -> ServerAccept {
-    server_accept(p, hello, max_mtu).expect("server accepts")
+    server_accept(p, hello, max_mtu, AddrFamily::V4).expect("server accepts")
 }
 
 #[test]
 fn client_and_server_agree_on_keys() {
     let p = psk(1);
     let c = ClientHandshake::new(&p, 1500);
-    let s = accept(&p, c.hello(), 9000);
+    let s = accept(&p, &c.datagram(AddrFamily::V4), 9000);
     assert_eq!(s.client_cid, c.client_cid());
     assert_eq!(s.client_random[..], c.hello()[13..45]);
-    let e = c.handle(&p, &s.reply).expect("client accepts");
+    let e = c.handle(&p, &s.reply_datagram()).expect("client accepts");
     assert_eq!(e.server_cid, s.server_cid);
     assert_eq!((e.mtu, s.mtu), (1500, 1500));
 
@@ -63,19 +63,19 @@ fn every_session_gets_fresh_keys_and_ids() {
     assert_ne!(c1.hello(), c2.hello());
     // The hello is built once: retransmissions are byte-identical.
     assert_eq!(c1.hello(), c1.hello());
-    let s1 = accept(&p, c1.hello(), 1500);
-    let s2 = accept(&p, c2.hello(), 1500);
+    let s1 = accept(&p, &c1.datagram(AddrFamily::V4), 1500);
+    let s2 = accept(&p, &c2.datagram(AddrFamily::V4), 1500);
     assert_ne!(s1.server_cid, s2.server_cid);
     assert_eq!(transfer(&s1.keys.send, &s2.keys.send, 0, b"x"), None);
     // A replayed hello yields a distinct session: the server must cache its first reply.
-    let s1b = accept(&p, c1.hello(), 1500);
+    let s1b = accept(&p, &c1.datagram(AddrFamily::V4), 1500);
     assert_ne!(s1.reply, s1b.reply);
 }
 
 #[test]
 fn wrong_psk_is_rejected_with_auth_failed() {
     let c = ClientHandshake::new(&psk(1), 1500);
-    let err = server_accept(&psk(2), c.hello(), 1500).unwrap_err();
+    let err = server_accept(&psk(2), c.hello(), 1500, AddrFamily::V4).unwrap_err();
     assert!(matches!(err, HandshakeError::BadMac), "{err:?}");
     let rj = hello_reject(c.hello(), RejectReason::AuthFailed).expect("ids readable");
     assert_eq!(rj.len(), HELLO_REJECT_LEN);
@@ -108,10 +108,10 @@ fn server_with_other_key_cannot_complete() {
 fn tampered_server_hello_is_refused_and_genuine_one_still_works() {
     let p = psk(3);
     let c = ClientHandshake::new(&p, 1500);
-    let s = accept(&p, c.hello(), 1500);
+    let s = accept(&p, &c.datagram(AddrFamily::V4), 1500);
     for i in 0..SERVER_HELLO_LEN {
         for bit in [0x01u8, 0x80] {
-            let mut t = s.reply;
+            let mut t = s.reply_datagram();
             t[i] ^= bit;
             let r = c.handle(&p, &t);
             assert!(r.is_err(), "byte {i} bit {bit:#x} accepted");
@@ -123,7 +123,7 @@ fn tampered_server_hello_is_refused_and_genuine_one_still_works() {
         }
     }
     // Nothing was consumed by the failures.
-    let e = c.handle(&p, &s.reply).expect("genuine hello");
+    let e = c.handle(&p, &s.reply_datagram()).expect("genuine hello");
     assert_eq!(e.server_cid, s.server_cid);
     assert_eq!(
         transfer(&e.keys.send, &s.keys.recv, 1, b"ok").as_deref(),
@@ -141,13 +141,13 @@ fn server_hello_for_another_hello_is_refused() {
     let p = psk(3);
     let c1 = ClientHandshake::new(&p, 1500);
     let c2 = ClientHandshake::new(&p, 1500);
-    let s2 = accept(&p, c2.hello(), 1500);
+    let s2 = accept(&p, &c2.datagram(AddrFamily::V4), 1500);
     assert!(matches!(
-        c1.handle(&p, &s2.reply),
+        c1.handle(&p, &s2.reply_datagram()),
         Err(HandshakeError::UnexpectedPacket)
     ));
     // Same cid spliced in: the MAC (over our hello) still fails.
-    let mut spliced = s2.reply;
+    let mut spliced = s2.reply_datagram();
     spliced[5..13].copy_from_slice(&u64::from(c1.client_cid()).to_be_bytes());
     assert!(matches!(
         c1.handle(&p, &spliced),
@@ -187,8 +187,8 @@ fn forged_rejects_are_ignored() {
         Err(HandshakeError::Malformed(_))
     ));
     // The genuine path still works afterwards.
-    let s = accept(&p, c.hello(), 1500);
-    assert!(c.handle(&p, &s.reply).is_ok());
+    let s = accept(&p, &c.datagram(AddrFamily::V4), 1500);
+    assert!(c.handle(&p, &s.reply_datagram()).is_ok());
 }
 
 #[test]
@@ -230,10 +230,10 @@ fn mtu_negotiation() {
         let c = ClientHandshake::new(&p, client);
         let hello_mtu = u16::from_be_bytes([c.hello()[77], c.hello()[78]]);
         assert_eq!(hello_mtu, client.max(MIN_MTU));
-        let s = accept(&p, c.hello(), server);
+        let s = accept(&p, &c.datagram(AddrFamily::V4), server);
         assert_eq!(s.mtu, expect, "{client} {server}");
         assert_eq!(u16::from_be_bytes([s.reply[85], s.reply[86]]), expect);
-        assert_eq!(c.handle(&p, &s.reply).unwrap().mtu, expect);
+        assert_eq!(c.handle(&p, &s.reply_datagram()).unwrap().mtu, expect);
     }
 }
 
@@ -244,13 +244,16 @@ fn malformed_client_hellos() {
     let h = c.hello();
     let malformed = |d: &[u8]| {
         matches!(
-            server_accept(&p, d, 1500),
+            server_accept(&p, d, 1500, AddrFamily::V4),
             Err(HandshakeError::Malformed(_))
         )
     };
     assert!(malformed(&h[..1199]));
+    // Bytes after the fields are padding (it proves the path's MTU): zeros only.
     let mut long = h.to_vec();
-    long.push(0);
+    long.extend([0; 300]);
+    assert!(!malformed(&long));
+    long.push(1);
     assert!(malformed(&long));
     let mut pad = h.to_vec();
     pad[500] = 1;
@@ -270,7 +273,10 @@ fn malformed_client_hellos() {
         let mut t = h.to_vec();
         t[i] ^= 0x01;
         assert!(
-            matches!(server_accept(&p, &t, 1500), Err(HandshakeError::BadMac)),
+            matches!(
+                server_accept(&p, &t, 1500, AddrFamily::V4),
+                Err(HandshakeError::BadMac)
+            ),
             "byte {i}"
         );
     }
@@ -285,7 +291,7 @@ fn unsupported_version_gets_a_version_reject() {
     let mut h = c.hello().to_vec();
     h[4] = VERSION + 1;
     assert!(matches!(
-        server_accept(&p, &h, 1500),
+        server_accept(&p, &h, 1500, AddrFamily::V4),
         Err(HandshakeError::UnsupportedVersion(v)) if v == VERSION + 1
     ));
     assert_eq!(
@@ -313,7 +319,7 @@ fn client_hello_layout_is_byte_exact() {
     assert_eq!(h.len(), 1200);
     assert_eq!(&h[0..3], b"HYT");
     assert_eq!(h[3], 0x01);
-    assert_eq!(h[4], 0x0a);
+    assert_eq!(h[4], 0x0b);
     assert_eq!(h[5..13], u64::from(c.client_cid()).to_be_bytes());
     assert_eq!(h[77..79], [0x23, 0x45]);
     assert!(h[79..1168].iter().all(|&b| b == 0));
@@ -330,7 +336,7 @@ fn client_hello_layout_is_byte_exact() {
     };
     let b = ch.encode();
     assert_eq!(b.len(), CLIENT_HELLO_LEN);
-    assert_eq!(&b[..5], b"HYT\x01\x0a");
+    assert_eq!(&b[..5], b"HYT\x01\x0b");
     assert_eq!(b[5..13], [0, 0, 0, 0, 5, 6, 7, 8]);
     assert_eq!(b[13..45], [0xaa; 32]);
     assert_eq!(b[45..77], [0xbb; 32]);
@@ -360,7 +366,7 @@ fn server_hello_and_reject_layouts_are_byte_exact() {
     };
     let b = sh.encode();
     assert_eq!(b.len(), 120);
-    assert_eq!(&b[..5], b"HYT\x02\x0a");
+    assert_eq!(&b[..5], b"HYT\x02\x0b");
     assert_eq!(b[5..13], [0, 0, 0, 0, 5, 6, 7, 8]);
     assert_eq!(b[13..21], [0, 0, 0, 0, 0x15, 0x16, 0x17, 0x18]);
     assert_eq!(b[21..53], [0xaa; 32]);
@@ -384,7 +390,7 @@ fn server_hello_and_reject_layouts_are_byte_exact() {
     };
     let b = rj.encode();
     assert_eq!(b.len(), 48);
-    assert_eq!(&b[..5], b"HYT\x04\x0a");
+    assert_eq!(&b[..5], b"HYT\x04\x0b");
     assert_eq!(b[5..13], [1, 2, 3, 4, 5, 6, 7, 8]);
     assert_eq!(b[13..45], [0xaa; 32]);
     assert_eq!(b[45], 3);
@@ -392,14 +398,14 @@ fn server_hello_and_reject_layouts_are_byte_exact() {
     assert_eq!(HelloReject::decode(&b).unwrap(), rj);
     // Any version's reject is read: a newer server can say what it wants.
     let mut newer = b;
-    newer[4] = 11;
+    newer[4] = VERSION + 1;
     assert_eq!(HelloReject::decode(&newer).unwrap(), rj);
 
     // A real reply has the same shape.
     let p = psk(10);
     let c = ClientHandshake::new(&p, 1500);
-    let s = accept(&p, c.hello(), 1500);
-    assert_eq!(&s.reply[..5], b"HYT\x02\x0a");
+    let s = accept(&p, &c.datagram(AddrFamily::V4), 1500);
+    assert_eq!(&s.reply[..5], b"HYT\x02\x0b");
     assert_eq!(s.reply[5..13], u64::from(c.client_cid()).to_be_bytes());
     assert_eq!(s.reply[13..21], u64::from(s.server_cid).to_be_bytes());
     assert_eq!(s.reply[87], 0);
@@ -504,7 +510,90 @@ fn low_order_ephemeral_is_refused() {
     let tag = hmac::sign(&hello_key(&p), &hello[..1168]);
     hello[1168..].copy_from_slice(tag.as_ref());
     assert!(matches!(
-        server_accept(&p, &hello, 1500),
+        server_accept(&p, &hello, 1500, AddrFamily::V4),
         Err(HandshakeError::Malformed(_))
     ));
+}
+
+/// Path MTU discovery is folded into the handshake: each hello is padded to the MTU it
+/// offers or agrees, so its arrival proves the path carries datagrams that big.
+#[test]
+fn the_hellos_padding_proves_the_mtu_each_way() {
+    use AddrFamily::{V4, V6};
+    let p = psk(13);
+    let c = ClientHandshake::new(&p, 9000);
+    let d = c.datagram(V4);
+    assert_eq!(d.len(), 9000 - 28);
+    assert_eq!(&d[..CLIENT_HELLO_LEN], c.hello());
+    let s = accept(&p, &d, u16::MAX);
+    assert_eq!(s.mtu, 9000);
+    assert_eq!(s.reply_datagram().len(), 9000 - 28);
+    assert_eq!(c.handle(&p, &s.reply_datagram()).unwrap().mtu, 9000);
+
+    // Only 1472 bytes of it came (a path of 1500): the server agrees what the size proved,
+    // and its reply, never longer than the hello, proves the same back.
+    let s = accept(&p, &d[..1472], u16::MAX);
+    assert_eq!((s.mtu, s.reply_len), (1500, 1472));
+    assert_eq!(c.handle(&p, &s.reply_datagram()).unwrap().mtu, 1500);
+
+    // A reply is never longer than the hello it answers: no amplification.
+    for len in [1232, 1252, 1400, 1472, 4000, 8972] {
+        for fam in [V4, V6] {
+            let s = server_accept(&p, &d[..len], u16::MAX, fam).unwrap();
+            assert!(s.reply_len <= len, "{len} {fam:?}");
+            assert!(s.mtu >= MIN_MTU);
+        }
+    }
+
+    // A ServerHello without the padding its mtu needs proves nothing of the way back.
+    let s = accept(&p, &d, u16::MAX);
+    assert!(matches!(
+        c.handle(&p, &s.reply),
+        Err(HandshakeError::Malformed(_))
+    ));
+    assert!(matches!(
+        c.handle(&p, &s.reply_datagram()[..4000]),
+        Err(HandshakeError::Malformed(_))
+    ));
+    // Nor does non-zero padding pass.
+    let mut r = s.reply_datagram();
+    *r.last_mut().unwrap() = 1;
+    assert!(matches!(
+        c.handle(&p, &r),
+        Err(HandshakeError::Malformed(_))
+    ));
+
+    // IPv6: 48 bytes of headers.
+    let d6 = c.datagram(V6);
+    assert_eq!(d6.len(), 9000 - 48);
+    let s = server_accept(&p, &d6, u16::MAX, V6).unwrap();
+    assert_eq!((s.mtu, s.reply_len), (9000, 9000 - 48));
+    assert_eq!(c.handle(&p, &s.reply_datagram()).unwrap().mtu, 9000);
+    // A dual-stack server sees an IPv4 client as IPv6 and pads 20 bytes less: still taken.
+    let s = server_accept(&p, &d, u16::MAX, V6).unwrap();
+    assert_eq!((s.mtu, s.reply_len), (9000, 9000 - 48));
+    assert_eq!(c.handle(&p, &s.reply_datagram()).unwrap().mtu, 9000);
+}
+
+/// A smaller attempt of the same handshake: the same cid, a new random and key, so a
+/// server answers it as a new hello; each attempt takes only the replies to its own hello.
+#[test]
+fn a_smaller_attempt_is_a_new_hello_with_the_same_cid() {
+    let p = psk(14);
+    let big = ClientHandshake::new(&p, 9000);
+    let small = big.retry_smaller(&p, 1500, &mut hayate_proto::rng::Rng::os());
+    assert_eq!(big.client_cid(), small.client_cid());
+    assert_eq!(small.mtu(), 1500);
+    assert_ne!(big.hello()[13..45], small.hello()[13..45]);
+    let s_small = accept(&p, &small.datagram(AddrFamily::V4), u16::MAX);
+    let s_big = accept(&p, &big.datagram(AddrFamily::V4), u16::MAX);
+    assert!(matches!(
+        big.handle(&p, &s_small.reply_datagram()),
+        Err(HandshakeError::BadMac)
+    ));
+    assert_eq!(
+        small.handle(&p, &s_small.reply_datagram()).unwrap().mtu,
+        1500
+    );
+    assert_eq!(big.handle(&p, &s_big.reply_datagram()).unwrap().mtu, 9000);
 }

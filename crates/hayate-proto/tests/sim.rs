@@ -396,3 +396,50 @@ fn flows_at_one_full_queue_lose_alike() {
         "retransmitted {lost:.3?}"
     );
 }
+
+/// The handshake finds the path's MTU: each hello is padded to the MTU it offers, and a
+/// path that drops big datagrams (as a router drops an IP packet over its MTU with the
+/// don't-fragment bit set) answers a smaller attempt one retransmission later.
+#[test]
+fn the_handshake_finds_what_the_path_carries() {
+    // (client's limit, forward MTU, reverse MTU, one-way delay) -> agreed MTU.
+    let cases = [
+        (9000, None, None, 10_000, 9000),
+        (9000, Some(1500), Some(1500), 10_000, 1500),
+        (9000, Some(1420), None, 10_000, 1400),
+        // The way back is narrower than the way out: the padded ServerHello proves it.
+        (9000, None, Some(1500), 10_000, 1500),
+        (1500, Some(1300), Some(1300), 10_000, 1280),
+        // A long path: the first retransmission (200 ms) comes before the big attempt's
+        // answer could, yet that answer still arrives first and wins.
+        (9000, None, None, 125_000, 9000),
+    ];
+    for (i, (limit, fwd, rev, delay_us, expect)) in cases.into_iter().enumerate() {
+        let mut sc = Scenario::new(500 + i as u64);
+        sc.client.mtu = limit;
+        sc.server.mtu = u16::MAX;
+        sc.forward.mtu = fwd;
+        sc.forward.delay_us = delay_us;
+        sc.reverse.mtu = rev;
+        sc.reverse.delay_us = delay_us;
+        sc.uploads = vec![("up.bin".into(), data(i as u64, 300_000))];
+        sc.downloads = vec![("down.bin".into(), data(50 + i as u64, 300_000))];
+        let r = check(&sc);
+        let own = &r.clients[0];
+        assert_eq!(own.mtu, expect, "case {i}");
+        // Each rung of the ladder that failed cost one retransmission interval: the k-th
+        // attempt first goes out at 0, 200, 600, 1400 ms.
+        let failed = [9000u16, 1500, 1400, 1280]
+            .iter()
+            .filter(|&&m| m > expect && m <= limit)
+            .count();
+        let budget = 2 * delay_us + [0, 200_000, 600_000, 1_400_000][failed] + 5_000;
+        let connected = own.connected_us.expect("connected");
+        assert!(
+            connected <= budget,
+            "case {i}: connected at {connected} µs, budget {budget}"
+        );
+        // Nothing the session sent after the handshake was too big for the path.
+        assert_eq!(r.client.data_packets_retransmitted, 0, "case {i}");
+    }
+}

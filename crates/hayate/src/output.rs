@@ -349,6 +349,9 @@ pub fn report_json(r: &Report) -> serde_json::Value {
     put("reused_bytes", json!(r.reused_bytes()));
     put("data_bytes_sent", json!(s.data_bytes_sent));
     put("transport", json!(if r.via_stream { "ssh" } else { "udp" }));
+    if s.mtu > 0 {
+        put("mtu", json!(s.mtu));
+    }
     put("seconds", json!(r.seconds));
     if r.seconds > 0.0 {
         put("goodput_bps", json!(moved as f64 * 8.0 / r.seconds));

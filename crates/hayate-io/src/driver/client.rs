@@ -1869,7 +1869,11 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
     let conn = if via_stream {
         new_conn(&stream_cfg, &opts.psk, peer, Instant::now())
     } else {
-        new_conn(&opts.proto, &opts.psk, peer, Instant::now())
+        let cfg = Config {
+            mtu: crate::udp::mtu_toward(opts.proto.mtu, peer),
+            ..opts.proto.clone()
+        };
+        new_conn(&cfg, &opts.psk, peer, Instant::now())
     };
     let mut net = Net::one(links, conn, peer);
     let mut c = Client {

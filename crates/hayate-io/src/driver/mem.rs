@@ -624,7 +624,11 @@ pub fn run_client(
     } else {
         AddrFamily::V6
     };
-    let conn = Connection::client(opts.proto.clone(), &opts.psk, fam, Instant::now());
+    let cfg = Config {
+        mtu: crate::udp::mtu_toward(opts.proto.mtu, server),
+        ..opts.proto.clone()
+    };
+    let conn = Connection::client(cfg, &opts.psk, fam, Instant::now());
     let mut net = Net::one(Links::new(Some(sock), None), conn, server);
     let mut p = Probe {
         test,

@@ -508,7 +508,11 @@ pub fn run(
     } else {
         AddrFamily::V6
     };
-    let conn = Connection::client(opts.proto.clone(), &opts.psk, fam, Instant::now());
+    let cfg = Config {
+        mtu: crate::udp::mtu_toward(opts.proto.mtu, opts.addr),
+        ..opts.proto.clone()
+    };
+    let conn = Connection::client(cfg, &opts.psk, fam, Instant::now());
     let mut net = Net::one(Links::new(Some(sock), None), conn, opts.addr);
     let mut c = TunnelClient {
         pump: None,

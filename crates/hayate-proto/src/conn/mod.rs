@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use crate::cc::{Feedback, RateConfig, RememberedPath};
 use crate::control::{Ctrl, CtrlRecv, CtrlSend};
 use crate::crypto::{Psk, ReplayWindow};
-use crate::handshake::ClientHandshake;
 use crate::pacer::Pacer;
 use crate::rng::Rng;
 use crate::rtt::RttEstimator;
@@ -39,7 +38,7 @@ pub use transfers::{FileOffer, MAX_INCOMING_BLOCKS, MAX_OPEN_INCOMING};
 
 use paths::PathData;
 use spaces::{PacketSpace, ACK_EVERY};
-use state::State;
+use state::{Hello, State};
 use streams::ControlStream;
 use timers::Timers;
 use transfers::Transfers;
@@ -221,8 +220,8 @@ impl Connection {
         now: Instant,
         rng: &mut Rng,
     ) -> Self {
-        let hs = ClientHandshake::with_rng(psk, cfg.mtu, rng);
         let deadline_us = cfg.connect_timeout.as_micros() as u64;
+        let hello = Hello::new(psk, cfg.mtu, rng, deadline_us);
         let (rate_max, rate_min, adaptive, policy) = cfg.rate.to_params();
         let mut c = Connection::base(Side::Client, cfg, psk.clone(), fam, now);
         c.ctrl.tx.push(&Ctrl::Params {
@@ -231,13 +230,8 @@ impl Connection {
             adaptive,
             policy,
         });
-        c.my_cid = hs.client_cid();
-        c.state = State::Handshake {
-            hs: Box::new(hs),
-            next_send_us: 0,
-            backoff_us: 200_000,
-            deadline_us,
-        };
+        c.my_cid = hello.attempts[0].client_cid();
+        c.state = State::Handshake(Box::new(hello));
         c
     }
 
@@ -446,21 +440,10 @@ impl Connection {
     ) -> Option<usize> {
         let now_us = self.now_us(now);
         match &mut self.state {
-            State::Handshake {
-                hs,
-                next_send_us,
-                backoff_us,
-                ..
-            } => {
-                if now_us < *next_send_us {
-                    return None;
-                }
-                let hello = hs.hello();
-                buf[..hello.len()].copy_from_slice(hello);
-                *next_send_us = now_us + *backoff_us;
-                *backoff_us = (*backoff_us * 2).min(1_000_000);
+            State::Handshake(h) => {
+                let n = h.poll_send(now_us)?.write_datagram(self.path.fam, buf);
                 self.stats.packets_sent += 1;
-                return Some(hello.len());
+                return Some(n);
             }
             State::Closed | State::AwaitConfirm => return None,
             State::Draining { .. } => {

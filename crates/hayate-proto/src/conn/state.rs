@@ -13,12 +13,7 @@ use super::{Connection, Event};
 
 pub(super) enum State {
     /// Client waiting for the ServerHello.
-    Handshake {
-        hs: Box<ClientHandshake>,
-        next_send_us: u64,
-        backoff_us: u64,
-        deadline_us: u64,
-    },
+    Handshake(Box<Hello>),
     /// Server: keys agreed, waiting for the client's first sealed packet.
     AwaitConfirm,
     Established,
@@ -27,6 +22,88 @@ pub(super) enum State {
         until_us: u64,
     },
     Closed,
+}
+
+/// The MTUs a client tries in turn, largest first: its own limit, then the sizes common
+/// paths are limited to (Ethernet's 1500, tunnels' around 1400), then the protocol's floor.
+pub(super) fn mtu_ladder(mtu: u16) -> Vec<u16> {
+    let mut v = vec![mtu.max(wire::MIN_MTU)];
+    for m in [1500, 1400, wire::MIN_MTU] {
+        if m < *v.last().expect("not empty") {
+            v.push(m);
+        }
+    }
+    v
+}
+
+/// A client's handshake in flight: path MTU discovery folded into it. Each hello is padded
+/// to the MTU it offers, so the path carries it or drops it; one whose answer does not come
+/// back by the next retransmission is joined by another attempt one rung down the ladder
+/// ([`mtu_ladder`]), and every attempt so far goes out again at each retransmission. The
+/// first ServerHello to arrive wins: on a long path the big attempt's answer still comes
+/// first, a path that drops big datagrams answers the smaller one. The attempts share the
+/// client's cid; the server sees each as a new hello (its random differs) and forgets the
+/// ones never confirmed.
+pub(super) struct Hello {
+    /// One per rung of the ladder, drawn up front (a seeded run repeats exactly).
+    pub(super) attempts: Vec<ClientHandshake>,
+    /// How many attempts are in play (the first this many).
+    pub(super) offered: usize,
+    /// Attempts to send now, in order.
+    pub(super) due: Vec<usize>,
+    pub(super) next_send_us: u64,
+    pub(super) backoff_us: u64,
+    pub(super) deadline_us: u64,
+}
+
+impl Hello {
+    pub(super) fn new(
+        psk: &crate::crypto::Psk,
+        mtu: u16,
+        rng: &mut crate::rng::Rng,
+        deadline_us: u64,
+    ) -> Self {
+        let ladder = mtu_ladder(mtu);
+        let first = ClientHandshake::with_rng(psk, ladder[0], rng);
+        let mut attempts = vec![];
+        for &m in &ladder[1..] {
+            attempts.push(first.retry_smaller(psk, m, rng));
+        }
+        attempts.insert(0, first);
+        Hello {
+            attempts,
+            offered: 0,
+            due: vec![],
+            next_send_us: 0,
+            backoff_us: 200_000,
+            deadline_us,
+        }
+    }
+
+    /// The attempt to send now, if one is due: at each retransmission time the ladder
+    /// gains a rung and every attempt in play is queued.
+    pub(super) fn poll_send(&mut self, now_us: u64) -> Option<&ClientHandshake> {
+        if self.due.is_empty() {
+            if now_us < self.next_send_us {
+                return None;
+            }
+            self.offered = (self.offered + 1).min(self.attempts.len());
+            self.due = (0..self.offered).collect();
+            self.next_send_us = now_us + self.backoff_us;
+            self.backoff_us = (self.backoff_us * 2).min(1_000_000);
+        }
+        let i = self.due.remove(0);
+        Some(&self.attempts[i])
+    }
+
+    /// When the next hello goes out.
+    pub(super) fn next_send_us(&self, now_us: u64) -> u64 {
+        if self.due.is_empty() {
+            self.next_send_us
+        } else {
+            now_us
+        }
+    }
 }
 
 /// How long a closed session keeps answering stragglers with its CLOSE, µs.
@@ -69,7 +146,7 @@ impl Connection {
         if self.is_draining() {
             return;
         }
-        if self.space.keys.is_some() && !matches!(self.state, State::Handshake { .. }) {
+        if self.space.keys.is_some() && !matches!(self.state, State::Handshake(_)) {
             self.close_frame = Some((code, reason.to_string()));
             self.state = State::Draining {
                 until_us: now_us + DRAIN_US,
@@ -82,53 +159,83 @@ impl Connection {
     }
 
     /// A datagram while the client waits for the ServerHello: a HelloRetry, the ServerHello
-    /// (or the server's refusal), or noise. `None` when the handshake is over; else whether
-    /// the datagram was taken (see [`handle_datagram`](Self::handle_datagram)).
+    /// (or the server's refusal), or noise, for any of the attempts in play. `None` when the
+    /// handshake is over; else whether the datagram was taken (see
+    /// [`handle_datagram`](Self::handle_datagram)).
     pub(super) fn handle_handshake_datagram(&mut self, now_us: u64, data: &[u8]) -> Option<bool> {
-        let State::Handshake {
-            hs, next_send_us, ..
-        } = &mut self.state
-        else {
+        let State::Handshake(h) = &mut self.state else {
             return None;
         };
+        // The attempts share a cid: which one a reply answers shows in its MAC or echoed
+        // random, so an attempt it is not for says BadMac and the next is asked.
+        let mut last = HandshakeError::UnexpectedPacket;
         if wire::peek_kind(data) == Ok(wire::PacketKind::HelloRetry) {
-            match hs.handle_retry(&self.psk, data) {
-                Ok(true) => {
-                    // Answer at once: the server holds no state for us meanwhile.
-                    *next_send_us = now_us;
-                    self.stats.hello_retries += 1;
+            for i in 0..h.attempts.len() {
+                match h.attempts[i].handle_retry(&self.psk, data) {
+                    Ok(true) => {
+                        // Answer at once: the server holds no state for us meanwhile.
+                        if !h.due.contains(&i) {
+                            h.due.push(i);
+                        }
+                        self.stats.hello_retries += 1;
+                        return Some(false);
+                    }
+                    Ok(false) => {
+                        self.stats.dropped_unexpected += 1;
+                        return Some(false);
+                    }
+                    Err(e @ (HandshakeError::BadMac | HandshakeError::UnexpectedPacket)) => {
+                        last = e
+                    }
+                    Err(e) => {
+                        last = e;
+                        break;
+                    }
                 }
-                Ok(false) => self.stats.dropped_unexpected += 1,
-                Err(HandshakeError::BadMac) => self.stats.dropped_auth += 1,
-                Err(_) => self.stats.dropped_malformed += 1,
             }
+            self.count_handshake_drop(&last);
             return Some(false);
         }
-        match hs.handle(&self.psk, data) {
-            Ok(est) => {
-                self.on_server_hello(now_us, est);
-                return Some(true);
+        for hs in &h.attempts {
+            match hs.handle(&self.psk, data) {
+                Ok(est) => {
+                    self.on_server_hello(now_us, est);
+                    return Some(true);
+                }
+                Err(HandshakeError::Rejected(r)) => {
+                    let reason = match r {
+                        wire::RejectReason::AuthFailed => {
+                            "the server refused our key (authentication failed): \
+                             client and server key files differ"
+                        }
+                        wire::RejectReason::VersionUnsupported => {
+                            "the server does not speak this protocol version"
+                        }
+                        wire::RejectReason::Busy => "the server is busy",
+                    };
+                    self.state = State::Closed;
+                    self.events.push_back(Event::Closed {
+                        error: Some(reason.to_string()),
+                    });
+                    return Some(false);
+                }
+                Err(e @ (HandshakeError::BadMac | HandshakeError::UnexpectedPacket)) => last = e,
+                Err(e) => {
+                    last = e;
+                    break;
+                }
             }
-            Err(HandshakeError::Rejected(r)) => {
-                let reason = match r {
-                    wire::RejectReason::AuthFailed => {
-                        "the server refused our key (authentication failed): \
-                         client and server key files differ"
-                    }
-                    wire::RejectReason::VersionUnsupported => {
-                        "the server does not speak this protocol version"
-                    }
-                    wire::RejectReason::Busy => "the server is busy",
-                };
-                self.state = State::Closed;
-                self.events.push_back(Event::Closed {
-                    error: Some(reason.to_string()),
-                });
-            }
-            Err(HandshakeError::BadMac) => self.stats.dropped_auth += 1,
-            Err(_) => self.stats.dropped_malformed += 1,
         }
+        self.count_handshake_drop(&last);
         Some(false)
+    }
+
+    fn count_handshake_drop(&mut self, e: &HandshakeError) {
+        match e {
+            HandshakeError::BadMac => self.stats.dropped_auth += 1,
+            HandshakeError::UnexpectedPacket => self.stats.dropped_unexpected += 1,
+            _ => self.stats.dropped_malformed += 1,
+        }
     }
 
     /// Client: the server proved the key; the session takes the agreed MTU and keys.

@@ -45,6 +45,9 @@ pub struct Stats {
     pub rtt_sampled: bool,
     /// Current pacing rate, bytes/s (0 = unpaced).
     pub pacing_rate: u64,
+    /// The path MTU the handshake agreed (largest IP packet, bytes); before it, the one
+    /// offered.
+    pub mtu: u16,
     /// Sending time the host took away (woken late with data waiting), in bytes at the
     /// pacing rate; the pacer pays it back (see `pacer`).
     pub send_time_lost_bytes: u64,
@@ -87,6 +90,7 @@ impl Connection {
         s.min_rtt_us = self.path.rtt.min();
         s.rtt_sampled = self.path.rtt.has_sample();
         s.pacing_rate = self.path.pacer.rate().unwrap_or(0);
+        s.mtu = self.path.mtu;
         s.send_time_lost_bytes = self.path.pacer.lost_bytes();
         s
     }

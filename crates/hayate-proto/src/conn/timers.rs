@@ -25,13 +25,9 @@ impl Connection {
         let mut t: Option<u64> = None;
         let mut min = |x: u64| t = Some(t.map_or(x, |y: u64| y.min(x)));
         match &self.state {
-            State::Handshake {
-                next_send_us,
-                deadline_us,
-                ..
-            } => {
-                min(*next_send_us);
-                min(*deadline_us);
+            State::Handshake(h) => {
+                min(h.next_send_us(now_us));
+                min(h.deadline_us);
             }
             State::Closed => return None,
             State::Draining { until_us } => {
@@ -103,8 +99,8 @@ impl Connection {
     pub fn handle_timeout(&mut self, now: Instant) {
         let now_us = self.now_us(now);
         match &mut self.state {
-            State::Handshake { deadline_us, .. } => {
-                if now_us >= *deadline_us {
+            State::Handshake(h) => {
+                if now_us >= h.deadline_us {
                     let secs = self.cfg.connect_timeout.as_secs_f64();
                     self.state = State::Closed;
                     self.events.push_back(Event::Closed {

@@ -75,8 +75,8 @@ pub struct TunnelArgs {
     /// How to share a bottleneck with other traffic: `fair` or `low` (see `hayate cp`)
     #[arg(long, default_value = "fair", value_parser = crate::cmd::cp::parse_policy, value_name = "fair|low")]
     pub policy: hayate_proto::cc::Policy,
-    /// Path MTU in bytes: no datagram is bigger
-    #[arg(long, default_value_t = 1500, value_parser = clap::value_parser!(u16).range(1280..))]
+    /// Largest IP packet to send, bytes; less when the path carries less (see `hayate cp`)
+    #[arg(long, default_value_t = crate::cmd::cp::MTU_LIMIT, value_parser = clap::value_parser!(u16).range(1280..))]
     pub mtu: u16,
     /// IPv4 only (ssh and UDP)
     #[arg(short = '4', conflicts_with = "ipv6")]
