@@ -477,6 +477,7 @@ impl Connection {
             State::Established => {}
         }
 
+        self.arm_pto_if_quiet(now_us);
         if std::mem::take(&mut self.xfers.hash_work) {
             self.finish_hashes(src);
         }
