@@ -326,6 +326,11 @@ impl FarEnd {
         }
     }
 
+    /// Being opened or open: the session carries (or is about to carry) a stream.
+    pub(crate) fn is_live(&self) -> bool {
+        !matches!(self, FarEnd::Failed)
+    }
+
     pub(crate) fn wait_fds(&self) -> Vec<(BorrowedFd<'_>, libc::c_short)> {
         match self {
             FarEnd::Connecting { sock, .. } => vec![(sock.as_fd(), libc::POLLOUT)],

@@ -191,6 +191,11 @@ impl Connection {
         self.timers.keep_alive = on;
     }
 
+    /// Whether [`keep_alive`](Self::keep_alive) is on.
+    pub fn keeps_alive(&self) -> bool {
+        self.timers.keep_alive
+    }
+
     /// When the next keep-alive PING is due, if one is.
     /// Also while a download has been asked for and not answered: the request itself is
     /// retransmitted until acknowledged (the control stream), but the server may take long
