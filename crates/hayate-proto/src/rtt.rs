@@ -16,6 +16,9 @@ pub struct RttEstimator {
     min: u64,
 }
 
+/// The least variation a probe timeout allows for (RFC 9002's kGranularity): timers
+/// are not more precise than this.
+const GRANULARITY_US: u64 = 1_000;
 /// Before any sample: a conservative guess for a long path.
 pub const INITIAL_RTT_US: u64 = 200_000;
 /// How long a minimum RTT sample stays authoritative: long enough that a flow's queue
@@ -113,9 +116,12 @@ impl RttEstimator {
         }
     }
 
-    /// Probe timeout: how long silence may last before we poke the peer.
-    pub fn pto(&self) -> u64 {
-        (self.srtt() + 4 * self.rttvar).max(5_000)
+    /// Probe timeout (RFC 9002 §6.2.1): how long an answer to a packet may take before we
+    /// poke the peer. `max_ack_delay_us` is how long the peer may hold its ACK: the samples
+    /// have it taken out, so without it a steady path (RTTVAR near zero) would probe every
+    /// delayed ACK.
+    pub fn pto(&self, max_ack_delay_us: u64) -> u64 {
+        self.srtt() + (4 * self.rttvar).max(GRANULARITY_US) + max_ack_delay_us
     }
 }
 
@@ -132,7 +138,7 @@ mod tests {
         }
         assert!((49_000..53_000).contains(&r.srtt()));
         assert_eq!(r.min(), 50_000);
-        assert!(r.pto() >= r.srtt());
+        assert!(r.pto(5_000) >= r.srtt() + 5_000 + GRANULARITY_US);
     }
 
     /// An old minimum is forgotten within the window, and the next one is the least of the

@@ -1,6 +1,7 @@
 //! `hayate tunnel` as ssh's ProxyCommand, through a real OpenSSH server on loopback (started
 //! per test with throwaway keys): commands and exit statuses, rsync, scp and sftp byte-exact,
-//! an interactive session, a slow reader, far-side errors, the UDP-blocked fallback.
+//! an interactive session, a slow reader, far-side errors, a broken standard output, the
+//! UDP-blocked fallback.
 //! Skipped, saying so, where sshd cannot run.
 
 mod common;
@@ -410,6 +411,50 @@ fn far_side_errors_are_clear() {
         err.contains("hayate is not installed on 127.0.0.1"),
         "{err}"
     );
+}
+
+/// The tunnel's standard output breaks while its standard input stays open (sshd's banner,
+/// the first thing it says, cannot be written): the tunnel ends at once, saying why in one
+/// line, with a failure status, instead of running on until a signal.
+#[test]
+fn a_broken_standard_output_is_a_clear_error() {
+    let fx = fx!();
+    let mut child = fx
+        .tunnel(fx.sshd.port())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stdin = child.stdin.take();
+    drop(child.stdout.take());
+    let mut err = child.stderr.take().unwrap();
+    let t = thread::spawn(move || {
+        let mut v = Vec::new();
+        let _ = err.read_to_end(&mut v);
+        v
+    });
+    let limit = Duration::from_secs(30);
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "the tunnel ran on for {limit:?}; stderr: {}",
+                text(&t.join().unwrap())
+            );
+        }
+        thread::sleep(Duration::from_millis(10));
+    };
+    drop(stdin);
+    let err = text(&t.join().unwrap());
+    assert_eq!(status.code(), Some(1), "stderr: {err}");
+    assert!(err.contains("cannot write to standard output"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
 }
 
 #[test]

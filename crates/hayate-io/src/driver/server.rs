@@ -593,8 +593,6 @@ impl Policy for Server<'_> {
             match FarEnd::connect(host, *port) {
                 Ok(t) => {
                     self.tunnels.insert(s.cid, t);
-                    // An idle shell is not a dead session.
-                    s.conn.keep_alive(true);
                 }
                 Err(e) => s.conn.answer_tunnel(Err(e)),
             }
@@ -621,11 +619,14 @@ impl Policy for Server<'_> {
         if let Some(t) = self.tunnels.get_mut(&s.cid) {
             t.turn(s.conn);
         }
+        let tunnel = self.tunnels.get(&s.cid).is_some_and(FarEnd::is_live);
         let (c, f) = (&mut *s.conn, &mut *s.files);
         settle_verified(c, f, s.addr, self.log);
         settle_update_hashes(c, f);
-        // The peer may hear nothing else while a big file is hashed.
-        c.keep_alive(f.hashing());
+        // Keep-alive PINGs, set here only, for whichever needs them: the peer may hear
+        // nothing else while a big file is hashed, and an idle shell through a tunnel is not
+        // a dead session (the client pings too, but either side's pings keep both alive).
+        c.keep_alive(f.hashing() || tunnel);
         let hashing = give_source_hashes(c, f) || f.hashing();
         if self.save_states {
             for (x, inc) in f.inc.iter_mut() {
@@ -1058,5 +1059,108 @@ fn offer_download(
             f.out.insert(xfer, s);
         }
         Err(e) => c.fail_source(xfer, &e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hayate_proto::wire::AddrFamily;
+    use hayate_proto::{NoFiles, Route};
+
+    /// The far side of a tunnel keeps its session alive on its own, every turn, from the
+    /// request on: its keep-alive is what the hashing and the tunnel need together, so the
+    /// turn that finds no hashing to do does not switch off what the tunnel asked for.
+    /// Without a tunnel (and no hashing) it is off.
+    #[test]
+    fn an_open_tunnel_keeps_its_session_alive_every_turn() {
+        let service = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = service.local_addr().unwrap().port();
+        let dir = tempfile::tempdir().unwrap();
+        let psk = Psk::generate();
+        let cfg = Config::default();
+        let opts = ServerOptions {
+            listen: ([127, 0, 0, 1], 0).into(),
+            scope: Scope::WholeFs(dir.path().to_path_buf()),
+            psk: psk.clone(),
+            proto: cfg.clone(),
+        };
+        let mut log = |_: &str| {};
+        let mut srv = Server::new(&opts, StopFlag::new(), &mut log).unwrap();
+        srv.allow_tunnels = true;
+        let t0 = Instant::now();
+        let mut ep = Endpoint::new(psk.clone(), cfg.clone(), t0);
+        let mut client = Connection::client(cfg, &psk, AddrFamily::V4, t0);
+        let mut files = SessionFiles::default();
+        let addr: SocketAddr = "127.0.0.1:4000".parse().unwrap();
+        let mut cid = None;
+        let mut buf = vec![0u8; 2048];
+        let (mut asked, mut answered, mut turns) = (false, false, 0);
+        for i in 0..2_000 {
+            let now = t0 + Duration::from_millis(i);
+            if client.is_established() && !asked {
+                client.open_tunnel("127.0.0.1", port);
+                asked = true;
+            }
+            while let Some(n) = client.poll_transmit(now, &mut buf, &mut NoFiles) {
+                match ep.route(now, addr, &buf[..n]) {
+                    Route::NewConn(id, mut reply) => {
+                        cid = Some(id);
+                        client.handle_datagram(now, &mut reply, &mut NoFiles);
+                    }
+                    Route::Conn(id) => {
+                        ep.handle(id, now, now, addr, &mut buf[..n], &mut NoFiles);
+                    }
+                    _ => {}
+                }
+            }
+            while let Some(ev) = client.poll_event() {
+                if let Event::TunnelAnswered { result } = ev {
+                    assert_eq!(result, Ok(()));
+                    answered = true;
+                }
+            }
+            let Some(id) = cid else { continue };
+            let conn = ep.conn_mut(id).expect("session");
+            if conn.poll_timeout(now).is_some_and(|t| t <= now) {
+                conn.handle_timeout(now);
+            }
+            let mut s = Session {
+                cid: id,
+                addr,
+                conn,
+                files: &mut files,
+            };
+            while let Some(ev) = s.conn.poll_event() {
+                srv.on_event(&mut s, ev, now);
+            }
+            srv.turn(&mut s, now);
+            if srv.tunnels.contains_key(&id) {
+                assert!(s.conn.keeps_alive(), "turn {turns} with a tunnel");
+                turns += 1;
+            }
+            while let Some(n) = s.conn.poll_transmit(now, &mut buf, &mut NoFiles) {
+                client.handle_datagram(now, &mut buf[..n], &mut NoFiles);
+            }
+            if answered && turns >= 20 {
+                break;
+            }
+            // The far side's TCP connection opens in real time.
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert!(answered, "the tunnel was never opened");
+        let id = cid.expect("session");
+        assert!(matches!(srv.tunnels.get(&id), Some(FarEnd::Open(_))));
+        // Nothing needs it any more.
+        srv.tunnels.remove(&id);
+        let conn = ep.conn_mut(id).expect("session");
+        let mut s = Session {
+            cid: id,
+            addr,
+            conn,
+            files: &mut files,
+        };
+        srv.turn(&mut s, t0);
+        assert!(!s.conn.keeps_alive());
     }
 }

@@ -25,8 +25,29 @@ use crate::udp::UdpSocket;
 /// Bytes read from an fd at once.
 const READ_CHUNK: usize = 256 << 10;
 
+/// When standard output breaks (EPIPE), standard input ending within this long too is ssh
+/// leaving: it closes its ends of both pipes, one after the other, and that is the normal
+/// end of a tunnel, not an error.
+const SSH_LEAVING: Duration = Duration::from_millis(100);
+
 /// A tunnel session moves no files.
 pub use hayate_proto::NoFiles;
+
+/// Why a [`Pump`] stopped moving bytes one way.
+#[derive(Debug)]
+pub struct PumpError {
+    /// Writing to the fd failed (else reading from it).
+    pub writing: bool,
+    /// What the system said.
+    pub error: io::Error,
+}
+
+impl std::fmt::Display for PumpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = if self.writing { "write" } else { "read" };
+        write!(f, "cannot {what}: {}", self.error)
+    }
+}
 
 /// Moves bytes between a pair of fds (standard input and output, or both halves of a TCP
 /// socket) and a session's stream, never waiting on either.
@@ -43,7 +64,7 @@ pub struct Pump {
     read_eof: bool,
     buf: Vec<u8>,
     /// Why moving bytes failed, once it did.
-    pub error: Option<String>,
+    pub error: Option<PumpError>,
     /// What the loop should wait for (set by [`Pump::pump`]).
     want_read: bool,
     want_write: bool,
@@ -131,7 +152,10 @@ impl Pump {
                 io::ErrorKind::Interrupted => {}
                 io::ErrorKind::WouldBlock => break,
                 _ => {
-                    self.error.get_or_insert(format!("cannot write: {e}"));
+                    self.error.get_or_insert(PumpError {
+                        writing: true,
+                        error: e,
+                    });
                     self.close_write();
                 }
             }
@@ -164,7 +188,10 @@ impl Pump {
                 io::ErrorKind::Interrupted => {}
                 io::ErrorKind::WouldBlock => break,
                 _ => {
-                    self.error.get_or_insert(format!("cannot read: {e}"));
+                    self.error.get_or_insert(PumpError {
+                        writing: false,
+                        error: e,
+                    });
                     self.read_eof = true;
                     conn.stream_finish();
                 }
@@ -172,6 +199,41 @@ impl Pump {
         }
         self.want_read = send && !self.read_eof && conn.stream_room() > 0;
         self.want_write = self.wr.is_some() && !conn.stream_peek().is_empty();
+    }
+
+    /// Whether the reading half ends (end of file) within `limit`; what it still holds is
+    /// read and dropped meanwhile. For a session already over: it waits on the fd.
+    fn input_ends_within(&mut self, limit: Duration) -> bool {
+        let until = Instant::now() + limit;
+        while !self.read_eof {
+            // SAFETY: reads into our own buffer from an fd we own.
+            let n = unsafe {
+                libc::read(
+                    self.rd.as_raw_fd(),
+                    self.buf.as_mut_ptr().cast(),
+                    self.buf.len(),
+                )
+            };
+            if n == 0 {
+                self.read_eof = true;
+            } else if n < 0 {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::Interrupted => {}
+                    io::ErrorKind::WouldBlock => {
+                        let left = until.saturating_duration_since(Instant::now());
+                        if left.is_zero() {
+                            return false;
+                        }
+                        let _ = crate::clock::poll_fd(self.rd.as_fd(), libc::POLLIN, Some(left));
+                    }
+                    _ => return false,
+                }
+            } else if Instant::now() >= until {
+                return false;
+            }
+        }
+        true
     }
 
     fn close_write(&mut self) {
@@ -326,6 +388,11 @@ impl FarEnd {
         }
     }
 
+    /// Being opened or open: the session carries (or is about to carry) a stream.
+    pub(crate) fn is_live(&self) -> bool {
+        !matches!(self, FarEnd::Failed)
+    }
+
     pub(crate) fn wait_fds(&self) -> Vec<(BorrowedFd<'_>, libc::c_short)> {
         match self {
             FarEnd::Connecting { sock, .. } => vec![(sock.as_fd(), libc::POLLOUT)],
@@ -445,10 +512,25 @@ impl Policy for TunnelClient {
             return false;
         }
         p.pump(s.conn, true);
-        if let Some(e) = p.error.take() {
-            // ssh went away without a word (its end of our pipes closed).
-            let _ = e;
-            s.conn.stream_finish();
+        match p.error.take() {
+            Some(e) if e.writing => {
+                // Nothing more reaches ssh, so the tunnel is over both ways: the session
+                // closes now, and the far side's end with it. Waiting for standard input
+                // to end as well would wait for ever if ssh keeps it open.
+                let ssh_left =
+                    e.error.raw_os_error() == Some(libc::EPIPE) && p.input_ends_within(SSH_LEAVING);
+                if ssh_left {
+                    s.conn.close(now, 0, "tunnel closed");
+                } else {
+                    let why = format!("cannot write to standard output: {}", e.error);
+                    s.conn.close(now, 1, &why);
+                    self.error = Some(why);
+                }
+                return false;
+            }
+            // Standard input failed: that direction ends as at its end of file (the pump
+            // finished the stream); what comes back is still written.
+            Some(_) | None => {}
         }
         let done = p.read_eof() && s.conn.stream_write_done() && p.write_closed();
         if done && self.bye_at.is_none() {
@@ -898,5 +980,74 @@ mod loopback {
             Duration::from_secs(1),
             Duration::from_secs(120),
         );
+    }
+
+    fn describe(o: &Outcome) -> String {
+        match o {
+            Outcome::Done => "done".into(),
+            Outcome::Failed(f) => format!("failed: {f}"),
+            Outcome::Refused(r) => format!("refused: {r}"),
+            Outcome::NoUdp { .. } => "no UDP".into(),
+        }
+    }
+
+    /// The service sees its connection end (EOF), then closed outright (writing fails), within
+    /// `limit`: the far side let go of it.
+    fn wait_closed_by_far_side(service: &mut TcpStream, limit: Duration) {
+        let t0 = Instant::now();
+        service.set_read_timeout(Some(limit)).unwrap();
+        let mut v = Vec::new();
+        let r = service.read_to_end(&mut v);
+        assert!(r.is_ok(), "the far side's connection did not end: {r:?}");
+        service.set_write_timeout(Some(limit)).unwrap();
+        let chunk = vec![0u8; 64 << 10];
+        let e = loop {
+            assert!(
+                t0.elapsed() < limit,
+                "the far side still takes bytes after {limit:?}"
+            );
+            if let Err(e) = service.write_all(&chunk) {
+                break e;
+            }
+            thread::sleep(Duration::from_millis(10));
+        };
+        assert!(
+            matches!(
+                e.kind(),
+                io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset
+            ),
+            "the far side's connection is not closed: {e}"
+        );
+    }
+
+    /// ssh's end of our standard output closes while ssh still runs (our standard input
+    /// still open): bytes for it cannot be written, and the tunnel ends at once with that
+    /// error, its session closed so that the far side lets go of its connection, instead of
+    /// running on with standard input unread until a signal.
+    #[test]
+    fn a_broken_standard_output_ends_the_tunnel_with_an_error() {
+        let mut e = Ends::start();
+        drop(e.stdout.take());
+        e.service.write_all(b"for ssh").unwrap();
+        wait_closed_by_far_side(&mut e.service, Duration::from_secs(20));
+        match e.finish(Duration::from_secs(10)) {
+            Outcome::Failed(f) => assert!(f.contains("cannot write to standard output"), "{f}"),
+            o => panic!("{}", describe(&o)),
+        }
+    }
+
+    /// ssh leaving closes its ends of both our pipes: the broken standard output is then the
+    /// normal end, and the tunnel ends without an error.
+    #[test]
+    fn ssh_closing_both_pipes_is_a_clean_end() {
+        let mut e = Ends::start();
+        drop(e.stdout.take());
+        drop(e.stdin.take());
+        e.service.write_all(b"for ssh").unwrap();
+        wait_closed_by_far_side(&mut e.service, Duration::from_secs(20));
+        match e.finish(Duration::from_secs(10)) {
+            Outcome::Done => {}
+            o => panic!("{}", describe(&o)),
+        }
     }
 }

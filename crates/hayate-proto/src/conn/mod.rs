@@ -460,6 +460,7 @@ impl Connection {
             State::Established => {}
         }
 
+        self.arm_pto_if_quiet(now_us);
         if std::mem::take(&mut self.xfers.hash_work) {
             self.finish_hashes(src);
         }

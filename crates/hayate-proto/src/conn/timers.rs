@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::spaces::ACK_DELAY_US;
 use super::{Connection, Event, State};
 
 /// Liveness: the idle timeout, probe timeouts and keep-alive PINGs.
@@ -66,14 +67,36 @@ impl Connection {
         t.map(at)
     }
 
+    /// The probe timeout, before backing off. The peer runs this code: it holds an ACK of
+    /// data at most `ACK_DELAY_US`.
+    pub(super) fn pto_us(&self) -> u64 {
+        self.path.rtt.pto(ACK_DELAY_US)
+    }
+
+    /// When the next probe is due: a probe timeout after the last ACK, the last probe, or
+    /// the packet that ended a quiet spell ([`Connection::arm_pto_if_quiet`]), whichever
+    /// was last.
     pub(super) fn pto_deadline(&self) -> u64 {
         let backoff = 1u64 << self.timers.pto_count.min(6);
+        let pto = self.pto_us();
         // Backing off stops at an eighth of the idle timeout: a probe at most every 1.9 s of
         // the default 15 s. Doubling on to 64 probe timeouts left a session that had lost
         // its last few probes (30 % loss each way) a single probe more before the timeout
         // ended it, all data out and no loss map back to say what to resend.
-        let most = (self.cfg.idle_timeout.as_micros() as u64 / 8).max(self.path.rtt.pto());
-        self.timers.pto_base_us + (self.path.rtt.pto() * backoff).min(most)
+        let most = (self.cfg.idle_timeout.as_micros() as u64 / 8).max(pto);
+        self.timers.pto_base_us + (pto * backoff).min(most)
+    }
+
+    /// Called before each packet is sent: with nothing awaiting an answer, the probe timer
+    /// counts from now, so from the packet about to end the quiet spell (RFC 9002 §6.2.1).
+    /// Counted from the last ACK instead, a keystroke after a minute of quiet (an idle ssh
+    /// session through the tunnel) found its probe overdue the moment it was sent and went
+    /// twice.
+    pub(super) fn arm_pto_if_quiet(&mut self, now_us: u64) {
+        if !self.outstanding() {
+            self.timers.pto_base_us = now_us;
+            self.timers.pto_count = 0;
+        }
     }
 
     /// Something sent is still awaiting an answer from the peer.
@@ -164,6 +187,11 @@ impl Connection {
         self.timers.keep_alive = on;
     }
 
+    /// Whether [`keep_alive`](Self::keep_alive) is on.
+    pub fn keeps_alive(&self) -> bool {
+        self.timers.keep_alive
+    }
+
     /// When the next keep-alive PING is due, if one is.
     /// Also while a download has been asked for and not answered: the request itself is
     /// retransmitted until acknowledged (the control stream), but the server may take long
@@ -173,5 +201,194 @@ impl Connection {
         let every = self.cfg.idle_timeout.as_micros() as u64 / 8;
         (self.timers.keep_alive || !self.xfers.pending_gets.is_empty())
             .then(|| self.timers.last_rx_us.max(self.timers.keep_alive_us) + every)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+    use std::time::{Duration, Instant};
+
+    use crate::conn::{Connection, Event, NoFiles};
+    use crate::crypto::Psk;
+    use crate::endpoint::{Endpoint, Route};
+    use crate::rng::Rng;
+    use crate::wire::{AddrFamily, Cid};
+    use crate::{Config, Stats};
+
+    /// A client and its server session with a tunnel, over a path of `delay` each way, in
+    /// virtual time.
+    struct DelayedPair {
+        c: Connection,
+        ep: Endpoint,
+        cid: Cid,
+        now: Instant,
+        delay: Duration,
+        to_server: VecDeque<(Instant, Vec<u8>)>,
+        to_client: VecDeque<(Instant, Vec<u8>)>,
+        /// This many of the client's next datagrams are lost.
+        lose_to_server: u32,
+    }
+
+    impl DelayedPair {
+        fn new(delay: Duration) -> DelayedPair {
+            let t0 = Instant::now();
+            let psk = Psk::from_bytes([6; 32]);
+            let ep = Endpoint::with_rng(psk.clone(), Config::default(), t0, Rng::seeded(3));
+            let c = Connection::client_with_rng(
+                Config::default(),
+                &psk,
+                AddrFamily::V4,
+                t0,
+                &mut Rng::seeded(4),
+            );
+            let mut p = DelayedPair {
+                c,
+                ep,
+                cid: Cid::default(),
+                now: t0,
+                delay,
+                to_server: VecDeque::new(),
+                to_client: VecDeque::new(),
+                lose_to_server: 0,
+            };
+            p.run(Duration::from_millis(500));
+            p.c.open_tunnel("127.0.0.1", 22);
+            p.run(Duration::from_millis(500));
+            assert!(p.c.is_established());
+            assert!(p.server().has_tunnel());
+            p
+        }
+
+        fn server(&mut self) -> &mut Connection {
+            self.ep.conn_mut(self.cid).expect("server session")
+        }
+
+        /// `d` of virtual time in 1 ms steps: what arrives is handled first, then the
+        /// deadlines, then what each side sends leaves for the other.
+        fn run(&mut self, d: Duration) {
+            let addr = "192.0.2.1:4000".parse().unwrap();
+            let until = self.now + d;
+            let mut buf = vec![0u8; 1500];
+            while self.now < until {
+                self.now += Duration::from_millis(1);
+                let now = self.now;
+                let due = now + self.delay;
+                while self.to_server.front().is_some_and(|(t, _)| *t <= now) {
+                    let (_, mut d) = self.to_server.pop_front().unwrap();
+                    match self.ep.route(now, addr, &d) {
+                        Route::NewConn(id, reply) => {
+                            self.cid = id;
+                            self.to_client.push_back((due, reply));
+                        }
+                        Route::Conn(id) => {
+                            self.ep.handle(id, now, now, addr, &mut d, &mut NoFiles);
+                        }
+                        _ => {}
+                    }
+                }
+                while self.to_client.front().is_some_and(|(t, _)| *t <= now) {
+                    let (_, mut d) = self.to_client.pop_front().unwrap();
+                    self.c.handle_datagram(now, &mut d, &mut NoFiles);
+                }
+                if self.c.poll_timeout(now).is_some_and(|t| t <= now) {
+                    self.c.handle_timeout(now);
+                }
+                while self.c.poll_event().is_some() {}
+                while let Some(n) = self.c.poll_transmit(now, &mut buf, &mut NoFiles) {
+                    if self.lose_to_server > 0 {
+                        self.lose_to_server -= 1;
+                        continue;
+                    }
+                    self.to_server.push_back((due, buf[..n].to_vec()));
+                }
+                let Some(s) = self.ep.conn_mut(self.cid) else {
+                    continue;
+                };
+                if s.poll_timeout(now).is_some_and(|t| t <= now) {
+                    s.handle_timeout(now);
+                }
+                while let Some(ev) = s.poll_event() {
+                    if let Event::TunnelRequested { .. } = ev {
+                        s.answer_tunnel(Ok(()));
+                    }
+                }
+                while let Some(n) = s.poll_transmit(now, &mut buf, &mut NoFiles) {
+                    self.to_client.push_back((due, buf[..n].to_vec()));
+                }
+            }
+        }
+    }
+
+    /// What a probe would show: packets of stream data sent, resent, and PINGs.
+    fn sends(s: &Stats) -> (u64, u64, u64) {
+        (
+            s.data_packets_sent,
+            s.data_packets_retransmitted,
+            s.pings_sent,
+        )
+    }
+
+    /// An interactive session through the tunnel on a 20 ms path: a keystroke after a quiet
+    /// spell longer than the probe timeout, and its echo, each go exactly once, however
+    /// steady the path (RTTVAR shrinks towards nothing, and only the peer's ACK delay in the
+    /// probe timeout keeps a delayed ACK from looking late). A probe counted from the last
+    /// ACK, long ago, would be due the moment the keystroke went out.
+    #[test]
+    fn a_write_after_quiet_is_sent_once() {
+        let mut p = DelayedPair::new(Duration::from_millis(10));
+        for i in 0..40 {
+            // Longer than any probe timeout this path has.
+            let quiet = if i % 10 == 9 { 5_000 } else { 300 };
+            p.run(Duration::from_millis(quiet));
+            let before = (sends(&p.c.stats()), sends(&p.server().stats()));
+            assert_eq!(p.c.stream_write(b"k"), 1);
+            p.run(Duration::from_millis(60));
+            let got = p.server().stream_peek().to_vec();
+            assert_eq!(got, b"k", "keystroke {i} did not arrive");
+            p.server().stream_consume(1);
+            assert_eq!(p.server().stream_write(b"K"), 1);
+            p.run(Duration::from_millis(60));
+            assert_eq!(p.c.stream_peek(), b"K", "echo {i} did not arrive");
+            p.c.stream_consume(1);
+            p.run(Duration::from_millis(100));
+            let (c0, s0) = before;
+            let (c1, s1) = (sends(&p.c.stats()), sends(&p.server().stats()));
+            assert_eq!(
+                (c1.0 - c0.0, c1.1 - c0.1, c1.2 - c0.2),
+                (1, 0, 0),
+                "keystroke {i}: (data packets, resent, pings) from the client; srtt {} µs, pto {} µs",
+                p.c.path.rtt.srtt(),
+                p.c.pto_us()
+            );
+            assert_eq!(
+                (s1.0 - s0.0, s1.1 - s0.1, s1.2 - s0.2),
+                (1, 0, 0),
+                "echo {i}: (data packets, resent, pings) from the server"
+            );
+        }
+        assert!(p.c.stats().rtt_sampled);
+    }
+
+    /// The probe still recovers a keystroke lost after a quiet spell: once its timeout
+    /// passes, counted from when it was sent, not never.
+    #[test]
+    fn a_lost_write_after_quiet_is_probed_for() {
+        let mut p = DelayedPair::new(Duration::from_millis(10));
+        for i in 0..5 {
+            p.run(Duration::from_millis(2_000));
+            let (sent, resent, _) = sends(&p.c.stats());
+            p.lose_to_server = 1;
+            assert_eq!(p.c.stream_write(b"k"), 1);
+            p.run(Duration::from_millis(200));
+            assert_eq!(
+                p.server().stream_peek(),
+                b"k",
+                "lost keystroke {i} not resent"
+            );
+            p.server().stream_consume(1);
+            let c = sends(&p.c.stats());
+            assert_eq!((c.0 - sent, c.1 - resent), (2, 1), "keystroke {i}");
+        }
     }
 }
