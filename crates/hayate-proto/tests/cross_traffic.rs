@@ -87,27 +87,38 @@ fn bbr_alone_fills_a_clean_link_with_a_short_queue() {
     }
 }
 
-/// Two BBR-like flows on one link share it: each gets ≥ 30 % once the second has settled,
-/// and together they fill it. (Not evenly on a long path: at 80 ms both are window-limited
-/// with a full buffer and keep the shares they had, about 60/35, as BBRv1 does.)
+/// Two BBR-like flows on one link share it: neither starves once the second has settled,
+/// and together they fill it. Not evenly on a long path: at 80 ms both are window-limited
+/// with a full buffer and keep about the shares they had, 60-69 / 25-34 Mbit/s over seeds
+/// (as BBRv1 does), so one seed's split says little; four seeds per path are asserted on,
+/// each run and on average.
 #[test]
 fn two_bbr_flows_share_a_link() {
-    for (rtt_ms, seed) in [(20, 3), (80, 4)] {
-        let mut sc = scenario(seed, 100 * MBIT, rtt_ms, 60);
-        sc.bbr_flows = vec![forever(0), forever(5)];
-        let r = sim::run(&sc);
-        assert!(r.ok, "{:?}", r.error);
-        let shares = [
-            mbit(&r.tcp_rx_trace[0], 10.0, 59.0),
-            mbit(&r.tcp_rx_trace[1], 10.0, 59.0),
-        ];
-        eprintln!(
-            "two BBR, {rtt_ms} ms: {shares:.1?} Mbit/s, q50 {:.1} ms, loss events {:?}",
-            q50_ms(&r),
-            r.tcp_loss_events
+    for (rtt_ms, least_mean) in [(20, 30.0), (80, 25.0)] {
+        let mut smaller = vec![];
+        for seed in 1..=4 {
+            let mut sc = scenario(seed, 100 * MBIT, rtt_ms, 60);
+            sc.bbr_flows = vec![forever(0), forever(5)];
+            let r = sim::run(&sc);
+            assert!(r.ok, "{:?}", r.error);
+            let shares = [
+                mbit(&r.tcp_rx_trace[0], 10.0, 59.0),
+                mbit(&r.tcp_rx_trace[1], 10.0, 59.0),
+            ];
+            eprintln!(
+                "two BBR, {rtt_ms} ms, seed {seed}: {shares:.1?} Mbit/s, q50 {:.1} ms, loss events {:?}",
+                q50_ms(&r),
+                r.tcp_loss_events
+            );
+            assert!(shares.iter().all(|&s| s >= 20.0), "{shares:.1?}");
+            assert!(shares[0] + shares[1] >= 90.0 * DATA_SHARE, "{shares:.1?}");
+            smaller.push(shares[0].min(shares[1]));
+        }
+        let mean = smaller.iter().sum::<f64>() / smaller.len() as f64;
+        assert!(
+            mean >= least_mean,
+            "{rtt_ms} ms: smaller shares {smaller:.1?}"
         );
-        assert!(shares.iter().all(|&s| s >= 30.0), "{shares:.1?}");
-        assert!(shares[0] + shares[1] >= 90.0 * DATA_SHARE, "{shares:.1?}");
     }
 }
 

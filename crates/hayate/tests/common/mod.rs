@@ -256,6 +256,10 @@ pub struct Running {
 }
 
 impl Running {
+    /// What it wrote to stderr so far.
+    pub fn stderr(&self) -> &Lines {
+        &self.stderr
+    }
     pub fn pid(&self) -> i32 {
         self.child.as_ref().expect("running").id() as i32
     }
