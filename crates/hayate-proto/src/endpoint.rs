@@ -30,9 +30,15 @@ const REJECTS_PER_SEC: u32 = 50;
 /// is about 2 % of a core; beyond it every hello gets a HelloRetry, which costs a MAC.
 const HELLO_BUDGET_PER_SEC: f64 = 200.0;
 const HELLO_BURST: f64 = 32.0;
-/// At most this many HelloRetries and repeated ServerHellos per second: beyond it a flood
-/// costs a parse and a drop (a client whose hello is dropped sends it again).
+/// At most this many HelloRetries per second: beyond it a flood costs a parse and a drop (a
+/// client whose hello is dropped sends it again).
 const REPLIES_PER_SEC: u32 = 20_000;
+/// At most this many bytes of repeated ServerHellos per second (about 680 of Ethernet's
+/// size). A repeat is padded to the agreed MTU, up to the hello's own size (it must prove
+/// the way back again), so a flood of replayed hellos would otherwise be reflected byte for
+/// byte. A client needs a repeat only when its first reply was lost, and each rung of its
+/// MTU ladder is a new hello, answered within the key-exchange budget.
+const REPEATED_REPLY_BYTES_PER_SEC: u32 = 1_000_000;
 /// A new address gets at most this many times the bytes it sent until it answers a
 /// challenge (RFC 9000 section 8).
 pub const PATH_AMPLIFICATION: u64 = 3;
@@ -133,13 +139,18 @@ impl PerSecond {
 
     /// Whether one more fits under `limit` this second (and counts it if so).
     fn admit(&mut self, now: Instant, limit: u32) -> bool {
+        self.admit_n(now, 1, limit)
+    }
+
+    /// Whether `n` more fit under `limit` this second (and counts them if so).
+    fn admit_n(&mut self, now: Instant, n: u32, limit: u32) -> bool {
         if now.saturating_duration_since(self.start) >= Duration::from_secs(1) {
             *self = PerSecond::new(now);
         }
-        if self.count >= limit {
+        if self.count.saturating_add(n) > limit {
             return false;
         }
-        self.count += 1;
+        self.count += n;
         true
     }
 }
@@ -174,6 +185,7 @@ pub struct Endpoint {
     stats: EndpointStats,
     reject_window: PerSecond,
     reply_window: PerSecond,
+    repeat_bytes: PerSecond,
     rng: Rng,
     tokens: RetryTokens,
     budget: HelloBudget,
@@ -197,6 +209,7 @@ impl Endpoint {
             stats: EndpointStats::default(),
             reject_window: PerSecond::new(now),
             reply_window: PerSecond::new(now),
+            repeat_bytes: PerSecond::new(now),
             rng,
             tokens,
             budget: HelloBudget {
@@ -328,7 +341,12 @@ impl Endpoint {
             if let Some(sid) = self.by_hello.get(&(cid, random)) {
                 if let Some(e) = self.conns.get(sid) {
                     // Same hello again (our reply was lost): same answer, never bigger.
-                    if e.reply_len <= data.len() && self.reply_window.admit(now, REPLIES_PER_SEC) {
+                    let n = e.reply_len as u32;
+                    if e.reply_len <= data.len()
+                        && self
+                            .repeat_bytes
+                            .admit_n(now, n, REPEATED_REPLY_BYTES_PER_SEC)
+                    {
                         self.stats.hellos_repeated += 1;
                         return Route::Reply(handshake::padded_reply(&e.reply, e.reply_len));
                     }

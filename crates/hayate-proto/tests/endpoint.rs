@@ -354,3 +354,44 @@ fn a_peer_offering_more_than_a_receiver_tracks_is_refused_not_obeyed() {
         rejected[1]
     );
 }
+
+/// A repeated hello gets the same ServerHello again, padded as the first (it must prove the
+/// way back too), never longer than the hello; a flood of one replayed hello is answered
+/// with at most about 1 MB of repeats a second, not reflected byte for byte.
+#[test]
+fn repeated_hellos_get_the_same_padded_reply_within_a_byte_budget() {
+    let now = Instant::now();
+    let mut ep = Endpoint::with_rng(psk(), Config::default(), now, Rng::seeded(9));
+    let hs = ClientHandshake::with_rng(&psk(), 1500, &mut Rng::seeded(10));
+    let hello = hs.datagram(AddrFamily::V4);
+    assert_eq!(hello.len(), 1472);
+    let Route::NewConn(_, first) = ep.route(now, addr(A), &hello) else {
+        panic!("a session")
+    };
+    assert_eq!(first.len(), 1472);
+    let Route::Reply(again) = ep.route(now, addr(A), &hello) else {
+        panic!("the same answer")
+    };
+    assert_eq!(again, first);
+    assert_eq!(hs.handle(&psk(), &again).unwrap().mtu, 1500);
+    // A shorter copy of the hello (padding cut) gets nothing: the answer would be longer.
+    assert!(matches!(
+        ep.route(now, addr(A), &hello[..1300]),
+        Route::Drop
+    ));
+
+    let (mut replied, mut sent) = (0usize, 0usize);
+    for _ in 0..20_000 {
+        sent += hello.len();
+        if let Route::Reply(r) = ep.route(now, addr(B), &hello) {
+            replied += r.len();
+        }
+    }
+    assert!(
+        (900_000..=1_000_000).contains(&replied),
+        "{replied} B of repeats for {sent} B of hellos within a second"
+    );
+    // The next second has a budget again.
+    let later = now + Duration::from_millis(1001);
+    assert!(matches!(ep.route(later, addr(A), &hello), Route::Reply(_)));
+}
