@@ -904,9 +904,14 @@ fn on_event(
         | Event::TunnelAnswered { .. } => {}
         Event::Closed { error } => {
             let s = c.stats();
+            // Blocks that came while the disk was behind were dropped, to be sent again.
+            let refused = match s.blocks_refused_by_sink {
+                0 => String::new(),
+                n => format!(", {n} blocks refused while the disk was behind"),
+            };
             match error {
                 None => log(&format!(
-                    "{addr}: session closed ({} packets in, {} out, {} of them data, {} retransmitted)",
+                    "{addr}: session closed ({} packets in, {} out, {} of them data, {} retransmitted{refused})",
                     s.packets_received,
                     s.packets_sent,
                     s.data_packets_sent,
