@@ -384,11 +384,7 @@ impl Endpoint {
             self.stats.hellos_rejected_auth += 1;
             return self.reject(now, data, RejectReason::AuthFailed);
         }
-        let fam = if from.is_ipv4() {
-            AddrFamily::V4
-        } else {
-            AddrFamily::V6
-        };
+        let fam = AddrFamily::of(&from);
         match handshake::accept_verified(&self.psk, &ch, data, self.cfg.mtu, fam, &mut self.rng) {
             Ok(acc) => {
                 self.evict_half_open(now);

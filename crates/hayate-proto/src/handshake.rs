@@ -165,31 +165,25 @@ impl ClientHandshake {
 
     /// [`new`](Self::new) with the cid, random and ephemeral key drawn from `rng`.
     pub fn with_rng(psk: &Psk, mtu: u16, rng: &mut Rng) -> Self {
-        let mtu = mtu.max(MIN_MTU);
-        let eph = StaticSecret::from(rng.array::<32>());
-        let mut hs = ClientHandshake {
-            hello: [0; CLIENT_HELLO_LEN],
-            cid: random_cid(rng),
-            random: rng.array(),
-            mtu,
-            eph,
-            token: [0; RETRY_TOKEN_LEN],
-            retries: 0,
-        };
-        hs.build_hello(psk);
-        hs
+        Self::attempt(psk, None, mtu, rng)
     }
 
     /// Another attempt at the same handshake offering a smaller `mtu`, for a path that did
     /// not carry the first: the same cid, a fresh random and key (so the server takes it
     /// for a new hello, not a repeat of the one whose answer never came back).
     pub fn retry_smaller(&self, psk: &Psk, mtu: u16, rng: &mut Rng) -> Self {
+        Self::attempt(psk, Some(self.cid), mtu, rng)
+    }
+
+    /// A hello with a fresh key and random, and `cid` or a fresh one.
+    fn attempt(psk: &Psk, cid: Option<Cid>, mtu: u16, rng: &mut Rng) -> Self {
+        let eph = StaticSecret::from(rng.array::<32>());
         let mut hs = ClientHandshake {
             hello: [0; CLIENT_HELLO_LEN],
-            cid: self.cid,
+            cid: cid.unwrap_or_else(|| random_cid(rng)),
             random: rng.array(),
             mtu: mtu.max(MIN_MTU),
-            eph: StaticSecret::from(rng.array::<32>()),
+            eph,
             token: [0; RETRY_TOKEN_LEN],
             retries: 0,
         };

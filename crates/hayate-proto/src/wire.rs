@@ -81,13 +81,28 @@ pub enum AddrFamily {
     V6,
 }
 
+impl AddrFamily {
+    /// The family of a flow to or from `addr`.
+    pub fn of(addr: &std::net::SocketAddr) -> Self {
+        if addr.is_ipv4() {
+            AddrFamily::V4
+        } else {
+            AddrFamily::V6
+        }
+    }
+
+    /// Bytes of IP and UDP headers in front of each datagram.
+    pub fn header_len(self) -> usize {
+        match self {
+            AddrFamily::V4 => 28,
+            AddrFamily::V6 => 48,
+        }
+    }
+}
+
 /// Largest UDP payload for an IP packet of `mtu` bytes (IP + UDP headers subtracted).
 pub fn udp_payload_limit(mtu: u16, fam: AddrFamily) -> usize {
-    let overhead = match fam {
-        AddrFamily::V4 => 28,
-        AddrFamily::V6 => 48,
-    };
-    (mtu as usize).saturating_sub(overhead)
+    (mtu as usize).saturating_sub(fam.header_len())
 }
 
 /// Length of a hello datagram that offers or agrees `mtu`: the largest UDP payload of an IP
@@ -98,11 +113,7 @@ pub fn hello_datagram_len(mtu: u16, fam: AddrFamily) -> usize {
 
 /// The largest MTU that a datagram of `len` bytes of UDP payload proves the path carries.
 pub fn mtu_proven_by(len: usize, fam: AddrFamily) -> u16 {
-    let overhead = match fam {
-        AddrFamily::V4 => 28,
-        AddrFamily::V6 => 48,
-    };
-    (len + overhead).min(u16::MAX as usize) as u16
+    (len + fam.header_len()).min(u16::MAX as usize) as u16
 }
 
 /// File bytes per DATA block: what is left of a full datagram after the sealed header, the

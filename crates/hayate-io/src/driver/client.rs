@@ -1789,11 +1789,7 @@ fn have_bytes(have: &[(u64, u64)], block: u64, size: u64) -> u64 {
 }
 
 fn new_conn(cfg: &Config, psk: &Psk, peer: SocketAddr, now: Instant) -> Connection {
-    let fam = if peer.is_ipv4() {
-        AddrFamily::V4
-    } else {
-        AddrFamily::V6
-    };
+    let fam = AddrFamily::of(&peer);
     let mut c = Connection::client(cfg.clone(), psk, fam, now);
     c.hash_sources_outside();
     c

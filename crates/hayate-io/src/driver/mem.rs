@@ -619,11 +619,7 @@ pub fn run_client(
         Ok(s) => s,
         Err(e) => return test.report(Some(format!("cannot open a UDP socket: {e}"))),
     };
-    let fam = if server.is_ipv4() {
-        AddrFamily::V4
-    } else {
-        AddrFamily::V6
-    };
+    let fam = AddrFamily::of(&server);
     let cfg = Config {
         mtu: crate::udp::mtu_toward(opts.proto.mtu, server),
         ..opts.proto.clone()

@@ -585,11 +585,7 @@ pub fn run(
             )
         }
     };
-    let fam = if opts.addr.is_ipv4() {
-        AddrFamily::V4
-    } else {
-        AddrFamily::V6
-    };
+    let fam = AddrFamily::of(&opts.addr);
     let cfg = Config {
         mtu: crate::udp::mtu_toward(opts.proto.mtu, opts.addr),
         ..opts.proto.clone()
