@@ -1435,6 +1435,16 @@ impl PartFile {
         Ok(self.run.is_empty() && self.behind.as_ref().is_some_and(|q| q.idle()))
     }
 
+    /// File bytes that can be written now before [`has_room`](Self::has_room) says no:
+    /// the receive window a session advertises (see `BlockSink::room`).
+    pub fn room(&self) -> u64 {
+        match (&self.stream, &self.behind) {
+            (Some(s), _) => s.out.room().saturating_sub(Stream::GATHER + Stream::CHUNK) as u64,
+            (None, Some(q)) => q.room().saturating_sub(Self::RUN) as u64,
+            (None, None) => u64::MAX,
+        }
+    }
+
     /// Whether a block can be written now without waiting for the writer (storage
     /// backpressure: see `BlockSink::ready`).
     pub fn has_room(&self) -> bool {

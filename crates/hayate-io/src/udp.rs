@@ -386,6 +386,7 @@ impl UdpSocket {
             buffered,
             buffer,
             os_drops: self.kernel_drops(),
+            store_room: None,
         }
     }
 

@@ -208,6 +208,11 @@ impl Queue {
         self.observer = Some(f);
     }
 
+    /// Bytes that can be queued now without waiting.
+    pub fn room(&self) -> usize {
+        MAX_QUEUED.saturating_sub(self.shared.queued.load(Ordering::Acquire))
+    }
+
     /// Whether `len` more bytes can be queued without waiting.
     pub fn has_room(&self, len: usize) -> bool {
         let queued = self.shared.queued.load(Ordering::Acquire);

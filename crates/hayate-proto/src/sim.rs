@@ -193,6 +193,8 @@ pub struct Scenario {
     pub extra_clients: Vec<ClientSpec>,
     /// The server's receive path, if slower than the link (`None`: it keeps up).
     pub server_receiver: Option<ReceiverParams>,
+    /// The server's disk, if slower than the link (`None`: it keeps up).
+    pub server_disk: Option<DiskParams>,
     /// Give up after this much virtual time.
     pub limit_us: u64,
     /// Clients record their rate controller's trace (for debugging a scenario).
@@ -237,6 +239,7 @@ impl Scenario {
             missing_downloads: Vec::new(),
             extra_clients: Vec::new(),
             server_receiver: None,
+            server_disk: None,
             limit_us: 120_000_000,
             cc_trace: false,
             client_stall_every_us: 0,
@@ -692,6 +695,59 @@ struct MemFiles {
     out: HashMap<XferId, Vec<u8>>,
     /// xfer → buffer being received
     inc: HashMap<XferId, Vec<u8>>,
+    /// A disk slower than the network behind the received files, if any.
+    disk: Option<Disk>,
+}
+
+/// A disk behind a write queue, as the driver's write-behind: what is queued drains at the
+/// disk's rate; a block that does not fit is refused (see `BlockSink::ready`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DiskParams {
+    /// What the disk writes, bytes/s.
+    pub rate: u64,
+    /// The write queue in front of it, bytes.
+    pub queue_bytes: u64,
+}
+
+struct Disk {
+    p: DiskParams,
+    queued: u64,
+    /// Virtual time the queue was last drained to, µs.
+    at_us: u64,
+}
+
+impl Disk {
+    fn drain(&mut self, now_us: u64) {
+        let done =
+            (now_us.saturating_sub(self.at_us) as u128 * self.p.rate as u128 / 1_000_000) as u64;
+        if done > 0 {
+            self.queued = self.queued.saturating_sub(done);
+            self.at_us = now_us;
+        }
+        if self.queued == 0 {
+            self.at_us = now_us;
+        }
+    }
+}
+
+impl MemFiles {
+    fn with_disk(p: Option<DiskParams>) -> Self {
+        MemFiles {
+            disk: p.map(|p| Disk {
+                p,
+                queued: 0,
+                at_us: 0,
+            }),
+            ..MemFiles::default()
+        }
+    }
+
+    /// The disk's queue as of `now_us`.
+    fn tick(&mut self, now_us: u64) {
+        if let Some(d) = &mut self.disk {
+            d.drain(now_us);
+        }
+    }
 }
 
 /// [`StorageError::PastEnd`] for `len` bytes at `offset` of the `size` bytes of a file.
@@ -723,7 +779,23 @@ impl BlockSink for MemFiles {
         f.get_mut(o..o + data.len())
             .ok_or_else(|| past_end(offset, data.len(), size))?
             .copy_from_slice(data);
+        if let Some(d) = &mut self.disk {
+            d.queued += data.len() as u64;
+        }
         Ok(())
+    }
+
+    fn ready(&mut self, _xfer: XferId) -> bool {
+        // As the driver's write-behind: an empty queue always takes a block.
+        self.disk
+            .as_ref()
+            .is_none_or(|d| d.queued == 0 || d.queued < d.p.queue_bytes)
+    }
+
+    fn room(&self) -> Option<u64> {
+        self.disk
+            .as_ref()
+            .map(|d| d.p.queue_bytes.saturating_sub(d.queued))
     }
 }
 
@@ -1052,13 +1124,17 @@ pub fn run(sc: &Scenario) -> SimResult {
                         Route::Conn(cid) => match server.conn_mut(cid) {
                             Some(c) => {
                                 let before = c.stats().data_bytes_received;
+                                let files = sfiles
+                                    .entry(cid)
+                                    .or_insert_with(|| MemFiles::with_disk(sc.server_disk));
+                                files.tick(now);
                                 let challenge = server.handle(
                                     cid,
                                     at(now),
                                     at(arrived),
                                     cl.addr,
                                     &mut d,
-                                    sfiles.entry(cid).or_default(),
+                                    files,
                                 );
                                 if let Some(ch) = challenge {
                                     net.put(Dest::Client(from), now, &ch);
@@ -1141,7 +1217,9 @@ pub fn run(sc: &Scenario) -> SimResult {
             let Some(c) = server.conn_mut(cid) else {
                 continue;
             };
-            let files = sfiles.entry(cid).or_default();
+            let files = sfiles
+                .entry(cid)
+                .or_insert_with(|| MemFiles::with_disk(sc.server_disk));
             while let Some(ev) = c.poll_event() {
                 match ev {
                     Event::Offered {
@@ -1224,17 +1302,24 @@ pub fn run(sc: &Scenario) -> SimResult {
             let Some(c) = server.conn_mut(cid) else {
                 continue;
             };
-            if net.socket.is_some() {
+            let files = sfiles
+                .entry(cid)
+                .or_insert_with(|| MemFiles::with_disk(sc.server_disk));
+            files.tick(now);
+            if net.socket.is_some() || files.disk.is_some() {
                 c.set_receiver_state(ReceiverState {
                     buffered: net.socket_fill(),
                     buffer: net.socket_size,
                     os_drops,
+                    store_room: files.room(),
                 });
             }
             if c.poll_timeout(at(now)).is_some_and(|t| us_of(t) <= now) {
                 c.handle_timeout(at(now));
             }
-            let files = sfiles.entry(cid).or_default();
+            let files = sfiles
+                .entry(cid)
+                .or_insert_with(|| MemFiles::with_disk(sc.server_disk));
             while let Some(n) = c.poll_transmit(at(now), &mut buf, files) {
                 if let Some(to) = to {
                     net.put(Dest::Client(to), now, &buf[..n]);

@@ -12,7 +12,8 @@ use std::ops::Range;
 /// 8: `MetaOp::Remove` (`cp -r --delete`).
 /// 9: the control stream selectively acknowledged (STREAM_ACK for stream 1).
 /// 10: the sharing policy in `Params`.
-/// 11: hellos padded to the MTU they offer or agree: the padding proves the path carries it.
+/// 11: hellos padded to the MTU they offer or agree: the padding proves the path carries it;
+///     ACK's `store_room` (the receiver's storage window).
 pub const VERSION: u8 = 11;
 /// The first three bytes of every hello (ClientHello, ServerHello, HelloReject, HelloRetry):
 /// ASCII `HYT`.
@@ -480,10 +481,13 @@ pub struct AckFrame {
     pub rx_buffer: u64,
     /// Datagrams the receiver's OS dropped (socket buffer full), in total.
     pub rx_drops: u64,
+    /// File bytes the receiver's storage takes now, whatever the transfer: the sender keeps
+    /// no more in flight ([`MAX_VARINT`]: no limit).
+    pub store_room: u64,
 }
 
 impl AckFrame {
-    fn fields(&self) -> [u64; 8] {
+    fn fields(&self) -> [u64; 9] {
         [
             self.largest_pn,
             self.ack_delay_us,
@@ -493,6 +497,7 @@ impl AckFrame {
             self.rx_buffered,
             self.rx_buffer,
             self.rx_drops,
+            self.store_room,
         ]
     }
 }
@@ -955,11 +960,11 @@ impl<'a> FrameIter<'a> {
             }
             FRAME_PING => Ok(Frame::Ping),
             FRAME_ACK => {
-                let mut f = [0u64; 8];
+                let mut f = [0u64; 9];
                 for v in &mut f {
                     *v = r.get_varint()?;
                 }
-                let [largest_pn, ack_delay_us, ctrl_offset, rx_bytes, rx_time_us, rx_buffered, rx_buffer, rx_drops] =
+                let [largest_pn, ack_delay_us, ctrl_offset, rx_bytes, rx_time_us, rx_buffered, rx_buffer, rx_drops, store_room] =
                     f;
                 Ok(Frame::Ack(AckFrame {
                     largest_pn,
@@ -970,6 +975,7 @@ impl<'a> FrameIter<'a> {
                     rx_buffered,
                     rx_buffer,
                     rx_drops,
+                    store_room,
                 }))
             }
             FRAME_CTRL => {

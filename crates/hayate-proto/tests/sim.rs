@@ -443,3 +443,45 @@ fn the_handshake_finds_what_the_path_carries() {
         assert_eq!(r.client.data_packets_retransmitted, 0, "case {i}");
     }
 }
+
+/// A server whose disk is slower than the network (40 Mbit/s behind a 2 MiB write queue, a
+/// 100 Mbit/s path): its ACKs advertise the queue's room and the client keeps no more in
+/// flight, so blocks are not sent only to be refused and sent again, and the upload runs at
+/// the disk's rate.
+#[test]
+fn a_slow_disk_is_not_sent_more_than_it_takes() {
+    let len = 16 << 20;
+    let disk = sim::DiskParams {
+        rate: 5_000_000,
+        queue_bytes: 2 << 20,
+    };
+    let mut sc = Scenario::new(77);
+    sc.client.rate = RateConfig::ADAPTIVE;
+    sc.forward = LinkParams {
+        delay_us: 10_000,
+        rate: Some(12_500_000),
+        queue_bytes: 250_000,
+        ..LinkParams::default()
+    };
+    sc.reverse.delay_us = 10_000;
+    sc.server_disk = Some(disk);
+    sc.uploads = vec![("up.bin".into(), data(77, len))];
+    let r = check(&sc);
+    let blocks = r.server.data_packets_received;
+    let refused = r.server.blocks_refused_by_sink;
+    let secs = r.clients[0].end_us as f64 / 1e6;
+    println!(
+        "slow disk: {refused} of {blocks} blocks refused, {} retransmitted, {secs:.2} s ({:.1} Mbit/s)",
+        r.client.data_packets_retransmitted,
+        len as f64 * 8.0 / secs / 1e6
+    );
+    assert!(refused * 100 <= blocks, "{refused} of {blocks} refused");
+    assert!(
+        r.client.data_packets_retransmitted * 50 <= r.client.data_packets_sent,
+        "{} of {} sent again",
+        r.client.data_packets_retransmitted,
+        r.client.data_packets_sent
+    );
+    // At the disk's rate: 16 MiB at 5 MB/s is 3.4 s (plus the handshake and the last RTTs).
+    assert!(secs < 3.4 / 0.85, "{secs:.2} s");
+}

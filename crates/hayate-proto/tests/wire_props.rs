@@ -65,7 +65,7 @@ fn varint() -> impl Strategy<Value = u64> {
 }
 
 fn ack() -> impl Strategy<Value = AckFrame> {
-    prop::array::uniform8(varint()).prop_map(|f| AckFrame {
+    prop::array::uniform9(varint()).prop_map(|f| AckFrame {
         largest_pn: f[0],
         ack_delay_us: f[1],
         ctrl_offset: f[2],
@@ -74,6 +74,7 @@ fn ack() -> impl Strategy<Value = AckFrame> {
         rx_buffered: f[5],
         rx_buffer: f[6],
         rx_drops: f[7],
+        store_room: f[8],
     })
 }
 

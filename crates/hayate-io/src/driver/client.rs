@@ -487,6 +487,14 @@ impl BlockSink for Files {
             .and_then(|a| a.part.as_ref())
             .is_none_or(PartFile::has_room)
     }
+
+    fn room(&self) -> Option<u64> {
+        self.act
+            .values()
+            .filter_map(|a| a.part.as_ref())
+            .map(PartFile::room)
+            .min()
+    }
 }
 
 /// Hands the connection the hash of every upload the workers have finished, and starts the

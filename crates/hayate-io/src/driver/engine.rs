@@ -27,7 +27,7 @@ use std::os::fd::BorrowedFd;
 use std::time::{Duration, Instant};
 
 use hayate_proto::wire::Cid;
-use hayate_proto::{BlockSink, BlockSource, Connection, Endpoint, Event, Route};
+use hayate_proto::{BlockSink, BlockSource, Connection, Endpoint, Event, ReceiverState, Route};
 
 use super::link::Links;
 use super::CcTrace;
@@ -373,7 +373,10 @@ fn turns<P: Policy>(p: &mut P, net: &mut Net<P::Files>) -> io::Result<()> {
                 conn,
                 files: files.entry(cid).or_default(),
             };
-            s.conn.set_receiver_state(rx);
+            s.conn.set_receiver_state(ReceiverState {
+                store_room: BlockSink::room(&*s.files),
+                ..rx
+            });
             if s.conn.poll_timeout(now).is_some_and(|t| t <= now) {
                 s.conn.handle_timeout(now);
             }

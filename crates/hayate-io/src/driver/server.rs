@@ -171,6 +171,10 @@ impl BlockSink for SessionFiles {
     fn ready(&mut self, xfer: XferId) -> bool {
         self.inc.get(&xfer).is_none_or(|f| f.part.has_room())
     }
+
+    fn room(&self) -> Option<u64> {
+        self.inc.values().map(|f| f.part.room()).min()
+    }
 }
 
 /// Hands the connection the hash of every download the workers have finished, and starts

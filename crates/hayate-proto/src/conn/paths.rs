@@ -29,6 +29,11 @@ pub(super) struct PathData {
     pub(super) rx_buffer: u64,
     pub(super) rx_drops: u64,
     pub(super) rx_drops_base: Option<u64>,
+    /// This host's storage room (see `BlockSink::room`), and what the last ACK said of it.
+    pub(super) store_room: u64,
+    pub(super) store_room_sent: u64,
+    /// The peer's storage room, from its latest ACK: at most this much in flight.
+    pub(super) peer_store_room: u64,
     // The peer's receive path, from its ACKs: the last (bytes, time) report and drop count.
     pub(super) prev_ack_rx: Option<(u64, u64)>,
     pub(super) peer_drops: u64,
@@ -48,7 +53,13 @@ pub struct ReceiverState {
     pub buffer: u64,
     /// Datagrams the OS dropped because that buffer was full, counted since the socket opened.
     pub os_drops: u64,
+    /// File bytes this side's storage takes now (`BlockSink::room`); `None`: no limit.
+    pub store_room: Option<u64>,
 }
+
+/// A storage window below this counts as shut, and one opened to twice this is
+/// advertised at once (see [`Connection::set_receiver_state`]).
+const STORE_UPDATE: u64 = 1 << 20;
 
 impl Connection {
     /// Runs the adaptive controller with these tunables instead of the defaults, from now
@@ -88,6 +99,12 @@ impl Connection {
         // report only the drops since this session first looked.
         let base = *self.path.rx_drops_base.get_or_insert(st.os_drops);
         self.path.rx_drops = st.os_drops.saturating_sub(base);
+        self.path.store_room = st.store_room.unwrap_or(u64::MAX);
+        // A window that was nearly shut and has opened: say so now, or a sender that
+        // stopped for it would wait for its probe timeout.
+        if self.path.store_room_sent < STORE_UPDATE && self.path.store_room >= 2 * STORE_UPDATE {
+            self.space.ack_now = true;
+        }
     }
 
     pub(super) fn in_flight_bytes(&self) -> u64 {
@@ -104,14 +121,17 @@ impl Connection {
     /// at or below zero bytes (the adaptive controller's startup hold, taken when everything
     /// had just been acknowledged) would otherwise stop the session for good with data
     /// waiting: the tunnel's far side held 16 MiB unsent, its reader idle, both ends asleep.
+    ///
+    /// Nor past the room the peer's storage last said it had (its receive window).
     pub(super) fn window_full(&self) -> bool {
         let in_flight = self.in_flight_bytes();
         in_flight > 0
-            && self
-                .path
-                .cc
-                .in_flight_cap()
-                .is_some_and(|cap| in_flight >= cap)
+            && (in_flight >= self.path.peer_store_room
+                || self
+                    .path
+                    .cc
+                    .in_flight_cap()
+                    .is_some_and(|cap| in_flight >= cap))
     }
 
     /// A datagram that carries only a PATH_CHALLENGE with `token`, for the endpoint to send

@@ -112,6 +112,10 @@ impl Connection {
         fb.rx_buffer = a.rx_buffer;
         fb.rx_drops = a.rx_drops.saturating_sub(self.path.peer_drops);
         self.path.peer_drops = self.path.peer_drops.max(a.rx_drops);
+        self.path.peer_store_room = match a.store_room {
+            wire::MAX_VARINT => u64::MAX,
+            n => n,
+        };
         fb
     }
 
@@ -186,7 +190,9 @@ impl Connection {
             rx_buffered: self.path.rx_buffered,
             rx_buffer: self.path.rx_buffer,
             rx_drops: self.path.rx_drops,
+            store_room: self.path.store_room.min(wire::MAX_VARINT),
         };
+        self.path.store_room_sent = self.path.store_room;
         Frame::Ack(ack).encode(w).expect("an ACK always fits");
         self.space.ack_now = false;
         self.space.ack_pending = 0;

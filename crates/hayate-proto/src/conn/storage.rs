@@ -19,11 +19,20 @@ pub trait BlockSink {
 
     /// Whether a new block of `xfer` can be taken now without waiting (storage
     /// backpressure). A block the sink is not ready for is dropped as if the path had lost
-    /// it: the loss map reports it missing, the sender sends it again, and the delivery
-    /// rate the sender measures is what the sink took, so a slow disk or FIFO reader slows
-    /// the sender as a slow link would, and the driver's loop never waits on storage.
+    /// it: the loss map reports it missing and the sender sends it again, and the driver's
+    /// loop never waits on storage. [`room`](Self::room) keeps the sender from sending
+    /// what would be refused.
     fn ready(&mut self, _xfer: XferId) -> bool {
         true
+    }
+
+    /// File bytes it takes now, whatever the transfer, before [`ready`](Self::ready) says
+    /// no (`None`: no limit). The driver reports it with the receive path's state
+    /// ([`ReceiverState::store_room`](super::ReceiverState::store_room)); ACKs advertise it,
+    /// and the sender keeps no more than that in flight, so that blocks are not sent only
+    /// to be refused (a receive window, as TCP's).
+    fn room(&self) -> Option<u64> {
+        None
     }
 }
 
