@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::io::IsTerminal;
 use std::time::Duration;
 
-use hayate_io::driver::client::{Kind, Progress, Report, Ui};
+use hayate_io::driver::client::{FileError, Kind, Progress, Report, Ui};
 use hayate_proto::Stats;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -405,7 +405,8 @@ pub fn report_json(r: &Report) -> serde_json::Value {
             ("skipped", json!(f.skipped)),
             ("resumed_bytes", json!(f.resumed_bytes)),
             ("reused_bytes", json!(f.reused_bytes)),
-            ("error", json!(f.error)),
+            ("error", json!(f.error.as_ref().map(ToString::to_string))),
+            ("error_kind", json!(f.error.as_ref().map(FileError::kind))),
         ] {
             if !v.is_null() {
                 e.insert(k.to_string(), v);
@@ -431,7 +432,8 @@ pub fn report_json(r: &Report) -> serde_json::Value {
         let dir = if d.upload { "upload" } else { "download" };
         e.insert("direction".into(), json!(dir));
         if let Some(err) = &d.error {
-            e.insert("error".into(), json!(err));
+            e.insert("error".into(), json!(err.to_string()));
+            e.insert("error_kind".into(), json!(err.kind()));
         }
         Value::Object(e)
     });

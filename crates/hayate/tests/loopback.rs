@@ -798,6 +798,87 @@ fn upload_to_an_uncreatable_remote_path_fails_clearly() {
     assert_eq!(tree(&fx.root), ["plain"]);
 }
 
+/// `--json` names where each failure was (`error_kind`) beside the text (`error`), which is
+/// what the user reads on stderr.
+#[test]
+fn json_names_the_kind_of_each_failure() {
+    let fx = Fx::new();
+    let entry = |j: &serde_json::Value, path: &str| -> serde_json::Value {
+        let all = j["files"].as_array().into_iter().flatten();
+        let all = all.chain(j["other_entries"].as_array().into_iter().flatten());
+        all.clone()
+            .find(|e| e["path"].as_str().is_some_and(|p| p.ends_with(path)))
+            .cloned()
+            .unwrap_or_else(|| panic!("no entry for {path}: {j}"))
+    };
+    let kind_and_text = |e: &serde_json::Value| {
+        (
+            e["error_kind"].as_str().unwrap_or_default().to_string(),
+            e["error"].as_str().unwrap_or_default().to_string(),
+        )
+    };
+
+    // This side's file system (a source not there), a directory without -r, and a copy
+    // that went: one upload.
+    write_random(&fx.local.join("a"), 1000, 40);
+    fs::create_dir(fx.local.join("d")).unwrap();
+    fs::create_dir(fx.root.join("m")).unwrap();
+    let up = fx.cp(&[
+        "--json".into(),
+        s(&fx.local.join("a")),
+        s(&fx.local.join("no-such-file")),
+        s(&fx.local.join("d")),
+        fx.url("m/"),
+    ]);
+    up.assert_failed();
+    let j = up.json();
+    let (kind, text) = kind_and_text(&entry(&j, "no-such-file"));
+    assert_eq!(kind, "local", "{j}");
+    assert!(lower(&text).contains("no such file"), "{j}");
+    let (kind, text) = kind_and_text(&entry(&j, "/d"));
+    assert_eq!(
+        (kind.as_str(), text.as_str()),
+        ("needs_recursive", "is a directory (use -r)"),
+        "{j}"
+    );
+    let a = entry(&j, "/a");
+    assert!(
+        a.get("error").is_none() && a.get("error_kind").is_none(),
+        "{j}"
+    );
+    assert!(
+        up.stderr
+            .contains(&format!("{}: {text}", s(&fx.local.join("d")))),
+        "{up:#?}"
+    );
+
+    // The far side's rules: no parent directory to put it in.
+    fs::write(fx.root.join("plain"), b"x").unwrap();
+    let up = fx.cp(&["--json".into(), s(&fx.local.join("a")), fx.url("plain/u")]);
+    up.assert_failed();
+    let j = up.json();
+    let (kind, text) = kind_and_text(&entry(&j, "/a"));
+    assert_eq!(kind, "refused", "{j}");
+    assert!(text.starts_with("refused: "), "{j}");
+    assert!(up.stderr.contains(&text), "{up:#?}");
+
+    // The far side's own error: a remote source not there, listed beside one that is.
+    write_random(&fx.root.join("here"), 2000, 41);
+    let into = fx.local.join("into");
+    fs::create_dir(&into).unwrap();
+    let down = fx.cp(&[
+        "--json".into(),
+        fx.url("not-here"),
+        fx.url("here"),
+        s(&into),
+    ]);
+    down.assert_failed();
+    let j = down.json();
+    let (kind, text) = kind_and_text(&entry(&j, "not-here"));
+    assert_eq!(kind, "remote", "{j}");
+    assert!(lower(&text).contains("no such file"), "{j}");
+}
+
 #[test]
 fn no_server_times_out_with_a_clear_error() {
     let tmp = TempDir::new().unwrap();
@@ -1229,6 +1310,15 @@ fn json_of_an_interrupted_copy_reports_what_moved() {
     let moved = j["bytes"].as_u64().unwrap();
     assert!(moved > 1_000_000 && moved < 64 << 20, "{j}");
     assert_eq!(j["files"][0]["moved_bytes"].as_u64(), Some(moved), "{j}");
+    // The file's error is the session's, with what it is missing.
+    let e = &j["files"][0];
+    assert_eq!(e["error_kind"], "session", "{j}");
+    let text = e["error"].as_str().unwrap_or_default();
+    assert!(
+        text.starts_with("interrupted; the far side acknowledged ")
+            && text.ends_with(" bytes (a rerun resumes)"),
+        "{j}"
+    );
     assert_eq!(j["verified_bytes"], 0, "{j}");
     // Measured on this run: the RTT is there, and the rate is what moved over the time.
     assert!(j["srtt_ms"].as_f64().is_some(), "{j}");

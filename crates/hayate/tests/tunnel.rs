@@ -1,7 +1,7 @@
 //! `hayate tunnel` as ssh's ProxyCommand, through a real OpenSSH server on loopback (started
 //! per test with throwaway keys): commands and exit statuses, rsync, scp and sftp byte-exact,
-//! an interactive session, a slow reader, far-side errors, a broken standard output, the
-//! UDP-blocked fallback.
+//! an interactive session, a slow reader, far-side errors, a broken standard output or an
+//! unreadable standard input (over UDP and in the fallback), the UDP-blocked fallback.
 //! Skipped, saying so, where sshd cannot run.
 
 mod common;
@@ -91,6 +91,42 @@ impl Fx {
         v.push("-o".into());
         v.push(format!("ProxyCommand={}", self.proxy(extra)));
         v
+    }
+
+    /// A far side whose UDP port answers nothing: a banner naming a port nobody listens on.
+    fn far_side_without_udp(&self) -> PathBuf {
+        let fake = self.p("fake-hayate");
+        let port = common::free_udp_port();
+        fs::write(
+            &fake,
+            format!(
+                "#!/bin/sh\necho 'HAYATE-STDIO {} port={port} key={} addr=127.0.0.1'\nexec cat >/dev/null\n",
+                hayate_version(),
+                "ab".repeat(32)
+            ),
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&fake, fs::Permissions::from_mode(0o755)).unwrap();
+        fake
+    }
+
+    /// `hayate tunnel` for `port` whose UDP gets no answer within a second: the TCP fallback.
+    fn tunnel_without_udp(&self, port: u16) -> Command {
+        let fake = self.far_side_without_udp();
+        let mut c = Command::new(BIN);
+        c.arg("tunnel")
+            .arg("-e")
+            .arg(self.sshd.ssh_command())
+            .arg("--remote-path")
+            .arg(fake)
+            .arg("--udp-timeout")
+            .arg("1")
+            .arg("--ssh-port")
+            .arg(self.sshd.port().to_string())
+            .arg("127.0.0.1")
+            .arg(port.to_string());
+        c
     }
 
     /// `hayate tunnel` itself, as ssh would run it, for `port` on the far side.
@@ -413,21 +449,9 @@ fn far_side_errors_are_clear() {
     );
 }
 
-/// The tunnel's standard output breaks while its standard input stays open (sshd's banner,
-/// the first thing it says, cannot be written): the tunnel ends at once, saying why in one
-/// line, with a failure status, instead of running on until a signal.
-#[test]
-fn a_broken_standard_output_is_a_clear_error() {
-    let fx = fx!();
-    let mut child = fx
-        .tunnel(fx.sshd.port())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let stdin = child.stdin.take();
-    drop(child.stdout.take());
+/// Waits for `child` (its stderr piped) to exit within 30 s, killing it and failing if it
+/// does not: its status and what it said on stderr.
+fn exit_within_limit(mut child: std::process::Child) -> (std::process::ExitStatus, String) {
     let mut err = child.stderr.take().unwrap();
     let t = thread::spawn(move || {
         let mut v = Vec::new();
@@ -450,30 +474,113 @@ fn a_broken_standard_output_is_a_clear_error() {
         }
         thread::sleep(Duration::from_millis(10));
     };
+    (status, text(&t.join().unwrap()))
+}
+
+/// The tunnel's standard output breaks while its standard input stays open (sshd's banner,
+/// the first thing it says, cannot be written): the tunnel ends at once, saying why in one
+/// line, with a failure status, instead of running on until a signal.
+#[test]
+fn a_broken_standard_output_is_a_clear_error() {
+    let fx = fx!();
+    let mut child = fx
+        .tunnel(fx.sshd.port())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stdin = child.stdin.take();
+    drop(child.stdout.take());
+    let (status, err) = exit_within_limit(child);
     drop(stdin);
-    let err = text(&t.join().unwrap());
     assert_eq!(status.code(), Some(1), "stderr: {err}");
     assert!(err.contains("cannot write to standard output"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
 }
 
+/// Standard input cannot be read (an fd open only for writing): the tunnel ends at once with
+/// that error in one line and a failure status, rather than taking it for ssh's end.
+#[test]
+fn a_failed_read_of_standard_input_is_a_clear_error() {
+    let fx = fx!();
+    let wronly = fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/null")
+        .unwrap();
+    let mut child = fx
+        .tunnel(fx.sshd.port())
+        .stdin(Stdio::from(wronly))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stdout = child.stdout.take();
+    let (status, err) = exit_within_limit(child);
+    drop(stdout);
+    assert_eq!(status.code(), Some(1), "stderr: {err}");
+    assert!(err.contains("cannot read standard input"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+}
+
+/// Where UDP gets no answer the stream goes over TCP; its standard output breaking while
+/// standard input stays open ends it at once, naming standard output (not the connection,
+/// which was made), with a failure status.
+#[test]
+fn a_broken_standard_output_in_the_tcp_fallback_is_a_clear_error() {
+    let fx = fx!();
+    let mut child = fx
+        .tunnel_without_udp(fx.sshd.port())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stdin = child.stdin.take();
+    drop(child.stdout.take());
+    let (status, err) = exit_within_limit(child);
+    drop(stdin);
+    assert_eq!(status.code(), Some(1), "stderr: {err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "{err}");
+    assert!(lines[0].contains("over TCP instead"), "{err}");
+    assert!(
+        lines[1].contains("cannot write to standard output"),
+        "{err}"
+    );
+    assert!(!err.contains("cannot connect"), "{err}");
+}
+
+/// The TCP fallback's standard input cannot be read: one line naming it, a failure status,
+/// at once.
+#[test]
+fn a_failed_read_of_standard_input_in_the_tcp_fallback_is_a_clear_error() {
+    let fx = fx!();
+    let wronly = fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/null")
+        .unwrap();
+    let mut child = fx
+        .tunnel_without_udp(fx.sshd.port())
+        .stdin(Stdio::from(wronly))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stdout = child.stdout.take();
+    let (status, err) = exit_within_limit(child);
+    drop(stdout);
+    assert_eq!(status.code(), Some(1), "stderr: {err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 2, "{err}");
+    assert!(lines[1].contains("cannot read standard input"), "{err}");
+    assert!(!err.contains("cannot connect"), "{err}");
+}
+
 #[test]
 fn udp_blocked_falls_back_to_tcp() {
     let fx = fx!();
-    // A far side whose UDP port answers nothing: a banner naming a port nobody listens on.
-    let fake = fx.p("fake-hayate");
-    let port = common::free_udp_port();
-    fs::write(
-        &fake,
-        format!(
-            "#!/bin/sh\necho 'HAYATE-STDIO {} port={port} key={} addr=127.0.0.1'\nexec cat >/dev/null\n",
-            hayate_version(),
-            "ab".repeat(32)
-        ),
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    fs::set_permissions(&fake, fs::Permissions::from_mode(0o755)).unwrap();
+    let fake = fx.far_side_without_udp();
     let mut c = fx.sshd.command();
     c.arg("-o")
         .arg(format!(

@@ -178,9 +178,10 @@ pub struct FileResult {
     /// Bytes of this file sent as data in this run: neither what was already there (resumed
     /// or reused) nor a skipped file; for an unfinished file, what got there.
     pub moved_bytes: u64,
-    /// Why it failed, for the user; None when it succeeded or was skipped. Files left
-    /// unfinished by a session failure get that failure and what is missing.
-    pub error: Option<String>,
+    /// Why it failed (where, and the text for the user); None when it succeeded or was
+    /// skipped. Files left unfinished by a session failure get that failure and what is
+    /// missing.
+    pub error: Option<FileError>,
 }
 
 impl FileResult {
@@ -230,7 +231,7 @@ pub struct Deleted {
     /// Its path: on the far side as sent to it (relative to its home or `--root`), or local.
     pub path: String,
     /// Why it is still there; None when it was removed (or was gone already).
-    pub error: Option<String>,
+    pub error: Option<FileError>,
 }
 
 /// What [`run`] did: every entry's outcome and the session's.
@@ -255,6 +256,160 @@ pub struct Report {
     /// sent long enough to find the rate, not held down by a cap or by having nothing to
     /// send): uploads over UDP only. See [`crate::pathcache`].
     pub measured: Option<PathMeasurement>,
+}
+
+/// Why one entry of the job failed ([`FileResult::error`], [`Deleted::error`]): the variant
+/// says where the failure was, `Display` is the text the user sees (the lower layer's own
+/// words where it has them), [`FileError::kind`] its stable name (`"error_kind"` in the JSON
+/// summary).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FileError {
+    /// This side's file system: a source that cannot be read, a destination that cannot be
+    /// written or renamed into place, a directory or link that cannot be made, a local
+    /// listing or removal that failed.
+    #[error("{0}")]
+    Local(String),
+    /// The far side could not do what was asked of it (list, make a directory or link, set
+    /// metadata, remove), in its words.
+    #[error("{0}")]
+    Remote(String),
+    /// An upload the far side did not take: writing or verifying it there failed (its
+    /// words), or the hash it verified is not ours.
+    #[error("far side: {0}")]
+    RemoteReceive(String),
+    /// The far side would not send or take it (its rules, or a source that is no file or
+    /// changed as it was read there): its reason.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// What landed here is not what was sent (its BLAKE3 differs), or the source changed
+    /// while it was sent.
+    #[error("{0}")]
+    Verification(String),
+    /// A directory named without `-r`.
+    #[error("{}", DIR_NEEDS_R)]
+    NeedsRecursive,
+    /// A pattern that matched nothing on the far side.
+    #[error("no match")]
+    NoMatch,
+    /// Not something the job can do as asked: no regular file, a destination that is no
+    /// directory (or none), two sources to one name, standard input into a directory.
+    #[error("{0}")]
+    Invalid(String),
+    /// The far side answered with something this side will not use (an invalid name or
+    /// path, an empty listing).
+    #[error("{0}")]
+    Protocol(String),
+    /// The session ended before this was done (interrupted, the far side gone or silent, no
+    /// answer at all): why, and what a transfer under way is missing (a rerun resumes).
+    #[error(
+        "{why}{}",
+        unfinished.as_ref().map_or_else(String::new, |u| format!("; {u} (a rerun resumes)"))
+    )]
+    Session {
+        /// The session's failure, as [`Report::error`] says it.
+        why: String,
+        /// A transfer under way: how far it got.
+        unfinished: Option<Unfinished>,
+    },
+}
+
+impl FileError {
+    /// The variant's stable snake_case name (`"error_kind"` in the JSON summary).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            FileError::Local(_) => "local",
+            FileError::Remote(_) => "remote",
+            FileError::RemoteReceive(_) => "remote_receive",
+            FileError::Refused(_) => "refused",
+            FileError::Verification(_) => "verification",
+            FileError::NeedsRecursive => "needs_recursive",
+            FileError::NoMatch => "no_match",
+            FileError::Invalid(_) => "invalid",
+            FileError::Protocol(_) => "protocol",
+            FileError::Session { .. } => "session",
+        }
+    }
+
+    /// A source that could not be read or hashed here, or that changed while it was sent.
+    fn source(e: &SourceError) -> FileError {
+        if e.changed() {
+            FileError::Verification(e.to_string())
+        } else {
+            FileError::Local(e.to_string())
+        }
+    }
+
+    /// A download's verdict that failed here.
+    fn receive(e: &ReceiveError) -> FileError {
+        match e {
+            ReceiveError::Mismatch { .. } => FileError::Verification(e.to_string()),
+            ReceiveError::Hash(_) | ReceiveError::Unfinished(_) | ReceiveError::Commit(_) => {
+                FileError::Local(e.to_string())
+            }
+        }
+    }
+
+    /// The session's failure, for an entry it left with nothing under way.
+    fn session(why: &str) -> FileError {
+        FileError::Session {
+            why: why.to_string(),
+            unfinished: None,
+        }
+    }
+}
+
+/// Serialized as the text the user sees.
+impl serde::Serialize for FileError {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// How far a transfer got before its session ended ([`FileError::Session`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unfinished {
+    /// An upload: the bytes the far side acknowledged of the file's.
+    Acked {
+        /// Bytes acknowledged.
+        acked: u64,
+        /// The file's size.
+        size: u64,
+    },
+    /// A download: the blocks received of the file's, and the first few ranges missing.
+    Blocks {
+        /// Blocks received.
+        got: u64,
+        /// The file's blocks.
+        of: u64,
+        /// The first missing ranges of blocks (at most five).
+        missing: Vec<(u64, u64)>,
+        /// More ranges are missing than `missing` holds.
+        more: bool,
+    },
+}
+
+impl std::fmt::Display for Unfinished {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unfinished::Acked { acked, size } => {
+                write!(f, "the far side acknowledged {acked} of {size} bytes")
+            }
+            Unfinished::Blocks {
+                got,
+                of,
+                missing,
+                more,
+            } => {
+                let first: Vec<String> = missing.iter().map(|(a, b)| format!("{a}..{b}")).collect();
+                write!(
+                    f,
+                    "received {got} of {of} blocks, missing blocks {}{}",
+                    first.join(", "),
+                    if *more { ", ..." } else { "" }
+                )
+            }
+        }
+    }
 }
 
 /// Why a copy failed as a whole ([`Report::error`]); the files it left unfinished carry it
@@ -555,7 +710,7 @@ fn settle_update_hashes(
                     let path = s.results[up.idx].local.display().to_string();
                     ui.note(&format!("{path}: {e}: sending it again from the start"));
                 } else {
-                    s.results[up.idx].error = Some(e.to_string());
+                    s.results[up.idx].error = Some(FileError::source(&e));
                 }
             }
         }
@@ -633,7 +788,7 @@ fn accept_download(
     let mut p = match part {
         Ok(p) => p,
         Err(e) => {
-            r.error = Some(e.to_string());
+            r.error = Some(FileError::Local(e.to_string()));
             conn.reject(xfer, &format!("client cannot write: {e}"));
             return false;
         }
@@ -682,7 +837,7 @@ fn start_download(
             // Worded as a failed write is (`IncomingFailed`): a disk found full here (the
             // background reserve already short) or at the first writes reads the same.
             let e = format!("cannot write {}: {e}", r.local.display());
-            r.error = Some(e.clone());
+            r.error = Some(FileError::Local(e.clone()));
             conn.reject(xfer, &format!("client {e}"));
             // Short of space, say (the reserve failed): what this run made goes.
             if let Some(p) = a.part.take() {
@@ -725,7 +880,7 @@ fn settle_downloads(conn: &mut Connection, files: &mut Files, s: &mut Session<'_
                 r.moved_bytes = a.size.saturating_sub(r.kept_bytes());
                 s.finished_bytes += a.size;
             }
-            Err(e) => r.error = Some(e.to_string()),
+            Err(e) => r.error = Some(FileError::receive(e)),
         }
         conn.finish_incoming(xfer, verdict.map_err(|e| e.to_string()));
     }
@@ -934,7 +1089,7 @@ impl<'a> Session<'a> {
         self.results.len() - 1
     }
 
-    fn fail(&mut self, kind: Kind, upload: bool, local: PathBuf, remote: String, e: String) {
+    fn fail(&mut self, kind: Kind, upload: bool, local: PathBuf, remote: String, e: FileError) {
         let i = self.push(FileResult::new(kind, upload, local, remote, 0));
         self.results[i].error = Some(e);
     }
@@ -1037,6 +1192,7 @@ impl<'a> Session<'a> {
                     let Job::Download { sources, dest } = self.job else {
                         return;
                     };
+                    let e = FileError::Remote(e);
                     self.fail(Kind::File, false, dest.clone(), sources[i].clone(), e);
                 }
             },
@@ -1053,6 +1209,7 @@ impl<'a> Session<'a> {
                     let Job::Download { sources, dest } = self.job else {
                         return;
                     };
+                    let e = FileError::Remote(e);
                     self.fail(Kind::File, false, dest.clone(), sources[i].clone(), e);
                 }
             },
@@ -1065,16 +1222,16 @@ impl<'a> Session<'a> {
                     acc.extend(v);
                     self.plan_download_at(src, base, acc);
                 }
-                Err(e) => self.fail(Kind::Dir, false, base, src, e),
+                Err(e) => self.fail(Kind::Dir, false, base, src, FileError::Remote(e)),
             },
             Pending::Op(i) => match result {
                 Ok(_) => self.results[i].verified = true,
-                Err(e) => self.results[i].error = Some(e),
+                Err(e) => self.results[i].error = Some(FileError::Remote(e)),
             },
             Pending::Refused(i) => {
                 if result.is_ok_and(|v| v.first().is_some_and(|e| e.kind == WireKind::Dir)) {
                     self.results[i].kind = Kind::Dir;
-                    self.results[i].error = Some(DIR_NEEDS_R.into());
+                    self.results[i].error = Some(FileError::NeedsRecursive);
                 }
             }
             Pending::PruneList(t, mut acc) => match result {
@@ -1091,7 +1248,7 @@ impl<'a> Session<'a> {
             },
             Pending::Remove(i) => {
                 if let Err(e) = result {
-                    self.deleted[i].error = Some(e);
+                    self.deleted[i].error = Some(FileError::Remote(e));
                 }
             }
         }
@@ -1108,7 +1265,7 @@ impl<'a> Session<'a> {
     /// The server would not send or take `results[i]`.
     fn on_refused(&mut self, conn: &mut Connection, i: usize, reason: String) {
         // Set now so the result still fails if the session ends before the listing below.
-        self.results[i].error = Some(format!("refused: {reason}"));
+        self.results[i].error = Some(FileError::Refused(reason));
         if self.unlisted_download() && !self.results[i].upload {
             // The refusal is only text: the listing says whether the guess was wrong (a
             // directory), at the cost of a round trip on this failure path only.
@@ -1145,7 +1302,9 @@ impl<'a> Session<'a> {
             // Standard input has no name to give a file in a directory.
             let local = PathBuf::from(STDIO);
             if dest.is_empty() || dest.ends_with('/') || dest_kind == Some(WireKind::Dir) {
-                let e = "is a directory: - (standard input) needs a file name as DEST".into();
+                let e = FileError::Invalid(
+                    "is a directory: - (standard input) needs a file name as DEST".into(),
+                );
                 self.fail(Kind::File, true, local, dest.clone(), e);
                 return;
             }
@@ -1167,7 +1326,8 @@ impl<'a> Session<'a> {
                 } else {
                     "no such directory"
                 };
-                self.fail(Kind::Dir, true, PathBuf::new(), dest.clone(), why.into());
+                let e = FileError::Invalid(why.into());
+                self.fail(Kind::Dir, true, PathBuf::new(), dest.clone(), e);
                 return;
             }
             self.meta_op(
@@ -1190,7 +1350,8 @@ impl<'a> Session<'a> {
             let meta = match std::fs::metadata(src) {
                 Ok(m) => m,
                 Err(e) => {
-                    self.fail(Kind::File, true, src.clone(), dest.clone(), e.to_string());
+                    let e = FileError::Local(e.to_string());
+                    self.fail(Kind::File, true, src.clone(), dest.clone(), e);
                     continue;
                 }
             };
@@ -1200,7 +1361,7 @@ impl<'a> Session<'a> {
                     true,
                     src.clone(),
                     dest.clone(),
-                    "no usable name".into(),
+                    FileError::Invalid("no usable name".into()),
                 );
                 continue;
             };
@@ -1220,7 +1381,7 @@ impl<'a> Session<'a> {
                     true,
                     src.clone(),
                     target(&name),
-                    DIR_NEEDS_R.into(),
+                    FileError::NeedsRecursive,
                 );
             } else if meta.is_dir() {
                 self.plan_upload_tree(conn, src, &target(&name));
@@ -1230,7 +1391,7 @@ impl<'a> Session<'a> {
                     true,
                     src.clone(),
                     target(&name),
-                    "not a regular file".into(),
+                    FileError::Invalid("not a regular file".into()),
                 );
             }
         }
@@ -1247,6 +1408,7 @@ impl<'a> Session<'a> {
         let entries = match listed {
             Ok(v) => v,
             Err(e) => {
+                let e = FileError::Local(e);
                 self.fail(Kind::Dir, true, src.to_path_buf(), base.to_string(), e);
                 return;
             }
@@ -1323,7 +1485,7 @@ impl<'a> Session<'a> {
                 false,
                 dest.clone(),
                 sources[i].clone(),
-                "no match".into(),
+                FileError::NoMatch,
             );
             return;
         }
@@ -1331,7 +1493,8 @@ impl<'a> Session<'a> {
             let src = std::mem::take(&mut e.path);
             let name = remote_basename(&src);
             if name.is_empty() || !plain_relative(&name) {
-                let why = format!("the far side matched an invalid name {name:?}");
+                let why =
+                    FileError::Protocol(format!("the far side matched an invalid name {name:?}"));
                 self.fail(Kind::File, false, dest.clone(), sources[i].clone(), why);
                 continue;
             }
@@ -1362,15 +1525,16 @@ impl<'a> Session<'a> {
         // Two patterns (or a pattern and a name) may reach one name: the copies would race on
         // one temp file.
         if let Some(prev) = self.bases.insert(base.clone(), src.clone()) {
-            let e = format!(
+            let e = FileError::Invalid(format!(
                 "{prev} and {src} would both be copied to {}",
                 base.display()
-            );
+            ));
             self.fail(Kind::File, false, base, src.clone(), e);
             return;
         }
         let Some(root) = entries.first() else {
-            self.fail(Kind::File, false, base, src.clone(), "empty listing".into());
+            let e = FileError::Protocol("empty listing".into());
+            self.fail(Kind::File, false, base, src.clone(), e);
             return;
         };
         match root.kind {
@@ -1387,7 +1551,13 @@ impl<'a> Session<'a> {
                 return;
             }
             WireKind::Dir if !self.recursive => {
-                self.fail(Kind::Dir, false, base, src.clone(), DIR_NEEDS_R.into());
+                self.fail(
+                    Kind::Dir,
+                    false,
+                    base,
+                    src.clone(),
+                    FileError::NeedsRecursive,
+                );
                 return;
             }
             WireKind::Other => {
@@ -1396,14 +1566,17 @@ impl<'a> Session<'a> {
                     false,
                     base,
                     src.clone(),
-                    "not a regular file".into(),
+                    FileError::Invalid("not a regular file".into()),
                 );
                 return;
             }
             WireKind::Dir => {}
         }
         if let Some(bad) = entries.iter().find(|e| !plain_relative(&e.path)) {
-            let why = format!("the far side listed an invalid path {:?}", bad.path);
+            let why = FileError::Protocol(format!(
+                "the far side listed an invalid path {:?}",
+                bad.path
+            ));
             self.fail(Kind::Dir, false, base, src.clone(), why);
             return;
         }
@@ -1432,7 +1605,7 @@ impl<'a> Session<'a> {
                         .and_then(|p| local.mkdirs(p, Some(mode)).map_err(|e| e.to_string()))
                     {
                         Ok(()) => r.verified = true,
-                        Err(e) => r.error = Some(e),
+                        Err(e) => r.error = Some(FileError::Local(e)),
                     }
                     let idx = self.push(r);
                     if preserve {
@@ -1450,7 +1623,7 @@ impl<'a> Session<'a> {
                         .and_then(|p| local.symlink(p, &e.target).map_err(|e| e.to_string()))
                     {
                         Ok(()) => r.verified = true,
-                        Err(e) => r.error = Some(e),
+                        Err(e) => r.error = Some(FileError::Local(e)),
                     }
                     if r.verified && preserve {
                         let _ =
@@ -1489,7 +1662,7 @@ impl<'a> Session<'a> {
             let (f, m) = match opened {
                 Ok(x) => x,
                 Err(e) => {
-                    r.error = Some(e);
+                    r.error = Some(FileError::Local(e));
                     return;
                 }
             };
@@ -1529,7 +1702,7 @@ impl<'a> Session<'a> {
                     let hash = WholeHash::start(f, up.src.size());
                     files.hashing.push((up, hash));
                 }
-                Err(e) => r.error = Some(e.to_string()),
+                Err(e) => r.error = Some(FileError::Local(e.to_string())),
             }
         } else {
             if fl & flags::NO_CLOBBER != 0
@@ -1581,7 +1754,10 @@ impl<'a> Session<'a> {
         let sending = match Sending::new(up.src) {
             Ok(s) => s,
             Err(e) => {
-                r.error = Some(format!("cannot read {}: {e}", r.local.display()));
+                r.error = Some(FileError::Local(format!(
+                    "cannot read {}: {e}",
+                    r.local.display()
+                )));
                 conn.fail_source(x, &e.to_string());
                 return None;
             }
@@ -1659,11 +1835,19 @@ impl<'a> Session<'a> {
     ) {
         let upload = matches!(self.job, Job::Upload { .. });
         let tree = &self.trees[t];
-        let cannot = |e: String| Deleted {
+        // The listing is the far side's for an upload, this side's for a download.
+        let cannot = |e: String, invalid: bool| Deleted {
             kind: Kind::Dir,
             upload,
             path: tree.dest.clone(),
-            error: Some(format!("cannot list it: {e}")),
+            error: Some({
+                let e = format!("cannot list it: {e}");
+                match (invalid, upload) {
+                    (true, _) => FileError::Invalid(e),
+                    (false, true) => FileError::Remote(e),
+                    (false, false) => FileError::Local(e),
+                }
+            }),
         };
         let listed = match listed {
             Ok(v)
@@ -1673,11 +1857,11 @@ impl<'a> Session<'a> {
                 v
             }
             Ok(_) => {
-                self.deleted.push(cannot("not a directory".into()));
+                self.deleted.push(cannot("not a directory".into(), true));
                 return;
             }
             Err(e) => {
-                self.deleted.push(cannot(e));
+                self.deleted.push(cannot(e, false));
                 return;
             }
         };
@@ -1731,7 +1915,7 @@ impl<'a> Session<'a> {
                 self.pending.insert(id, Pending::Remove(i));
             } else if let Some(local) = &self.local {
                 if let Err(e) = local.remove(&dest, &rel, dir) {
-                    self.deleted[i].error = Some(e.to_string());
+                    self.deleted[i].error = Some(FileError::Local(e.to_string()));
                 }
             }
         }
@@ -1754,7 +1938,7 @@ impl<'a> Session<'a> {
                 self.pending.insert(id, Pending::Op(d.idx));
             } else if let Some(local) = &self.local {
                 if let Err(e) = local.set_meta(&d.path, Some(d.mode & 0o777), Some((d.mtime, 0))) {
-                    self.results[d.idx].error = Some(e.to_string());
+                    self.results[d.idx].error = Some(FileError::Local(e.to_string()));
                 }
             }
         }
@@ -1922,42 +2106,49 @@ pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
         }
         let r = &mut s.results[a.idx];
         r.moved_bytes = in_flight_done(conn, xfer, &a).saturating_sub(r.kept_bytes());
-        let detail = if a.upload {
+        let unfinished = if a.upload {
             let acked = conn.outgoing_acked_bytes(xfer).unwrap_or(0);
-            format!(
-                "{why}; the far side acknowledged {acked} of {} bytes (a rerun resumes)",
-                a.size
-            )
-        } else if let Some((got, n)) = conn.incoming_progress(xfer) {
-            let missing = conn.incoming_missing(xfer).unwrap_or_default();
-            let first: Vec<String> = missing
-                .iter()
-                .take(5)
-                .map(|(a, b)| format!("{a}..{b}"))
-                .collect();
-            format!(
-                "{why}; received {got} of {n} blocks, missing blocks {}{} (a rerun resumes)",
-                first.join(", "),
-                if missing.len() > 5 { ", ..." } else { "" }
-            )
+            Some(Unfinished::Acked {
+                acked,
+                size: a.size,
+            })
+        } else if let Some((got, of)) = conn.incoming_progress(xfer) {
+            let mut missing = conn.incoming_missing(xfer).unwrap_or_default();
+            let more = missing.len() > 5;
+            missing.truncate(5);
+            Some(Unfinished::Blocks {
+                got,
+                of,
+                missing,
+                more,
+            })
         } else {
-            why.clone()
+            None
         };
-        r.error.get_or_insert(detail);
+        r.error.get_or_insert(FileError::Session {
+            why: why.clone(),
+            unfinished,
+        });
         if let Some(p) = a.part {
             p.abandon();
         }
     }
     for (up, _) in files.hashing.drain(..) {
-        s.results[up.idx].error.get_or_insert_with(|| why.clone());
+        s.results[up.idx]
+            .error
+            .get_or_insert_with(|| FileError::session(&why));
     }
     for i in std::mem::take(&mut s.queue) {
-        s.results[i].error.get_or_insert_with(|| why.clone());
+        s.results[i]
+            .error
+            .get_or_insert_with(|| FileError::session(&why));
     }
     // Removals the far side never answered: not known to have happened.
     for (_, p) in s.pending.drain() {
         if let Pending::Remove(i) = p {
-            s.deleted[i].error.get_or_insert_with(|| why.clone());
+            s.deleted[i]
+                .error
+                .get_or_insert_with(|| FileError::session(&why));
         }
     }
     if s.delete && !s.pruned {
@@ -2155,10 +2346,10 @@ impl Policy for Client<'_, '_> {
                     // The core names the transfer by the far side's path; a write that
                     // failed here (a full disk) is about the local destination.
                     let r = &mut s.results[a.idx];
-                    r.error = Some(match a.write_error.take() {
+                    r.error = Some(FileError::Local(match a.write_error.take() {
                         Some(e) => format!("cannot write {}: {e}", r.local.display()),
                         None => reason,
-                    });
+                    }));
                     if a.no_space {
                         // Keeping it would leave the disk full for everything else.
                         if let Some(p) = a.part {
@@ -2190,14 +2381,14 @@ impl Policy for Client<'_, '_> {
                     }
                     let r = &mut s.results[a.idx];
                     match (result, failed) {
-                        (_, Some(e)) => r.error = Some(e.to_string()),
+                        (_, Some(e)) => r.error = Some(FileError::source(&e)),
                         (Ok(h), None) => {
                             r.verified = true;
                             r.blake3 = Some(hex(&h));
                             r.moved_bytes = a.size.saturating_sub(r.kept_bytes());
                             s.finished_bytes += a.size;
                         }
-                        (Err(e), None) => r.error = Some(format!("far side: {e}")),
+                        (Err(e), None) => r.error = Some(FileError::RemoteReceive(e)),
                     }
                 }
             }
@@ -2347,6 +2538,46 @@ fn open_source(path: &Path) -> Result<(File, std::fs::Metadata), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A session's failure on a file under way reads as it always did: why, how far it got,
+    /// and that a rerun resumes; on anything else, just why.
+    #[test]
+    fn a_session_failure_says_what_is_missing() {
+        let up = FileError::Session {
+            why: "interrupted".into(),
+            unfinished: Some(Unfinished::Acked {
+                acked: 4096,
+                size: 10000,
+            }),
+        };
+        assert_eq!(
+            up.to_string(),
+            "interrupted; the far side acknowledged 4096 of 10000 bytes (a rerun resumes)"
+        );
+        let down = |missing: Vec<(u64, u64)>, more| FileError::Session {
+            why: "no answer".into(),
+            unfinished: Some(Unfinished::Blocks {
+                got: 3,
+                of: 20,
+                missing,
+                more,
+            }),
+        };
+        assert_eq!(
+            down(vec![(3, 5), (9, 20)], false).to_string(),
+            "no answer; received 3 of 20 blocks, missing blocks 3..5, 9..20 (a rerun resumes)"
+        );
+        assert_eq!(
+            down((0..5).map(|i| (i * 2, i * 2 + 1)).collect(), true).to_string(),
+            "no answer; received 3 of 20 blocks, missing blocks 0..1, 2..3, 4..5, 6..7, 8..9, \
+             ... (a rerun resumes)"
+        );
+        assert_eq!(
+            FileError::session("session ended").to_string(),
+            "session ended"
+        );
+        assert_eq!(FileError::session("x").kind(), "session");
+    }
 
     /// `cp HOST:FILE DEST` asks for the file at once; listing it first cost a round trip
     /// before the first byte. Several sources, or `-r`, are listed first (a tree needs it).

@@ -122,7 +122,8 @@ impl Pump {
         })
     }
 
-    /// Standard input ended (or the socket's reading half).
+    /// Nothing more is read: standard input ended (or the socket's reading half), or reading
+    /// it failed ([`Pump::error`]).
     pub fn read_eof(&self) -> bool {
         self.read_eof
     }
@@ -192,8 +193,9 @@ impl Pump {
                         writing: false,
                         error: e,
                     });
+                    // No more reads, but no end of stream either: the peer must not take
+                    // a failure for the end (the owner of the pump closes the session).
                     self.read_eof = true;
-                    conn.stream_finish();
                 }
             }
         }
@@ -528,9 +530,15 @@ impl Policy for TunnelClient {
                 }
                 return false;
             }
-            // Standard input failed: that direction ends as at its end of file (the pump
-            // finished the stream); what comes back is still written.
-            Some(_) | None => {}
+            Some(e) => {
+                // A read error is not an end of file: ssh's bytes stop partway, which the
+                // far side must not take for ssh's end.
+                let why = format!("cannot read standard input: {}", e.error);
+                s.conn.close(now, 1, &why);
+                self.error = Some(why);
+                return false;
+            }
+            None => {}
         }
         let done = p.read_eof() && s.conn.stream_write_done() && p.write_closed();
         if done && self.bye_at.is_none() {
@@ -628,50 +636,172 @@ pub fn run(
     (out, stats)
 }
 
-/// Copies `r` to `w` until `r` ends; plain reads and writes (no splice: either may be a
-/// terminal or a pipe another process shares).
-fn copy_all(r: &mut dyn io::Read, w: &mut dyn io::Write) -> io::Result<u64> {
-    let mut buf = vec![0u8; 64 << 10];
-    let mut n = 0u64;
+/// How often the fallback's blocking copies look at whether they should stop (ssh's signal,
+/// or the other direction having failed).
+const TCP_POLL: Duration = Duration::from_millis(100);
+
+/// Why the TCP fallback ([`run_tcp`]) ended in error; each says which end failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TcpTunnelError {
+    /// The TCP connection could not be opened (the caller names where to).
+    #[error("{0}")]
+    Connect(io::Error),
+    /// The TCP connection failed once open (the caller names where to).
+    #[error("{0}")]
+    Connection(io::Error),
+    /// Reading standard input failed: ssh's bytes can no longer be carried.
+    #[error("cannot read standard input: {0}")]
+    Stdin(io::Error),
+    /// Writing standard output failed while ssh still runs.
+    #[error("cannot write to standard output: {0}")]
+    Stdout(io::Error),
+}
+
+/// Reads from `fd` into `buf` once it has something, looking at `quit` every [`TCP_POLL`]
+/// meanwhile: `None` when told to quit, `Some(0)` at its end.
+fn read_or_quit(
+    fd: BorrowedFd<'_>,
+    buf: &mut [u8],
+    quit: &dyn Fn() -> bool,
+) -> io::Result<Option<usize>> {
     loop {
-        let k = match r.read(&mut buf) {
-            Ok(0) => return Ok(n),
-            Ok(k) => k,
+        if quit() {
+            return Ok(None);
+        }
+        match crate::clock::poll_fd(fd, libc::POLLIN, Some(TCP_POLL)) {
+            Ok(0) => continue,
+            Ok(_) => {}
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e),
-        };
-        w.write_all(&buf[..k])?;
-        n += k as u64;
+        }
+        // SAFETY: reads into a valid buffer from a borrowed, open fd.
+        let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            return Ok(Some(n as usize));
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock => {}
+            _ => return Err(e),
+        }
     }
+}
+
+/// Writes all of `buf` to `fd` (which may have been left non-blocking by whoever shares it).
+fn write_all_fd(fd: BorrowedFd<'_>, mut buf: &[u8], quit: &dyn Fn() -> bool) -> io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: writes from a valid slice to a borrowed, open fd.
+        let n = unsafe { libc::write(fd.as_raw_fd(), buf.as_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            buf = &buf[n as usize..];
+            continue;
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::Interrupted => {}
+            io::ErrorKind::WouldBlock if !quit() => {
+                let _ = crate::clock::poll_fd(fd, libc::POLLOUT, Some(TCP_POLL));
+            }
+            _ => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// The fallback when UDP does not get through: the stream straight over TCP to `addr`
 /// (HOST:PORT as this host reaches it), both directions copied until both ended.
+///
+/// Either direction failing ends both at once (the TCP connection is shut down, so the far
+/// end sees it too): a tunnel missing one direction only hangs ssh. The exception is ssh
+/// leaving: standard output breaking (EPIPE) with standard input ending within
+/// `SSH_LEAVING` is the normal end.
 pub fn run_tcp(
     addr: SocketAddr,
     stdin: OwnedFd,
     stdout: OwnedFd,
     stop: StopFlag,
-) -> io::Result<()> {
-    let tcp = std::net::TcpStream::connect(addr)?;
+) -> Result<(), TcpTunnelError> {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    let tcp = std::net::TcpStream::connect(addr).map_err(TcpTunnelError::Connect)?;
     let _ = tcp.set_nodelay(true);
-    let up = tcp.try_clone()?;
+    let up = tcp.try_clone().map_err(TcpTunnelError::Connection)?;
     let down = tcp;
-    let t = std::thread::Builder::new()
-        .name("tunnel-up".into())
-        .spawn(move || {
-            let mut r = std::fs::File::from(stdin);
-            let _ = copy_all(&mut r, &mut &up);
-            let _ = up.shutdown(std::net::Shutdown::Write);
-        })?;
-    let mut w = std::fs::File::from(stdout);
-    let res = copy_all(&mut &down, &mut w);
-    drop(w);
-    // The other direction ends with standard input, or with us.
-    while !t.is_finished() && !stop.is_stopped() {
-        std::thread::sleep(Duration::from_millis(20));
+    // Set when the downward direction is over and the upward one should not wait for more.
+    let quit = Arc::new(AtomicBool::new(false));
+    let t = {
+        let (quit, stop) = (quit.clone(), stop.clone());
+        std::thread::Builder::new()
+            .name("tunnel-up".into())
+            .spawn(move || -> Result<(), TcpTunnelError> {
+                let quit = || quit.load(Ordering::Relaxed) || stop.is_stopped();
+                let mut buf = vec![0u8; 64 << 10];
+                let res = loop {
+                    match read_or_quit(stdin.as_fd(), &mut buf, &quit) {
+                        Ok(None) => break Ok(()),
+                        Ok(Some(0)) => {
+                            let _ = up.shutdown(std::net::Shutdown::Write);
+                            break Ok(());
+                        }
+                        Ok(Some(n)) => {
+                            if let Err(e) = io::Write::write_all(&mut &up, &buf[..n]) {
+                                break Err(TcpTunnelError::Connection(e));
+                            }
+                        }
+                        Err(e) => break Err(TcpTunnelError::Stdin(e)),
+                    }
+                };
+                if res.is_err() {
+                    // Ends the downward direction too (its read sees the end).
+                    let _ = up.shutdown(std::net::Shutdown::Both);
+                }
+                res
+            })
+            .map_err(TcpTunnelError::Connection)?
+    };
+    let stopped = || stop.is_stopped();
+    let mut buf = vec![0u8; 64 << 10];
+    let down_res = loop {
+        let n = match read_or_quit(down.as_fd(), &mut buf, &stopped) {
+            Ok(None) | Ok(Some(0)) => break Ok(()),
+            Ok(Some(n)) => n,
+            Err(e) => break Err(TcpTunnelError::Connection(e)),
+        };
+        if let Err(e) = write_all_fd(stdout.as_fd(), &buf[..n], &stopped) {
+            break Err(TcpTunnelError::Stdout(e));
+        }
+    };
+    drop(stdout);
+    let epipe = matches!(&down_res, Err(TcpTunnelError::Stdout(e)) if e.raw_os_error() == Some(libc::EPIPE));
+    let ssh_left = epipe && {
+        let until = Instant::now() + SSH_LEAVING;
+        while !t.is_finished() && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        t.is_finished()
+    };
+    if down_res.is_err() {
+        // Nothing more reaches ssh (or comes from the far side): both ways are over.
+        let _ = down.shutdown(std::net::Shutdown::Both);
+        quit.store(true, Ordering::Relaxed);
     }
-    res.map(|_| ())
+    // Otherwise the other direction ends with standard input, or with us.
+    let up_res = t.join().unwrap_or_else(|_| {
+        Err(TcpTunnelError::Connection(io::Error::other(
+            "the copying thread panicked",
+        )))
+    });
+    if ssh_left && up_res.is_ok() {
+        return Ok(());
+    }
+    match (down_res, up_res) {
+        // What failed first explains the other: a failed standard input shuts the
+        // connection down, which the downward direction sees as its end.
+        (Err(TcpTunnelError::Connection(_)), Err(e)) => Err(e),
+        (Err(e), _) | (Ok(()), Err(e)) => Err(e),
+        (Ok(()), Ok(())) => Ok(()),
+    }
 }
 
 #[cfg(test)]
@@ -806,6 +936,14 @@ mod loopback {
 
     impl Ends {
         fn start() -> Ends {
+            let (stdin_r, stdin_w) = pipe();
+            let mut e = Ends::start_with(stdin_r);
+            e.stdin = Some(std::fs::File::from(stdin_w));
+            e
+        }
+
+        /// Both ends, the client reading `stdin` as its standard input.
+        fn start_with(stdin_r: OwnedFd) -> Ends {
             let listener = TcpListener::bind("127.0.0.1:0").unwrap();
             let far_port = listener.local_addr().unwrap().port();
             let (chan_in, keep_w) = pipe();
@@ -834,7 +972,6 @@ mod loopback {
                 })
             };
             let (port, psk) = rx.recv_timeout(Duration::from_secs(10)).expect("far side");
-            let (stdin_r, stdin_w) = pipe();
             let (stdout_r, stdout_w) = pipe();
             let client_stop = StopFlag::new();
             let client = {
@@ -864,7 +1001,7 @@ mod loopback {
                 _chan: (keep_w, keep_r),
                 client: Some(client),
                 client_stop,
-                stdin: Some(std::fs::File::from(stdin_w)),
+                stdin: None,
                 stdout: Some(std::fs::File::from(stdout_r)),
                 service,
             }
@@ -1044,6 +1181,185 @@ mod loopback {
         match e.finish(Duration::from_secs(10)) {
             Outcome::Done => {}
             o => panic!("{}", describe(&o)),
+        }
+    }
+
+    /// Reading standard input fails (here a connection reset): that is not its end of file.
+    /// The tunnel ends at once with that error, its session closed so that the far side lets
+    /// go of its connection, instead of passing an end of stream on as if ssh had finished.
+    #[test]
+    fn a_failed_read_of_standard_input_ends_the_tunnel_with_an_error() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let writer = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (reader, _) = l.accept().unwrap();
+        let mut e = Ends::start_with(OwnedFd::from(reader));
+        // The tunnel is up (the far side connected): now its standard input fails.
+        socket2::SockRef::from(&writer)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(writer);
+        wait_closed_by_far_side(&mut e.service, Duration::from_secs(20));
+        match e.finish(Duration::from_secs(10)) {
+            Outcome::Failed(f) => assert!(f.contains("cannot read standard input"), "{f}"),
+            o => panic!("{}", describe(&o)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tcp_fallback {
+    //! [`run_tcp`] between a pair of pipes (ssh's end) and a TCP listener of the test (the
+    //! far host's sshd).
+    use super::*;
+    use crate::driver::test_pipe as pipe;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::thread::{self, JoinHandle};
+
+    struct Fallback {
+        run: Option<JoinHandle<Result<(), TcpTunnelError>>>,
+        stop: StopFlag,
+        /// Writes to the tunnel's standard input.
+        stdin: Option<std::fs::File>,
+        /// Reads the tunnel's standard output.
+        stdout: Option<std::fs::File>,
+        /// The connection as the far host's service sees it.
+        service: TcpStream,
+    }
+
+    impl Fallback {
+        /// The fallback running, `stdin` its standard input (a pipe of ours when None).
+        fn start(stdin: Option<OwnedFd>) -> Fallback {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let (stdin_r, stdin_w) = match stdin {
+                Some(fd) => (fd, None),
+                None => {
+                    let (r, w) = pipe();
+                    (r, Some(std::fs::File::from(w)))
+                }
+            };
+            let (stdout_r, stdout_w) = pipe();
+            let stop = StopFlag::new();
+            let run = {
+                let stop = stop.clone();
+                thread::spawn(move || run_tcp(addr, stdin_r, stdout_w, stop))
+            };
+            let (service, _) = listener.accept().unwrap();
+            Fallback {
+                run: Some(run),
+                stop,
+                stdin: stdin_w,
+                stdout: Some(std::fs::File::from(stdout_r)),
+                service,
+            }
+        }
+
+        /// What `run_tcp` returned, which it must within `limit`.
+        fn finish(mut self, limit: Duration) -> Result<(), TcpTunnelError> {
+            let run = self.run.take().unwrap();
+            let t = Instant::now();
+            while !run.is_finished() {
+                assert!(
+                    t.elapsed() < limit,
+                    "the fallback did not end within {limit:?}"
+                );
+                thread::sleep(Duration::from_millis(10));
+            }
+            run.join().unwrap()
+        }
+    }
+
+    impl Drop for Fallback {
+        fn drop(&mut self) {
+            self.stop.stop();
+        }
+    }
+
+    /// The service sees the connection end within `limit`.
+    fn wait_ended(service: &mut TcpStream, limit: Duration) {
+        service.set_read_timeout(Some(limit)).unwrap();
+        let mut v = Vec::new();
+        let r = service.read_to_end(&mut v);
+        assert!(
+            r.is_ok()
+                || r.as_ref()
+                    .is_err_and(|e| e.kind() == io::ErrorKind::ConnectionReset),
+            "the connection did not end: {r:?}"
+        );
+    }
+
+    /// Everything both ways, then both ends close: a clean end.
+    #[test]
+    fn copies_both_ways_and_ends_cleanly() {
+        let mut f = Fallback::start(None);
+        f.stdin.as_mut().unwrap().write_all(b"from ssh").unwrap();
+        drop(f.stdin.take());
+        f.service.write_all(b"for ssh").unwrap();
+        f.service.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut got = Vec::new();
+        f.service.read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"from ssh");
+        let mut out = Vec::new();
+        f.stdout.take().unwrap().read_to_end(&mut out).unwrap();
+        assert_eq!(out, b"for ssh");
+        let r = f.finish(Duration::from_secs(10));
+        assert!(r.is_ok(), "{r:?}");
+    }
+
+    /// ssh's end of our standard output closes while ssh still runs (standard input open):
+    /// the fallback ends at once with that error and lets go of the connection, instead of
+    /// waiting for standard input to end or a signal.
+    #[test]
+    fn a_broken_standard_output_ends_the_fallback_with_an_error() {
+        let mut f = Fallback::start(None);
+        drop(f.stdout.take());
+        f.service.write_all(b"for ssh").unwrap();
+        wait_ended(&mut f.service, Duration::from_secs(10));
+        match f.finish(Duration::from_secs(10)) {
+            Err(e @ TcpTunnelError::Stdout(_)) => {
+                assert!(
+                    e.to_string()
+                        .starts_with("cannot write to standard output: "),
+                    "{e}"
+                )
+            }
+            r => panic!("{r:?}"),
+        }
+    }
+
+    /// ssh leaving closes its ends of both our pipes: the broken standard output is then the
+    /// normal end.
+    #[test]
+    fn ssh_closing_both_pipes_is_a_clean_end_of_the_fallback() {
+        let mut f = Fallback::start(None);
+        drop(f.stdout.take());
+        drop(f.stdin.take());
+        f.service.write_all(b"for ssh").unwrap();
+        wait_ended(&mut f.service, Duration::from_secs(10));
+        let r = f.finish(Duration::from_secs(10));
+        assert!(r.is_ok(), "{r:?}");
+    }
+
+    /// Reading standard input fails (an fd open only for writing): an error naming it, and
+    /// the connection ends, rather than an end of file passed on while the other direction
+    /// waits for ever.
+    #[test]
+    fn a_failed_read_of_standard_input_ends_the_fallback_with_an_error() {
+        let wronly = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/null")
+            .unwrap();
+        let mut f = Fallback::start(Some(OwnedFd::from(wronly)));
+        wait_ended(&mut f.service, Duration::from_secs(10));
+        match f.finish(Duration::from_secs(10)) {
+            Err(e @ TcpTunnelError::Stdin(_)) => {
+                assert!(
+                    e.to_string().starts_with("cannot read standard input: "),
+                    "{e}"
+                )
+            }
+            r => panic!("{r:?}"),
         }
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use hayate_io::driver::tunnel::{self, Outcome, TunnelOptions};
+use hayate_io::driver::tunnel::{self, Outcome, TcpTunnelError, TunnelOptions};
 use hayate_io::driver::StopFlag;
 use hayate_io::ssh::{shell_quote, SshChild, SshSpec};
 use hayate_proto::cc::RateConfig;
@@ -211,9 +211,12 @@ pub fn run(a: TunnelArgs) -> anyhow::Result<i32> {
     };
     child.finish(Duration::from_secs(2));
     let addr = resolve(&host, a.port, a.family())?;
-    tunnel::run_tcp(addr, stdin, stdout, stop)
-        .with_context(|| format!("cannot connect to {shown} over TCP"))?;
-    Ok(0)
+    match tunnel::run_tcp(addr, stdin, stdout, stop) {
+        Ok(()) => Ok(0),
+        Err(TcpTunnelError::Connect(e)) => bail!("cannot connect to {shown} over TCP: {e}"),
+        Err(TcpTunnelError::Connection(e)) => bail!("the TCP connection to {shown}: {e}"),
+        Err(e) => bail!("{e}"),
+    }
 }
 
 /// Runs `ssh -o ProxyCommand=none HOST hayate serve --stdio`, reads its banner: the session
