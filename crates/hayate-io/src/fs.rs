@@ -1435,14 +1435,18 @@ impl PartFile {
         Ok(self.run.is_empty() && self.behind.as_ref().is_some_and(|q| q.idle()))
     }
 
-    /// File bytes that can be written now before [`has_room`](Self::has_room) says no:
-    /// the receive window a session advertises (see `BlockSink::room`).
-    pub fn room(&self) -> u64 {
-        match (&self.stream, &self.behind) {
-            (Some(s), _) => s.out.room().saturating_sub(Stream::GATHER + Stream::CHUNK) as u64,
-            (None, Some(q)) => q.room().saturating_sub(Self::RUN) as u64,
-            (None, None) => u64::MAX,
-        }
+    /// File bytes that can be written now before [`has_room`](Self::has_room) says no, once
+    /// the writer is behind (half its queue taken): the receive window a session advertises
+    /// (see `BlockSink::room`). `None` while it keeps up: a window of the queue's size
+    /// would cap a long fat path's flight (16 MiB in a 250 ms round trip is 537 Mbit/s),
+    /// and a writer that keeps up drains what arrives as it comes.
+    pub fn room(&self) -> Option<u64> {
+        let (room, reserve) = match (&self.stream, &self.behind) {
+            (Some(s), _) => (s.out.room(), Stream::GATHER + Stream::CHUNK),
+            (None, Some(q)) => (q.room(), Self::RUN),
+            (None, None) => return None,
+        };
+        (room < crate::writeback::MAX_QUEUED / 2).then(|| room.saturating_sub(reserve) as u64)
     }
 
     /// Whether a block can be written now without waiting for the writer (storage

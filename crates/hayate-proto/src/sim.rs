@@ -793,8 +793,10 @@ impl BlockSink for MemFiles {
     }
 
     fn room(&self) -> Option<u64> {
+        // As the driver's part files: a window only once the queue is half taken.
         self.disk
             .as_ref()
+            .filter(|d| 2 * d.queued > d.p.queue_bytes)
             .map(|d| d.p.queue_bytes.saturating_sub(d.queued))
     }
 }

@@ -647,7 +647,7 @@ impl BlockSink for Files {
         self.act
             .values()
             .filter_map(|a| a.part.as_ref())
-            .map(PartFile::room)
+            .filter_map(PartFile::room)
             .min()
     }
 }

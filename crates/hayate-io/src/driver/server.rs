@@ -173,7 +173,7 @@ impl BlockSink for SessionFiles {
     }
 
     fn room(&self) -> Option<u64> {
-        self.inc.values().map(|f| f.part.room()).min()
+        self.inc.values().filter_map(|f| f.part.room()).min()
     }
 }
 

@@ -27,7 +27,9 @@ pub trait BlockSink {
     }
 
     /// File bytes it takes now, whatever the transfer, before [`ready`](Self::ready) says
-    /// no (`None`: no limit). The driver reports it with the receive path's state
+    /// no, when that is the limit (`None`: it keeps up, no limit; the driver's part files
+    /// say so until their writer is half a queue behind). The driver reports it with the
+    /// receive path's state
     /// ([`ReceiverState::store_room`](super::ReceiverState::store_room)); ACKs advertise it,
     /// and the sender keeps no more than that in flight, so that blocks are not sent only
     /// to be refused (a receive window, as TCP's).
