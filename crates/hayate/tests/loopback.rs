@@ -2449,9 +2449,10 @@ fn inplace_writes_only_what_differs_into_the_destination_itself() {
 /// An upload remembers the path it measured in `$XDG_CACHE_HOME/hayate/paths` (0600), the
 /// next upload to the same host uses it (`-v` says so), and `--no-cache` neither reads nor
 /// writes the file. A corrupt cache file is no reason to fail. A measurement counts only
-/// once the controller has run 8 rounds past startup; on loopback a copy does not always
-/// last that long (a 192 MiB upload did in 5 of 6 runs here), so a few uploads are allowed
-/// for the first one.
+/// once the controller has run 8 rounds past startup, neither held by the application nor
+/// by a cap; on loopback a copy does not always qualify (a 192 MiB upload did in 5 of 6
+/// runs here; with the other loopback tests running beside it, one run in five had none of
+/// 5 uploads qualify), so up to 8 uploads are allowed for the first one.
 #[test]
 fn uploads_remember_the_path_unless_told_not_to() {
     let fx = Fx::new();
@@ -2477,7 +2478,7 @@ fn uploads_remember_the_path_unless_told_not_to() {
     let mut tries = 0;
     while !file.exists() {
         tries += 1;
-        assert!(tries <= 5, "no upload of 5 remembered its path");
+        assert!(tries <= 8, "no upload of 8 remembered its path");
         cp(&["-v"]).assert_ok();
     }
     let text = fs::read_to_string(&file).unwrap();
