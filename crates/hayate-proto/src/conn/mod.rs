@@ -25,6 +25,8 @@ mod state;
 mod stats;
 mod storage;
 mod streams;
+#[cfg(test)]
+mod test_pair;
 mod timers;
 mod transfers;
 mod transmit;

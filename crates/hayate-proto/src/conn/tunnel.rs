@@ -273,16 +273,10 @@ impl Connection {
 
 #[cfg(test)]
 mod tests {
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
 
-    use super::*;
     use crate::cc::RateControl;
-    use crate::conn::NoFiles;
-    use crate::crypto::Psk;
-    use crate::endpoint::{Endpoint, Route};
-    use crate::rng::Rng;
-    use crate::wire::{AddrFamily, Cid};
-    use crate::Config;
+    use crate::conn::test_pair::TunnelPair;
 
     /// A controller whose in-flight cap is zero bytes, whatever it hears: what the adaptive
     /// controller reports while it holds a flight it measured with nothing in flight.
@@ -301,93 +295,12 @@ mod tests {
         }
     }
 
-    /// A client and its server session with a tunnel between them, in virtual time.
-    struct Pair {
-        c: Connection,
-        ep: Endpoint,
-        cid: Cid,
-        now: Instant,
-    }
-
-    impl Pair {
-        fn new() -> Pair {
-            let t0 = Instant::now();
-            let psk = Psk::from_bytes([5; 32]);
-            let ep = Endpoint::with_rng(psk.clone(), Config::default(), t0, Rng::seeded(1));
-            let c = Connection::client_with_rng(
-                Config::default(),
-                &psk,
-                AddrFamily::V4,
-                t0,
-                &mut Rng::seeded(2),
-            );
-            let mut p = Pair {
-                c,
-                ep,
-                cid: Cid::default(),
-                now: t0,
-            };
-            p.run(Duration::from_millis(50));
-            p.c.open_tunnel("127.0.0.1", 22);
-            p.run(Duration::from_millis(50));
-            assert!(p.c.is_established());
-            assert!(p.server().has_tunnel());
-            p
-        }
-
-        fn server(&mut self) -> &mut Connection {
-            self.ep.conn_mut(self.cid).expect("server session")
-        }
-
-        /// `d` of virtual time in 1 ms steps; the server answers the tunnel request.
-        fn run(&mut self, d: Duration) {
-            let addr = "192.0.2.1:4000".parse().unwrap();
-            let until = self.now + d;
-            let mut buf = vec![0u8; 1500];
-            while self.now < until {
-                self.now += Duration::from_millis(1);
-                let now = self.now;
-                if self.c.poll_timeout(now).is_some_and(|t| t <= now) {
-                    self.c.handle_timeout(now);
-                }
-                while let Some(n) = self.c.poll_transmit(now, &mut buf, &mut NoFiles) {
-                    let d = &mut buf[..n];
-                    match self.ep.route(now, addr, d) {
-                        Route::NewConn(id, mut reply) => {
-                            self.cid = id;
-                            self.c.handle_datagram(now, &mut reply, &mut NoFiles);
-                        }
-                        Route::Conn(id) => {
-                            self.ep.handle(id, now, now, addr, d, &mut NoFiles);
-                        }
-                        _ => {}
-                    }
-                }
-                while self.c.poll_event().is_some() {}
-                let Some(s) = self.ep.conn_mut(self.cid) else {
-                    continue;
-                };
-                if s.poll_timeout(now).is_some_and(|t| t <= now) {
-                    s.handle_timeout(now);
-                }
-                while let Some(ev) = s.poll_event() {
-                    if let Event::TunnelRequested { .. } = ev {
-                        s.answer_tunnel(Ok(()));
-                    }
-                }
-                while let Some(n) = s.poll_transmit(now, &mut buf, &mut NoFiles) {
-                    self.c.handle_datagram(now, &mut buf[..n], &mut NoFiles);
-                }
-            }
-        }
-    }
-
     /// A rate controller's cap at zero with nothing in flight must not stop the stream:
     /// nothing else would ever wake the sender (no acknowledgement is coming, nothing is
     /// outstanding for a probe). The bytes still go out, a packet per acknowledgement.
     #[test]
     fn a_zero_cap_with_nothing_in_flight_still_sends() {
-        let mut p = Pair::new();
+        let mut p = TunnelPair::new(Duration::from_millis(1));
         p.c.path.cc = Box::new(ZeroCap);
         let data: Vec<u8> = (0..20_000u32).map(|i| (i * 7) as u8).collect();
         assert_eq!(p.c.stream_write(&data), data.len());

@@ -1,0 +1,116 @@
+//! A test harness: a client and its server session with a tunnel between them, over a path
+//! with a delay each way, in virtual time (the tunnel's and the timers' unit tests).
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use crate::conn::{Connection, Event, NoFiles};
+use crate::crypto::Psk;
+use crate::endpoint::{Endpoint, Route};
+use crate::rng::Rng;
+use crate::wire::{AddrFamily, Cid};
+use crate::Config;
+
+/// A client and its server session with a tunnel, over a path of `delay` each way, in
+/// virtual time.
+pub(crate) struct TunnelPair {
+    pub(crate) c: Connection,
+    pub(crate) ep: Endpoint,
+    pub(crate) cid: Cid,
+    pub(crate) now: Instant,
+    pub(crate) delay: Duration,
+    pub(crate) to_server: VecDeque<(Instant, Vec<u8>)>,
+    pub(crate) to_client: VecDeque<(Instant, Vec<u8>)>,
+    /// This many of the client's next datagrams are lost.
+    pub(crate) lose_to_server: u32,
+}
+
+impl TunnelPair {
+    pub(crate) fn new(delay: Duration) -> TunnelPair {
+        let t0 = Instant::now();
+        let psk = Psk::from_bytes([6; 32]);
+        let ep = Endpoint::with_rng(psk.clone(), Config::default(), t0, Rng::seeded(3));
+        let c = Connection::client_with_rng(
+            Config::default(),
+            &psk,
+            AddrFamily::V4,
+            t0,
+            &mut Rng::seeded(4),
+        );
+        let mut p = TunnelPair {
+            c,
+            ep,
+            cid: Cid::default(),
+            now: t0,
+            delay,
+            to_server: VecDeque::new(),
+            to_client: VecDeque::new(),
+            lose_to_server: 0,
+        };
+        p.run(Duration::from_millis(500));
+        p.c.open_tunnel("127.0.0.1", 22);
+        p.run(Duration::from_millis(500));
+        assert!(p.c.is_established());
+        assert!(p.server().has_tunnel());
+        p
+    }
+
+    pub(crate) fn server(&mut self) -> &mut Connection {
+        self.ep.conn_mut(self.cid).expect("server session")
+    }
+
+    /// `d` of virtual time in 1 ms steps: what arrives is handled first, then the
+    /// deadlines, then what each side sends leaves for the other.
+    pub(crate) fn run(&mut self, d: Duration) {
+        let addr = "192.0.2.1:4000".parse().unwrap();
+        let until = self.now + d;
+        let mut buf = vec![0u8; 1500];
+        while self.now < until {
+            self.now += Duration::from_millis(1);
+            let now = self.now;
+            let due = now + self.delay;
+            while self.to_server.front().is_some_and(|(t, _)| *t <= now) {
+                let (_, mut d) = self.to_server.pop_front().unwrap();
+                match self.ep.route(now, addr, &d) {
+                    Route::NewConn(id, reply) => {
+                        self.cid = id;
+                        self.to_client.push_back((due, reply));
+                    }
+                    Route::Conn(id) => {
+                        self.ep.handle(id, now, now, addr, &mut d, &mut NoFiles);
+                    }
+                    _ => {}
+                }
+            }
+            while self.to_client.front().is_some_and(|(t, _)| *t <= now) {
+                let (_, mut d) = self.to_client.pop_front().unwrap();
+                self.c.handle_datagram(now, &mut d, &mut NoFiles);
+            }
+            if self.c.poll_timeout(now).is_some_and(|t| t <= now) {
+                self.c.handle_timeout(now);
+            }
+            while self.c.poll_event().is_some() {}
+            while let Some(n) = self.c.poll_transmit(now, &mut buf, &mut NoFiles) {
+                if self.lose_to_server > 0 {
+                    self.lose_to_server -= 1;
+                    continue;
+                }
+                self.to_server.push_back((due, buf[..n].to_vec()));
+            }
+            let Some(s) = self.ep.conn_mut(self.cid) else {
+                continue;
+            };
+            if s.poll_timeout(now).is_some_and(|t| t <= now) {
+                s.handle_timeout(now);
+            }
+            while let Some(ev) = s.poll_event() {
+                if let Event::TunnelRequested { .. } = ev {
+                    s.answer_tunnel(Ok(()));
+                }
+            }
+            while let Some(n) = s.poll_transmit(now, &mut buf, &mut NoFiles) {
+                self.to_client.push_back((due, buf[..n].to_vec()));
+            }
+        }
+    }
+}
