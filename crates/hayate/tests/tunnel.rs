@@ -477,14 +477,10 @@ fn exit_within_limit(mut child: std::process::Child) -> (std::process::ExitStatu
     (status, text(&t.join().unwrap()))
 }
 
-/// The tunnel's standard output breaks while its standard input stays open (sshd's banner,
-/// the first thing it says, cannot be written): the tunnel ends at once, saying why in one
-/// line, with a failure status, instead of running on until a signal.
-#[test]
-fn a_broken_standard_output_is_a_clear_error() {
-    let fx = fx!();
-    let mut child = fx
-        .tunnel(fx.sshd.port())
+/// Runs `cmd` (a tunnel) with its standard output closed at once and its standard input
+/// held open; its exit status and stderr.
+fn with_broken_stdout(mut cmd: Command) -> (std::process::ExitStatus, String) {
+    let mut child = cmd
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -492,8 +488,37 @@ fn a_broken_standard_output_is_a_clear_error() {
         .expect("spawn");
     let stdin = child.stdin.take();
     drop(child.stdout.take());
-    let (status, err) = exit_within_limit(child);
+    let r = exit_within_limit(child);
     drop(stdin);
+    r
+}
+
+/// Runs `cmd` (a tunnel) with a standard input that cannot be read (`/dev/null` opened
+/// only for writing); its exit status and stderr.
+fn with_unreadable_stdin(mut cmd: Command) -> (std::process::ExitStatus, String) {
+    let wronly = fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/null")
+        .unwrap();
+    let mut child = cmd
+        .stdin(Stdio::from(wronly))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stdout = child.stdout.take();
+    let r = exit_within_limit(child);
+    drop(stdout);
+    r
+}
+
+/// The tunnel's standard output breaks while its standard input stays open (sshd's banner,
+/// the first thing it says, cannot be written): the tunnel ends at once, saying why in one
+/// line, with a failure status, instead of running on until a signal.
+#[test]
+fn a_broken_standard_output_is_a_clear_error() {
+    let fx = fx!();
+    let (status, err) = with_broken_stdout(fx.tunnel(fx.sshd.port()));
     assert_eq!(status.code(), Some(1), "stderr: {err}");
     assert!(err.contains("cannot write to standard output"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -504,20 +529,7 @@ fn a_broken_standard_output_is_a_clear_error() {
 #[test]
 fn a_failed_read_of_standard_input_is_a_clear_error() {
     let fx = fx!();
-    let wronly = fs::OpenOptions::new()
-        .write(true)
-        .open("/dev/null")
-        .unwrap();
-    let mut child = fx
-        .tunnel(fx.sshd.port())
-        .stdin(Stdio::from(wronly))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let stdout = child.stdout.take();
-    let (status, err) = exit_within_limit(child);
-    drop(stdout);
+    let (status, err) = with_unreadable_stdin(fx.tunnel(fx.sshd.port()));
     assert_eq!(status.code(), Some(1), "stderr: {err}");
     assert!(err.contains("cannot read standard input"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
@@ -529,17 +541,7 @@ fn a_failed_read_of_standard_input_is_a_clear_error() {
 #[test]
 fn a_broken_standard_output_in_the_tcp_fallback_is_a_clear_error() {
     let fx = fx!();
-    let mut child = fx
-        .tunnel_without_udp(fx.sshd.port())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let stdin = child.stdin.take();
-    drop(child.stdout.take());
-    let (status, err) = exit_within_limit(child);
-    drop(stdin);
+    let (status, err) = with_broken_stdout(fx.tunnel_without_udp(fx.sshd.port()));
     assert_eq!(status.code(), Some(1), "stderr: {err}");
     let lines: Vec<&str> = err.lines().collect();
     assert_eq!(lines.len(), 2, "{err}");
@@ -556,20 +558,7 @@ fn a_broken_standard_output_in_the_tcp_fallback_is_a_clear_error() {
 #[test]
 fn a_failed_read_of_standard_input_in_the_tcp_fallback_is_a_clear_error() {
     let fx = fx!();
-    let wronly = fs::OpenOptions::new()
-        .write(true)
-        .open("/dev/null")
-        .unwrap();
-    let mut child = fx
-        .tunnel_without_udp(fx.sshd.port())
-        .stdin(Stdio::from(wronly))
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let stdout = child.stdout.take();
-    let (status, err) = exit_within_limit(child);
-    drop(stdout);
+    let (status, err) = with_unreadable_stdin(fx.tunnel_without_udp(fx.sshd.port()));
     assert_eq!(status.code(), Some(1), "stderr: {err}");
     let lines: Vec<&str> = err.lines().collect();
     assert_eq!(lines.len(), 2, "{err}");
