@@ -7,8 +7,11 @@
 //! ```text
 //! cargo run --release -p hayate-proto --example sim_matrix -- [--models fifo,codel,...]
 //!     [--rtts 10,50,100,250] [--losses 0,0.01] [--rate-mbit 300] [--secs 6] [--seeds 1]
-//!     [--jobs 2] [--ablate all|rule,rule]
+//!     [--jobs 2] [--ablate all|rule,rule] [--trace DIR]
 //! ```
+//!
+//! With `--trace DIR`, each row's client writes its rate controller's trace to
+//! `DIR/MODEL-RTTms-LOSS-SEED.tsv`, in the columns of `HAYATE_CC_TRACE`.
 //!
 //! With `--ablate`, the rows run once as the controller is and once with each named rule of
 //! its state machine switched off (`AdaptiveRule`), and a table says per rule how much
@@ -27,6 +30,8 @@
 //! 1448/1500 (a TCP segment's data share) × (1 − loss). On the link whose rate changes the
 //! capacity is the rate's mean over that window.
 
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -36,6 +41,7 @@ use hayate_proto::sim::{
     PolicerParams, RateStep, Scenario, ShortFlows, TcpSpec,
 };
 use hayate_proto::wire::{block_size, AddrFamily};
+use hayate_proto::CcTraceRow;
 
 const MBIT: u64 = 1_000_000 / 8;
 
@@ -237,9 +243,19 @@ fn scenario(row: &Row) -> (Scenario, f64, f64) {
     (sc, capacity, row.loss)
 }
 
-fn run_row(row: &Row) -> Outcome {
-    let (sc, capacity, loss) = scenario(row);
+fn run_row(row: &Row, trace: Option<&Path>) -> Outcome {
+    let (mut sc, capacity, loss) = scenario(row);
+    sc.cc_trace = trace.is_some();
     let r = sim::run(&sc);
+    if let Some(dir) = trace {
+        let name = format!(
+            "{}-{}ms-{}-{}.tsv",
+            row.model, row.rtt_ms, row.loss, row.seed
+        );
+        if let Err(e) = write_trace(&dir.join(&name), &r.clients[0].cc_trace) {
+            eprintln!("sim-matrix: cannot write {}: {e}", dir.join(name).display());
+        }
+    }
     let t = &r.server_rx_trace;
     let peak = t.iter().copied().max().unwrap_or(0);
     let last_full = t.iter().rposition(|&b| b * 2 >= peak).unwrap_or(0);
@@ -291,17 +307,61 @@ fn run_row(row: &Row) -> Outcome {
     }
 }
 
+/// The controller's trace as `HAYATE_CC_TRACE` writes it (tab-separated, one feedback a line).
+fn write_trace(path: &Path, rows: &[CcTraceRow]) -> std::io::Result<()> {
+    let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
+    writeln!(
+        out,
+        "t_ms\trtt_us\tmin_rtt_us\tsrtt_us\trx_bps\tdelivered\tlost_bytes\trx_drops\tin_flight\trate_bps\tstate\tsent_bytes\trx_lag_us\trx_buffered\trx_buffer\tcap\tpacer_lost\tcatch_up_room"
+    )?;
+    let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+    for r in rows {
+        let f = &r.feedback;
+        writeln!(
+            out,
+            "{:.3}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{:.4}",
+            f.now_us as f64 / 1e3,
+            opt(f.rtt_us),
+            f.min_rtt_us,
+            f.srtt_us,
+            opt(f.rx_rate.map(|r| r * 8)),
+            f.delivered,
+            f.lost_bytes,
+            f.rx_drops,
+            f.in_flight,
+            r.rate * 8,
+            r.state,
+            r.sent_bytes,
+            f.rx_lag_us,
+            f.rx_buffered,
+            f.rx_buffer,
+            r.cap,
+            r.pacer_lost,
+            r.catch_up_room
+        )?;
+    }
+    out.flush()
+}
+
+/// Exits with a usage error (status 2).
+fn usage_error(msg: &str) -> ! {
+    eprintln!("sim-matrix: {msg} (--help lists the models and options)");
+    std::process::exit(2)
+}
+
 fn arg_list<T: std::str::FromStr>(args: &[String], name: &str, default: &str) -> Vec<T> {
-    let v = args
-        .iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map_or(default, |s| s.as_str());
+    let v = match args.iter().position(|a| a == name) {
+        Some(i) => match args.get(i + 1) {
+            Some(v) => v.as_str(),
+            None => usage_error(&format!("{name} needs a value")),
+        },
+        None => default,
+    };
     v.split(',')
         .filter(|s| !s.is_empty())
         .map(|s| {
             s.parse()
-                .unwrap_or_else(|_| panic!("{name}: cannot read {s}"))
+                .unwrap_or_else(|_| usage_error(&format!("{name}: cannot read {s}")))
         })
         .collect()
 }
@@ -323,13 +383,25 @@ fn main() {
     let secs: u64 = arg_list(&args, "--secs", "6")[0];
     let seeds: Vec<u64> = arg_list(&args, "--seeds", "1");
     let jobs: usize = arg_list(&args, "--jobs", "2")[0];
+    let trace: Option<PathBuf> =
+        args.iter()
+            .position(|a| a == "--trace")
+            .map(|i| match args.get(i + 1) {
+                Some(d) => PathBuf::from(d),
+                None => usage_error("--trace needs a directory"),
+            });
+    if let Some(dir) = &trace {
+        if let Err(e) = std::fs::create_dir_all(dir) {
+            usage_error(&format!("cannot create {}: {e}", dir.display()));
+        }
+    }
 
     let mut rows = Vec::new();
     for m in &models {
         let model = MODELS
             .iter()
             .find(|(n, _)| n == m)
-            .unwrap_or_else(|| panic!("unknown model {m} (--help lists them)"))
+            .unwrap_or_else(|| usage_error(&format!("unknown model {m}")))
             .0;
         for &rtt_ms in &rtts {
             for &loss in &losses {
@@ -372,7 +444,7 @@ fn main() {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(row) = rows.get(i) else { break };
-                let o = run_row(row);
+                let o = run_row(row, trace.as_deref().filter(|_| row.off.is_none()));
                 results.lock().unwrap()[i] = Some(o);
             });
         }
