@@ -195,6 +195,10 @@ pub struct Scenario {
     pub server_receiver: Option<ReceiverParams>,
     /// The server's disk, if slower than the link (`None`: it keeps up).
     pub server_disk: Option<DiskParams>,
+    /// How fast the server's disk reads each file it sends, bytes/s from the file's first
+    /// read (`None`: at once). A block not read yet is [`StorageError::NotReady`], as the
+    /// driver's read-ahead says it.
+    pub server_read_rate: Option<u64>,
     /// Give up after this much virtual time.
     pub limit_us: u64,
     /// Clients record their rate controller's trace (for debugging a scenario).
@@ -240,6 +244,7 @@ impl Scenario {
             extra_clients: Vec::new(),
             server_receiver: None,
             server_disk: None,
+            server_read_rate: None,
             limit_us: 120_000_000,
             cc_trace: false,
             client_stall_every_us: 0,
@@ -697,6 +702,12 @@ struct MemFiles {
     inc: HashMap<XferId, Vec<u8>>,
     /// A disk slower than the network behind the received files, if any.
     disk: Option<Disk>,
+    /// A disk that reads the files sent at this rate (bytes/s), if any: when each file's
+    /// first read came, µs, the time now, and whether a read found its bytes not read yet.
+    read_rate: Option<u64>,
+    read_from: HashMap<XferId, u64>,
+    now_us: u64,
+    read_blocked: bool,
 }
 
 /// A disk behind a write queue, as the driver's write-behind: what is queued drains at the
@@ -730,23 +741,29 @@ impl Disk {
     }
 }
 
+/// How often a server waiting for its disk to read looks again, µs of virtual time.
+const READ_POLL_US: u64 = 500;
+
 impl MemFiles {
-    fn with_disk(p: Option<DiskParams>) -> Self {
+    fn with_disks(p: Option<DiskParams>, read_rate: Option<u64>) -> Self {
         MemFiles {
             disk: p.map(|p| Disk {
                 p,
                 queued: 0,
                 at_us: 0,
             }),
+            read_rate,
             ..MemFiles::default()
         }
     }
 
-    /// The disk's queue as of `now_us`.
+    /// The disks as of `now_us`.
     fn tick(&mut self, now_us: u64) {
         if let Some(d) = &mut self.disk {
             d.drain(now_us);
         }
+        self.now_us = now_us;
+        self.read_blocked = false;
     }
 }
 
@@ -762,6 +779,14 @@ fn past_end(offset: u64, len: usize, size: usize) -> StorageError {
 impl BlockSource for MemFiles {
     fn read(&mut self, xfer: XferId, offset: u64, buf: &mut [u8]) -> Result<(), StorageError> {
         let f = self.out.get(&xfer).ok_or(StorageError::NotOpen)?;
+        if let Some(rate) = self.read_rate {
+            let from = *self.read_from.entry(xfer).or_insert(self.now_us);
+            let read = (self.now_us - from) as u128 * rate as u128 / 1_000_000;
+            if (offset + buf.len() as u64) as u128 > read {
+                self.read_blocked = true;
+                return Err(StorageError::NotReady);
+            }
+        }
         let o = offset as usize;
         let src = f
             .get(o..o + buf.len())
@@ -1126,9 +1151,9 @@ pub fn run(sc: &Scenario) -> SimResult {
                         Route::Conn(cid) => match server.conn_mut(cid) {
                             Some(c) => {
                                 let before = c.stats().data_bytes_received;
-                                let files = sfiles
-                                    .entry(cid)
-                                    .or_insert_with(|| MemFiles::with_disk(sc.server_disk));
+                                let files = sfiles.entry(cid).or_insert_with(|| {
+                                    MemFiles::with_disks(sc.server_disk, sc.server_read_rate)
+                                });
                                 files.tick(now);
                                 let challenge = server.handle(
                                     cid,
@@ -1221,7 +1246,7 @@ pub fn run(sc: &Scenario) -> SimResult {
             };
             let files = sfiles
                 .entry(cid)
-                .or_insert_with(|| MemFiles::with_disk(sc.server_disk));
+                .or_insert_with(|| MemFiles::with_disks(sc.server_disk, sc.server_read_rate));
             while let Some(ev) = c.poll_event() {
                 match ev {
                     Event::Offered {
@@ -1306,7 +1331,7 @@ pub fn run(sc: &Scenario) -> SimResult {
             };
             let files = sfiles
                 .entry(cid)
-                .or_insert_with(|| MemFiles::with_disk(sc.server_disk));
+                .or_insert_with(|| MemFiles::with_disks(sc.server_disk, sc.server_read_rate));
             files.tick(now);
             if net.socket.is_some() || files.disk.is_some() {
                 c.set_receiver_state(ReceiverState {
@@ -1321,7 +1346,7 @@ pub fn run(sc: &Scenario) -> SimResult {
             }
             let files = sfiles
                 .entry(cid)
-                .or_insert_with(|| MemFiles::with_disk(sc.server_disk));
+                .or_insert_with(|| MemFiles::with_disks(sc.server_disk, sc.server_read_rate));
             while let Some(n) = c.poll_transmit(at(now), &mut buf, files) {
                 if let Some(to) = to {
                     net.put(Dest::Client(to), now, &buf[..n]);
@@ -1359,6 +1384,10 @@ pub fn run(sc: &Scenario) -> SimResult {
         for cid in server.cids() {
             if let Some(t) = server.conn_mut(cid).and_then(|c| c.poll_timeout(at(now))) {
                 next = next.min(us_of(t).max(now + 1));
+            }
+            // A read-ahead thread would wake the loop once the disk has read on.
+            if sfiles.get(&cid).is_some_and(|f| f.read_blocked) {
+                next = next.min(now + READ_POLL_US);
             }
         }
         if let Some(s) = steps.last() {

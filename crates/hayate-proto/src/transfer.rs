@@ -184,6 +184,16 @@ impl Outgoing {
         None
     }
 
+    /// Puts back a retransmission [`pop_retx`](Self::pop_retx) gave (`second`: from the
+    /// second copies), first in line: its bytes could not be read yet.
+    pub fn unpop_retx(&mut self, block: u64, second: bool) {
+        if second {
+            self.again.push_front(block);
+        } else {
+            self.retx.push_front(block);
+        }
+    }
+
     /// Retransmitted `block` goes once more, after the other retransmissions: with nothing
     /// new left to send, a retransmission that is lost too costs the whole job a round trip
     /// (the loss map that says so comes a round trip after it), where a second copy costs

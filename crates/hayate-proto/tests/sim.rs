@@ -485,3 +485,39 @@ fn a_slow_disk_is_not_sent_more_than_it_takes() {
     // At the disk's rate: 16 MiB at 5 MB/s is 3.4 s (plus the handshake and the last RTTs).
     assert!(secs < 3.4 / 0.85, "{secs:.2} s");
 }
+
+/// A download from a server whose disk reads slower than the link: each block not read yet
+/// is `NotReady` to the server's connection, which waits for it (no busy deadline, nothing
+/// failed, nothing retransmitted) and sends it once read.
+#[test]
+fn a_slow_source_disk_is_waited_for() {
+    let len = 4 << 20;
+    let rate = 5_000_000;
+    let mut sc = Scenario::new(78);
+    sc.server.rate = RateConfig::ADAPTIVE;
+    sc.forward.delay_us = 10_000;
+    sc.reverse = LinkParams {
+        delay_us: 10_000,
+        rate: Some(12_500_000),
+        queue_bytes: 250_000,
+        ..LinkParams::default()
+    };
+    sc.server_read_rate = Some(rate);
+    sc.downloads = vec![("down.bin".into(), data(78, len))];
+    let r = check(&sc);
+    let secs = r.clients[0].end_us as f64 / 1e6;
+    let disk_secs = len as f64 / rate as f64;
+    println!(
+        "slow source: {secs:.2} s for {disk_secs:.2} s of reading, {} of {} sent again, {} packets",
+        r.server.data_packets_retransmitted, r.server.data_packets_sent, r.server.packets_sent
+    );
+    assert_eq!(
+        r.server.data_packets_retransmitted, 0,
+        "nothing lost, nothing sent again"
+    );
+    assert!(secs >= disk_secs, "{secs:.2} s: faster than the disk reads");
+    assert!(
+        secs < disk_secs + 0.5,
+        "{secs:.2} s for {disk_secs:.2} s of reading"
+    );
+}

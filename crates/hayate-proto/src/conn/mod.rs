@@ -201,6 +201,7 @@ impl Connection {
                 retired_in_flight: 0,
                 stash_pending: false,
                 hash_work: false,
+                source_blocked: false,
                 external_hash: false,
             },
             tunnel: None,

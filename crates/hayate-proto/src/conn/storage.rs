@@ -6,7 +6,10 @@ use crate::transfer::XferId;
 pub trait BlockSource {
     /// Fill `buf` with the file bytes of transfer `xfer` at `offset` (exactly `buf.len()`).
     /// An error fails the transfer: the receiver is told "cannot read PATH: ERROR" and an
-    /// [`Event::OutgoingDone`](super::Event::OutgoingDone) with that error is raised.
+    /// [`Event::OutgoingDone`](super::Event::OutgoingDone) with that error is raised;
+    /// except [`StorageError::NotReady`], after which the same block is asked for again
+    /// later. A driver whose storage can take long (a disk) reads ahead on another thread
+    /// and says `NotReady` rather than keep the protocol loop waiting.
     fn read(&mut self, xfer: XferId, offset: u64, buf: &mut [u8]) -> Result<(), StorageError>;
 }
 
@@ -73,6 +76,13 @@ pub enum StorageError {
         /// The file's size.
         size: u64,
     },
+    /// The bytes are not at hand yet (a read-ahead thread is still reading them from a
+    /// slow disk): not a failure. The core sends no file data until its next
+    /// [`poll_transmit`](super::Connection::poll_transmit) call, and does not ask to be
+    /// woken for it ([`poll_timeout`](super::Connection::poll_timeout)): the driver calls
+    /// again once its read is done. Only [`BlockSource::read`] returns it.
+    #[error("not read yet")]
+    NotReady,
     /// The driver's storage failed (a system call, a file that changed while being sent,
     /// ...): its own error, shown as it is.
     #[error(transparent)]

@@ -56,7 +56,7 @@ impl Connection {
                 if self.outstanding() {
                     min(self.pto_deadline());
                 }
-                if self.has_data_to_send() {
+                if self.has_data_to_send() && !self.xfers.source_blocked {
                     match self.path.pacer.next_send_time(now_us) {
                         Some(x) => min(x),
                         None => min(now_us),

@@ -10,7 +10,7 @@ use crate::control::{flags, Ctrl};
 use crate::transfer::{DataVerdict, Incoming, Layout, Outgoing, XferId};
 use crate::wire::{self, Writer};
 
-use super::{BlockSink, BlockSource, Connection, Event};
+use super::{BlockSink, BlockSource, Connection, Event, StorageError};
 
 /// What an `Offer` says about a file.
 #[derive(Debug, Clone, Copy)]
@@ -75,6 +75,9 @@ pub(super) struct Transfers {
     pub(super) stash_pending: bool,
     /// Some transfer may need its hash finished or `Sent` announced without sending data.
     pub(super) hash_work: bool,
+    /// The last attempt to send file data found its bytes not read yet
+    /// ([`StorageError::NotReady`]): no deadline for data until the next attempt.
+    pub(super) source_blocked: bool,
     /// The driver hashes what this side sends (off the protocol loop) and hands each file's
     /// hash in with [`Connection::set_source_hash`]; the connection reads no block only to
     /// hash it. Off: the connection hashes blocks as it sends them (the simulator).
@@ -534,15 +537,24 @@ impl Connection {
             while o.hash_next < n {
                 let b = o.hash_next;
                 scratch.resize(o.layout.len(b), 0);
-                if let Err(e) = src.read(xfer, o.layout.offset(b), &mut scratch) {
-                    failed = Some(format!("cannot read {}: {e}", o.path));
-                    break;
+                match src.read(xfer, o.layout.offset(b), &mut scratch) {
+                    Ok(()) => {}
+                    Err(StorageError::NotReady) => {
+                        // Not read yet: hashed on a later call.
+                        self.xfers.hash_work = true;
+                        break;
+                    }
+                    Err(e) => {
+                        failed = Some(format!("cannot read {}: {e}", o.path));
+                        break;
+                    }
                 }
                 o.hash_block(b, &scratch);
             }
             self.scratch = scratch;
             match failed {
                 Some(reason) => self.fail_outgoing(xfer, reason),
+                None if self.xfers.hash_work => break,
                 None => self.maybe_announce(xfer),
             }
         }

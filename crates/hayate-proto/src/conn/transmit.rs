@@ -4,7 +4,7 @@
 use crate::transfer::XferId;
 use crate::wire::{self, Frame, Writer};
 
-use super::{BlockSource, Connection};
+use super::{BlockSource, Connection, StorageError};
 
 impl Connection {
     pub(super) fn send_control(
@@ -66,26 +66,15 @@ impl Connection {
             return self.send_stream(now_us, buf);
         }
         // Retransmissions first, then new blocks, in transfer order.
-        let mut pick: Option<(XferId, u64, bool)> = None;
-        let mut again = false;
+        self.xfers.source_blocked = false;
+        let mut pick: Option<(XferId, u64, Option<bool>)> = None;
         for o in self.xfers.outgoing.values_mut() {
             if !o.ready {
                 continue;
             }
             if let Some((b, second)) = o.pop_retx() {
-                pick = Some((o.id, b, true));
-                again = !second;
+                pick = Some((o.id, b, Some(second)));
                 break;
-            }
-        }
-        // At the session's tail (nothing new left anywhere) each retransmission goes twice.
-        // With many small files that is every batch's tail: their retransmissions double
-        // (twice the loss rate instead of once), and each file verifies a round trip sooner.
-        if again && self.xfers.outgoing.values().all(|o| o.peek_new().is_none()) {
-            if let Some((xfer, block, _)) = pick {
-                if let Some(o) = self.xfers.outgoing.get_mut(&xfer) {
-                    o.send_again(block);
-                }
             }
         }
         if pick.is_none() {
@@ -94,13 +83,15 @@ impl Connection {
             for o in self.xfers.outgoing.values() {
                 if o.ready || (o.eager && self.eager_room()) {
                     if let Some(b) = o.peek_new() {
-                        pick = Some((o.id, b, false));
+                        pick = Some((o.id, b, None));
                         break;
                     }
                 }
             }
         }
-        let (xfer, block, retx) = pick?;
+        // `second`: a retransmission, from the second copies or not.
+        let (xfer, block, second) = pick?;
+        let retx = second.is_some();
         let pn = self.space.next_pn;
         let o = self.xfers.outgoing.get_mut(&xfer).expect("picked");
         let len = o.layout.len(block);
@@ -113,23 +104,50 @@ impl Connection {
             while o.hash_next < block {
                 let b = o.hash_next;
                 skipped.resize(o.layout.len(b), 0);
-                if let Err(e) = src.read(xfer, o.layout.offset(b), &mut skipped) {
-                    self.scratch = skipped;
-                    self.fail_outgoing(
-                        xfer,
-                        format!("cannot read {}: {e}", self.xfers.outgoing[&xfer].path),
-                    );
-                    return None;
+                match src.read(xfer, o.layout.offset(b), &mut skipped) {
+                    Ok(()) => o.hash_block(b, &skipped),
+                    Err(StorageError::NotReady) => {
+                        self.scratch = skipped;
+                        self.xfers.source_blocked = true;
+                        return None;
+                    }
+                    Err(e) => {
+                        self.scratch = skipped;
+                        self.fail_outgoing(
+                            xfer,
+                            format!("cannot read {}: {e}", self.xfers.outgoing[&xfer].path),
+                        );
+                        return None;
+                    }
                 }
-                o.hash_block(b, &skipped);
             }
             self.scratch = skipped;
         }
-        if let Err(e) = src.read(xfer, offset, &mut buf[body..body + len]) {
-            let path = o.path.clone();
-            self.fail_outgoing(xfer, format!("cannot read {path}: {e}"));
-            return None;
+        match src.read(xfer, offset, &mut buf[body..body + len]) {
+            Ok(()) => {}
+            Err(StorageError::NotReady) => {
+                // Asked for again on the next call, first in line.
+                if let Some(second) = second {
+                    o.unpop_retx(block, second);
+                }
+                self.xfers.source_blocked = true;
+                return None;
+            }
+            Err(e) => {
+                let path = o.path.clone();
+                self.fail_outgoing(xfer, format!("cannot read {path}: {e}"));
+                return None;
+            }
         }
+        // At the session's tail (nothing new left anywhere) each retransmission goes twice.
+        // With many small files that is every batch's tail: their retransmissions double
+        // (twice the loss rate instead of once), and each file verifies a round trip sooner.
+        if second == Some(false) && self.xfers.outgoing.values().all(|o| o.peek_new().is_none()) {
+            if let Some(o) = self.xfers.outgoing.get_mut(&xfer) {
+                o.send_again(block);
+            }
+        }
+        let o = self.xfers.outgoing.get_mut(&xfer).expect("picked");
         if !retx && !self.xfers.external_hash {
             o.hash_block(block, &buf[body..body + len]);
         }
