@@ -14,7 +14,7 @@
 //! there anyway): paths resolve as in a shell from a working directory, `..`, absolute paths
 //! and absolute symlinks included; only `/proc` magic links stay refused.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::ffi::OsStr;
 use std::fs::{File, FileTimes, Metadata, Permissions};
 use std::io::{self, Read};
@@ -1997,6 +1997,10 @@ pub enum SourceError {
     /// Hashing it failed (the file is read again on the hashing threads).
     #[error(transparent)]
     Hash(#[from] crate::verify::HashError),
+    /// The bytes are still being read by a reader thread (see `readahead`): not a failure,
+    /// the read is asked for again later.
+    #[error("not read yet")]
+    NotReady,
 }
 
 impl SourceError {
@@ -2015,7 +2019,10 @@ impl From<io::Error> for SourceError {
 
 impl From<SourceError> for hayate_proto::StorageError {
     fn from(e: SourceError) -> Self {
-        hayate_proto::StorageError::Other(Box::new(e))
+        match e {
+            SourceError::NotReady => hayate_proto::StorageError::NotReady,
+            e => hayate_proto::StorageError::Other(Box::new(e)),
+        }
     }
 }
 
@@ -2063,8 +2070,14 @@ impl std::fmt::Display for Change {
 /// against what they were when it was opened, on every read from the file and at its last
 /// block, before the sender announces the hash; a change fails the read.
 pub struct SourceFile {
-    file: File,
+    file: Arc<File>,
     size: u64,
+    /// The reader thread that reads this file's chunks ahead, and the chunks it was asked
+    /// for after the one held, in order (see `readahead`).
+    reader: usize,
+    coming: VecDeque<crate::readahead::Pending>,
+    /// The loop that opened the file, woken when a chunk is read.
+    waker: Option<Arc<OwnedFd>>,
     ahead: Arc<Vec<u8>>,
     /// File offset of `ahead[0]`, and how many bytes of `ahead` hold the file's.
     start: u64,
@@ -2073,7 +2086,7 @@ pub struct SourceFile {
     /// Chunks read whole, for [`take_chunks`](Self::take_chunks).
     chunks: Vec<(u64, Arc<Vec<u8>>)>,
     /// Chunks read earlier that a hash job may still hold: reused once it let go (a fresh
-    /// 1 MiB buffer per chunk is zeroed and page-faulted in, on the protocol loop).
+    /// 1 MiB buffer per chunk costs page faults).
     lent: Vec<Arc<Vec<u8>>>,
     /// The file as it was opened.
     was: Ident,
@@ -2117,7 +2130,9 @@ impl SourceFile {
     const LENT_MAX: usize = 8;
 
     /// `size`: the file's length as offered (the file as it is now is what later reads
-    /// are checked against).
+    /// are checked against). Opened on a driver loop's thread, the reader thread that reads
+    /// it ahead wakes that loop when a chunk is read; elsewhere a read that says
+    /// [`SourceError::NotReady`] is to be tried again a little later.
     pub fn new(file: File, size: u64) -> Self {
         let was = Ident::of(&file).unwrap_or(Ident {
             size,
@@ -2126,8 +2141,11 @@ impl SourceFile {
             ino: 0,
         });
         SourceFile {
-            file,
+            file: Arc::new(file),
             size,
+            reader: crate::readahead::thread_for_file(),
+            coming: VecDeque::new(),
+            waker: crate::readahead::current_waker(),
             ahead: Arc::new(Vec::new()),
             start: 0,
             len: 0,
@@ -2188,8 +2206,11 @@ impl SourceFile {
     /// changed since it was opened.
     pub fn read_block(&mut self, offset: u64, out: &mut [u8]) -> Result<(), SourceError> {
         let r = self.read_checked(offset, out);
-        if let Err(e) = &r {
-            self.failure.get_or_insert_with(|| e.clone());
+        match &r {
+            Ok(()) | Err(SourceError::NotReady) => {}
+            Err(e) => {
+                self.failure.get_or_insert_with(|| e.clone());
+            }
         }
         r
     }
@@ -2222,7 +2243,12 @@ impl SourceFile {
                 self.read_ahead(pos)?;
                 continue;
             }
-            let n = read_at(&self.file, pos, &mut out[done..])?;
+            // A block sent a moment ago is in the page cache; if not, this one block is read
+            // here (a retransmission is rare next to the chunks read ahead).
+            let n = match crate::readahead::read_cached(&self.file, pos, &mut out[done..])? {
+                Some(n) => n,
+                None => read_at(&self.file, pos, &mut out[done..])?,
+            };
             self.check()?;
             if n < out.len() - done {
                 return Err(SourceError::Changed {
@@ -2238,48 +2264,106 @@ impl SourceFile {
         Ok(())
     }
 
-    /// Reads the aligned [`CHUNK`](Self::CHUNK) that holds `pos` into a fresh buffer, and
-    /// keeps it for [`take_chunks`](Self::take_chunks) too.
+    /// Chunks read ahead of the one being sent: a slow disk has 4 MiB to read while the
+    /// loop sends what it has.
+    const AHEAD: usize = 4;
+
+    /// Makes the aligned [`CHUNK`](Self::CHUNK) that holds `pos` the one held, and keeps it
+    /// for [`take_chunks`](Self::take_chunks) too: from what a reader thread read ahead, or
+    /// from the page cache; [`SourceError::NotReady`] while a reader thread still reads it.
+    /// Asks for the chunks after it.
     fn read_ahead(&mut self, pos: u64) -> Result<(), SourceError> {
         let start = pos - pos % Self::CHUNK as u64;
         let want = (self.size - start).min(Self::CHUNK as u64) as usize;
-        // The previous buffer is reused unless a hash job still holds it; then one an
-        // earlier job has let go of.
-        let mut buf = match Arc::get_mut(&mut self.ahead) {
-            Some(b) if b.len() == want => std::mem::take(b),
-            _ => {
-                let old = std::mem::take(&mut self.ahead);
-                if Arc::strong_count(&old) > 1 && self.lent.len() < Self::LENT_MAX {
-                    self.lent.push(old);
+        // Chunks read ahead and skipped (the receiver already had them).
+        while self.coming.front().is_some_and(|c| c.start < start) {
+            self.coming.pop_front();
+        }
+        let (buf, n) = match self.coming.front() {
+            Some(c) if c.start == start => match c.take() {
+                Some(r) => {
+                    self.coming.pop_front();
+                    r?
                 }
-                let free = self
-                    .lent
-                    .iter_mut()
-                    .position(|c| Arc::get_mut(c).is_some_and(|b| b.len() == want));
-                match free {
-                    Some(i) => Arc::try_unwrap(self.lent.swap_remove(i)).unwrap_or_default(),
-                    None => vec![0; want],
+                None => {
+                    self.top_up(start);
+                    return Err(SourceError::NotReady);
+                }
+            },
+            _ => {
+                // Nothing asked for it yet (the first chunk, or after a jump): what the page
+                // cache holds is read now, the rest by the reader thread.
+                self.coming.clear();
+                let mut buf = self.spare(want);
+                match crate::readahead::read_cached(&self.file, start, &mut buf)? {
+                    Some(n) => (buf, n),
+                    None => {
+                        let c = crate::readahead::submit(
+                            self.reader,
+                            &self.file,
+                            start,
+                            buf,
+                            self.waker.clone(),
+                        );
+                        self.coming.push_back(c);
+                        self.top_up(start);
+                        return Err(SourceError::NotReady);
+                    }
                 }
             }
         };
-        if buf.len() != want {
-            buf = vec![0; want];
-        }
         self.len = 0;
-        let n = read_at(&self.file, start, &mut buf)?;
         self.check()?;
-        if n < want {
+        if n < want || buf.len() != want {
             return Err(SourceError::Changed {
                 how: Change::Shrank,
             });
         }
-        self.ahead = Arc::new(buf);
+        let old = std::mem::replace(&mut self.ahead, Arc::new(buf));
+        self.lend(old);
         self.start = start;
         self.len = n;
         if self.keep_chunks {
             self.chunks.push((start, self.ahead.clone()));
         }
+        self.top_up(start);
         Ok(())
+    }
+
+    /// Asks the reader thread for the chunks after `start`'s, up to [`AHEAD`](Self::AHEAD)
+    /// of them waiting.
+    fn top_up(&mut self, start: u64) {
+        let chunk = Self::CHUNK as u64;
+        let mut next = self.coming.back().map_or(start, |c| c.start) + chunk;
+        while self.coming.len() < Self::AHEAD && next < self.size {
+            let want = (self.size - next).min(chunk) as usize;
+            let buf = self.spare(want);
+            let c =
+                crate::readahead::submit(self.reader, &self.file, next, buf, self.waker.clone());
+            self.coming.push_back(c);
+            next += chunk;
+        }
+    }
+
+    /// A chunk buffer no longer held elsewhere is kept for reuse (a hash job may still hold
+    /// it: then it waits among the lent ones).
+    fn lend(&mut self, old: Arc<Vec<u8>>) {
+        if !old.is_empty() && self.lent.len() < Self::LENT_MAX {
+            self.lent.push(old);
+        }
+    }
+
+    /// A buffer of `want` bytes: one a hash job has let go of, else a fresh one (zeroed
+    /// lazily by the kernel, its pages faulted in by the reader thread that fills it).
+    fn spare(&mut self, want: usize) -> Vec<u8> {
+        let free = self
+            .lent
+            .iter_mut()
+            .position(|c| Arc::get_mut(c).is_some_and(|b| b.len() == want));
+        match free {
+            Some(i) => Arc::try_unwrap(self.lent.swap_remove(i)).unwrap_or_else(|_| vec![0; want]),
+            None => vec![0; want],
+        }
     }
 
     /// The whole chunks read since the last call, with their offsets (only with

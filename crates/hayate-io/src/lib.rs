@@ -10,6 +10,7 @@ pub mod fs;
 pub mod glob;
 pub mod keyfile;
 pub mod pathcache;
+pub(crate) mod readahead;
 pub mod ssh;
 pub mod udp;
 pub mod verify;

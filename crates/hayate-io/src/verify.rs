@@ -1104,6 +1104,22 @@ mod tests {
         assert_eq!(std::fs::read(dir.path().join("out")).unwrap(), d);
     }
 
+    /// Reads for sending, waiting while the reader thread still reads the chunk ahead (a
+    /// driver's loop would do other work meanwhile).
+    fn read_ready(s: &mut Sending, offset: u64, buf: &mut [u8]) {
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            match s.read(offset, buf) {
+                Ok(()) => return,
+                Err(SourceError::NotReady) => {
+                    assert!(Instant::now() < until, "never read");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(e) => panic!("read at {offset}: {e}"),
+            }
+        }
+    }
+
     #[test]
     fn a_sent_file_hashes_as_reads_pass_and_skipped_parts_at_the_end() {
         let len = 5 * SUBTREE_LEN as usize + 333;
@@ -1117,13 +1133,13 @@ mod tests {
         // last block).
         let mut off = 0;
         while off + 1400 <= 2 * SUBTREE_LEN as usize {
-            s.read(off as u64, &mut buf).unwrap();
+            read_ready(&mut s, off as u64, &mut buf);
             off += 1400;
         }
         assert_eq!(s.next, 1, "only whole subtrees passed are hashed");
         let last = len - 333;
         let mut tail = vec![0u8; 333];
-        s.read(last as u64, &mut tail).unwrap();
+        read_ready(&mut s, last as u64, &mut tail);
         assert_eq!(s.next, 6);
         let until = Instant::now() + Duration::from_secs(20);
         let h = loop {
@@ -1153,13 +1169,13 @@ mod tests {
         while off < len {
             let k = block.min(len - off);
             let mut buf = vec![0u8; k];
-            s.read(off as u64, &mut buf).unwrap();
+            read_ready(&mut s, off as u64, &mut buf);
             assert_eq!(buf, d[off..off + k], "bytes at {off}");
             n += 1;
             if n % 97 == 0 && off > 5 * block {
                 let back = off - 5 * block;
                 let mut again = vec![0u8; block];
-                s.read(back as u64, &mut again).unwrap();
+                read_ready(&mut s, back as u64, &mut again);
                 assert_eq!(again, d[back..back + block], "bytes again at {back}");
             }
             off += k;

@@ -844,11 +844,11 @@ fn a_source_file_reads_ahead_and_back() {
     offsets.insert(10, 3);
     for off in offsets {
         let n = block.min(data.len() - off as usize);
-        src.read_block(off, &mut buf[..n]).unwrap();
+        read_now(&mut src, off, &mut buf[..n]).unwrap();
         assert_eq!(&buf[..n], &data[off as usize..off as usize + n], "at {off}");
     }
     let last = (data.len() - 10) as u64;
-    src.read_block(last, &mut buf[..10]).unwrap();
+    read_now(&mut src, last, &mut buf[..10]).unwrap();
     assert_eq!(&buf[..10], &data[data.len() - 10..]);
 
     // Shrunk behind its back: what is still read ahead is served, the rest is an error.
@@ -859,7 +859,7 @@ fn a_source_file_reads_ahead_and_back() {
         .set_len(1000)
         .unwrap();
     let mut src = SourceFile::new(std::fs::File::open(&path).unwrap(), data.len() as u64);
-    let err = src.read_block(0, &mut buf).unwrap_err();
+    let err = read_now(&mut src, 0, &mut buf).unwrap_err();
     assert!(
         matches!(
             err,
@@ -1232,6 +1232,20 @@ fn tilde_means_a_home_directory_only_when_asked_for() {
     assert_eq!(read_all(&confined, "~/f"), b"literal");
 }
 
+/// `SourceFile::read_block`, waiting while a reader thread still reads the chunk ahead
+/// (a driver's loop does other work meanwhile).
+fn read_now(src: &mut SourceFile, offset: u64, buf: &mut [u8]) -> Result<(), SourceError> {
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match src.read_block(offset, buf) {
+            Err(SourceError::NotReady) if std::time::Instant::now() < until => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            r => return r,
+        }
+    }
+}
+
 #[test]
 fn a_source_that_changes_fails_its_reads_and_says_how() {
     use std::os::unix::fs::MetadataExt;
@@ -1250,7 +1264,7 @@ fn a_source_that_changes_fails_its_reads_and_says_how() {
     // Appended to: the next read from the file fails, and the failure is kept.
     fs::write(&path, &data).unwrap();
     let mut src = open(&path);
-    src.read_block(0, &mut buf).unwrap();
+    read_now(&mut src, 0, &mut buf).unwrap();
     src.check().unwrap();
     fs::OpenOptions::new()
         .append(true)
@@ -1258,7 +1272,7 @@ fn a_source_that_changes_fails_its_reads_and_says_how() {
         .unwrap()
         .write_all(b"more")
         .unwrap();
-    let e = src.read_block(last, &mut buf).unwrap_err();
+    let e = read_now(&mut src, last, &mut buf).unwrap_err();
     let (was, now) = (data.len() as u64, data.len() as u64 + 4);
     assert!(
         matches!(e, SourceError::Changed { how: Change::Size { was: w, now: n } } if (w, n) == (was, now)),
@@ -1273,8 +1287,7 @@ fn a_source_that_changes_fails_its_reads_and_says_how() {
     // Overwritten in place, same size: the mtime tells, even for a block read ahead.
     fs::write(&path, &data).unwrap();
     let mut src = open(&path);
-    src.read_block(last - SourceFile::CHUNK as u64 + 1430, &mut buf)
-        .unwrap();
+    read_now(&mut src, last - SourceFile::CHUNK as u64 + 1430, &mut buf).unwrap();
     std::thread::sleep(Duration::from_millis(20));
     fs::OpenOptions::new()
         .write(true)
@@ -1282,7 +1295,7 @@ fn a_source_that_changes_fails_its_reads_and_says_how() {
         .unwrap()
         .write_all_at(b"x", 10)
         .unwrap();
-    let e = src.read_block(last, &mut buf).unwrap_err();
+    let e = read_now(&mut src, last, &mut buf).unwrap_err();
     assert!(e.changed(), "{e}");
     assert_eq!(e.to_string(), "changed while being sent (modified)");
 
@@ -1291,7 +1304,7 @@ fn a_source_that_changes_fails_its_reads_and_says_how() {
     let other = dir.path().join("other.bin");
     fs::write(&other, &data).unwrap();
     fs::rename(&other, &path).unwrap();
-    let e = src.read_block(last, &mut buf).unwrap_err();
+    let e = read_now(&mut src, last, &mut buf).unwrap_err();
     assert!(
         matches!(
             e,

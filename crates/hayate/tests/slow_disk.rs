@@ -1,9 +1,13 @@
 //! A server whose disk reads slower than its page cache holds (an ext4 on a loop device,
-//! reads throttled to 40 MiB/s by the cgroup v1 `blkio` controller, 600 MiB of memory by the
-//! `memory` controller): a 1.5 GiB upload must complete verified, and a second client's small
-//! upload must be served at once meanwhile. Verifying by re-reading the file at the end took
-//! the server's loop away for most of a minute here: the client gave up ("the peer went
-//! silent for 15 s") and the second client got no answer.
+//! reads throttled by the cgroup v1 `blkio` controller, memory limited by the `memory`
+//! controller).
+//! - A 1.5 GiB upload (reads at 40 MiB/s, 600 MiB of memory) must complete verified, and a
+//!   second client's small upload must be served at once meanwhile. Verifying by re-reading
+//!   the file at the end took the server's loop away for most of a minute here: the client
+//!   gave up ("the peer went silent for 15 s") and the second client got no answer.
+//! - A download of a file not in the page cache (reads at 4 MiB/s) must not hold up a second
+//!   client either: reading it with `pread` on the server's loop stopped every session for
+//!   the quarter second each 1 MiB chunk took.
 
 mod common;
 
@@ -12,8 +16,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-
-const CG: &str = "hayate-slow-disk-test";
 
 fn sh(cmd: &mut Command) -> Result<String, String> {
     let out = cmd
@@ -33,11 +35,14 @@ fn sh(cmd: &mut Command) -> Result<String, String> {
 struct SlowDisk {
     loopdev: String,
     mnt: PathBuf,
+    /// The cgroups' name (one per test: the tests of this file run at once).
+    cg: &'static str,
     _dir: tempfile::TempDir,
 }
 
 impl SlowDisk {
-    fn new() -> Result<SlowDisk, String> {
+    /// Reads at `read_bps` bytes/s; processes in the cgroups get `memory` bytes.
+    fn new(cg: &'static str, read_bps: u64, memory: u64) -> Result<SlowDisk, String> {
         if unsafe { libc::geteuid() } != 0 {
             return Err("needs root".into());
         }
@@ -55,6 +60,7 @@ impl SlowDisk {
         let mut disk = SlowDisk {
             loopdev,
             mnt: dir.path().join("mnt"),
+            cg,
             _dir: dir,
         };
         sh(Command::new("mkfs.ext4").args(["-q", "-F", &disk.loopdev]))?;
@@ -62,17 +68,17 @@ impl SlowDisk {
         sh(Command::new("mount").arg(&disk.loopdev).arg(&disk.mnt))?;
         let majmin = sh(Command::new("lsblk").args(["-dno", "MAJ:MIN", &disk.loopdev]))?;
         for c in ["blkio", "memory"] {
-            std::fs::create_dir_all(format!("/sys/fs/cgroup/{c}/{CG}"))
+            std::fs::create_dir_all(format!("/sys/fs/cgroup/{c}/{cg}"))
                 .map_err(|e| e.to_string())?;
         }
         std::fs::write(
-            format!("/sys/fs/cgroup/blkio/{CG}/blkio.throttle.read_bps_device"),
-            format!("{} {}", majmin.trim(), 40 << 20),
+            format!("/sys/fs/cgroup/blkio/{cg}/blkio.throttle.read_bps_device"),
+            format!("{} {}", majmin.trim(), read_bps),
         )
         .map_err(|e| format!("blkio throttle: {e}"))?;
         std::fs::write(
-            format!("/sys/fs/cgroup/memory/{CG}/memory.limit_in_bytes"),
-            format!("{}", 600 << 20),
+            format!("/sys/fs/cgroup/memory/{cg}/memory.limit_in_bytes"),
+            format!("{memory}"),
         )
         .map_err(|e| format!("memory limit: {e}"))?;
         std::fs::create_dir_all(disk.root()).map_err(|e| e.to_string())?;
@@ -84,6 +90,47 @@ impl SlowDisk {
     fn root(&self) -> PathBuf {
         self.mnt.join("root")
     }
+
+    /// Mounts the file system again: nothing of it stays in the page cache.
+    fn remount(&self) -> Result<(), String> {
+        sh(Command::new("umount").arg(&self.mnt))?;
+        sh(Command::new("mount").arg(&self.loopdev).arg(&self.mnt))?;
+        Ok(())
+    }
+
+    /// `hayate serve` on `port` over the disk's root, inside its cgroups (a shell puts
+    /// itself there, then execs), and a thread collecting its log.
+    fn serve(
+        &self,
+        port: u16,
+        key: &Path,
+    ) -> (std::process::Child, std::thread::JoinHandle<String>) {
+        let cg = self.cg;
+        let script = format!(
+            "echo $$ > /sys/fs/cgroup/blkio/{cg}/tasks && echo $$ > /sys/fs/cgroup/memory/{cg}/tasks \
+             && exec \"$0\" serve --listen 127.0.0.1:{port} --root \"$1\" --key-file \"$2\""
+        );
+        let mut server = Command::new("sh")
+            .arg("-c")
+            .arg(&script)
+            .arg(BIN)
+            .arg(self.root())
+            .arg(key)
+            .env_remove("HAYATE_KEY_FILE")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let log = server.stderr.take().unwrap();
+        let log = std::thread::spawn(move || {
+            let mut s = String::new();
+            std::io::Read::read_to_string(&mut std::io::BufReader::new(log), &mut s).ok();
+            s
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        (server, log)
+    }
 }
 
 impl Drop for SlowDisk {
@@ -91,14 +138,14 @@ impl Drop for SlowDisk {
         let _ = Command::new("umount").arg(&self.mnt).status();
         let _ = Command::new("losetup").args(["-d", &self.loopdev]).status();
         for c in ["blkio", "memory"] {
-            let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{c}/{CG}"));
+            let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{c}/{}", self.cg));
         }
     }
 }
 
 #[test]
 fn an_upload_to_a_disk_slower_than_its_cache_completes_and_others_are_served() {
-    let disk = match SlowDisk::new() {
+    let disk = match SlowDisk::new("hayate-slow-disk-up", 40 << 20, 600 << 20) {
         Ok(d) => d,
         Err(why) => {
             common::sshd::skip_unless_ci(&format!("cannot build a throttled disk: {why}"));
@@ -113,31 +160,8 @@ fn an_upload_to_a_disk_slower_than_its_cache_completes_and_others_are_served() {
     let small = dir.path().join("small.bin");
     write_random(&small, 1 << 20, 6);
 
-    // The server runs inside the throttled cgroups (a shell puts itself there, then execs).
     let port = free_udp_port();
-    let script = format!(
-        "echo $$ > /sys/fs/cgroup/blkio/{CG}/tasks && echo $$ > /sys/fs/cgroup/memory/{CG}/tasks \
-         && exec \"$0\" serve --listen 127.0.0.1:{port} --root \"$1\" --key-file \"$2\""
-    );
-    let mut server = Command::new("sh")
-        .arg("-c")
-        .arg(&script)
-        .arg(BIN)
-        .arg(disk.root())
-        .arg(&key)
-        .env_remove("HAYATE_KEY_FILE")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let log = server.stderr.take().unwrap();
-    let log = std::thread::spawn(move || {
-        let mut s = String::new();
-        std::io::Read::read_to_string(&mut std::io::BufReader::new(log), &mut s).ok();
-        s
-    });
-    std::thread::sleep(Duration::from_millis(500));
+    let (mut server, log) = disk.serve(port, &key);
     let url = |p: &str| format!("hayate://127.0.0.1:{port}/{p}");
 
     let mut cmd = hayate();
@@ -168,4 +192,56 @@ fn an_upload_to_a_disk_slower_than_its_cache_completes_and_others_are_served() {
         "a second client waited {second_took:?} during the first's verification\n{log}"
     );
     assert_eq!(hash_file(&disk.root().join("big.bin")), want);
+}
+
+#[test]
+fn a_download_from_a_slow_disk_does_not_hold_up_another_client() {
+    let disk = match SlowDisk::new("hayate-slow-disk-down", 4 << 20, 600 << 20) {
+        Ok(d) => d,
+        Err(why) => {
+            common::sshd::skip_unless_ci(&format!("cannot build a throttled disk: {why}"));
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let key = keygen(dir.path(), "k");
+    // 12 s of reading at 4 MiB/s.
+    let want = write_random(&disk.root().join("big.bin"), 48 << 20, 7);
+    disk.remount().unwrap();
+    let small = dir.path().join("small.bin");
+    let small_hash = write_random(&small, 8 << 20, 8);
+
+    let port = free_udp_port();
+    let (mut server, log) = disk.serve(port, &key);
+    let url = |p: &str| format!("hayate://127.0.0.1:{port}/{p}");
+    let got = dir.path().join("big.bin");
+    let mut cmd = hayate();
+    cmd.args(["cp", "--json", "--key-file"])
+        .arg(&key)
+        .arg(url("big.bin"))
+        .arg(&got);
+    let big = spawn_cmd(&mut cmd);
+    std::thread::sleep(Duration::from_millis(1500));
+    // Alone, this upload takes a fraction of a second.
+    let started = Instant::now();
+    let second = cp(&key, &[small.display().to_string(), url("small.bin")]);
+    let second_took = started.elapsed();
+    let run = big.wait(Duration::from_secs(90));
+    let _ = server.kill();
+    let _ = server.wait();
+    let log = log.join().unwrap_or_default();
+    println!(
+        "slow source: 48 MiB download {:.2} s; second client's 8 MiB upload {:.2} s",
+        run.elapsed.as_secs_f64(),
+        second_took.as_secs_f64()
+    );
+    second.assert_ok();
+    assert!(
+        second_took < Duration::from_secs(3),
+        "a second client took {second_took:?} beside a download from a slow disk\n{log}"
+    );
+    assert_eq!(hash_file(&disk.root().join("small.bin")), small_hash);
+    run.assert_ok();
+    assert_eq!(run.json()["verified"], true, "{}", run.stdout);
+    assert_eq!(hash_file(&got), want);
 }

@@ -18,7 +18,9 @@
 //! The protocol core never waits on storage: hashing and writing run on worker threads
 //! (`verify`, `writeback`), whose results a policy collects in `turn`. Those threads do not
 //! wake the loop, so a policy with work outstanding says so and the loop looks again after
-//! [`WORKER_POLL`].
+//! [`WORKER_POLL`]. Reading runs ahead on reader threads (`readahead`): a block not read yet
+//! is `StorageError::NotReady` to the core, and the reader that finishes it wakes the loop
+//! (its `LoopWaker`).
 
 use std::collections::HashMap;
 use std::io;
@@ -31,6 +33,7 @@ use hayate_proto::{BlockSink, BlockSource, Connection, Endpoint, Event, Receiver
 
 use super::link::Links;
 use super::CcTrace;
+use crate::readahead::LoopWaker;
 
 /// How often a loop with work on the worker threads looks for its results.
 pub(crate) const WORKER_POLL: Duration = Duration::from_millis(2);
@@ -332,14 +335,18 @@ fn transmit<F: BlockSource>(
 /// Runs the loop until the policy stops it or a link fails.
 pub(crate) fn run<P: Policy>(p: &mut P, net: &mut Net<P::Files>) -> io::Result<()> {
     let _ = crate::clock::set_timer_slack_ns(1);
-    let r = turns(p, net);
+    // Files opened on this thread have their chunks read ahead on reader threads, which
+    // wake the loop through this.
+    let waker = LoopWaker::install();
+    let r = turns(p, net, &waker);
     net.flush_traces();
     r
 }
 
-fn turns<P: Policy>(p: &mut P, net: &mut Net<P::Files>) -> io::Result<()> {
+fn turns<P: Policy>(p: &mut P, net: &mut Net<P::Files>, waker: &LoopWaker) -> io::Result<()> {
     let mut last_trace = Instant::now();
     loop {
+        waker.drain();
         let now = Instant::now();
         if p.begin(now, net) == Flow::Stop {
             return Ok(());
@@ -410,8 +417,10 @@ fn turns<P: Policy>(p: &mut P, net: &mut Net<P::Files>) -> io::Result<()> {
         }
         net.reap(p, now);
         if next > Instant::now() {
+            let mut fds = p.wait_fds();
+            fds.extend(waker.fd().map(|fd| (fd, libc::POLLIN)));
             net.links
-                .wait_until(next, &p.wait_fds())
+                .wait_until(next, &fds)
                 .map_err(|e| io::Error::new(e.kind(), format!("socket wait failed: {e}")))?;
         }
     }

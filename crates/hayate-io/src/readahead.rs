@@ -1,0 +1,196 @@
+//! Read-ahead: a sender's file chunks are read by background threads, so the protocol loop
+//! never waits on `pread` from a slow disk (and, on a server, no session waits on another's).
+//!
+//! [`SourceFile`](crate::fs::SourceFile) asks for the chunks after the one it sends from
+//! ([`submit`]); each file is bound to one reader thread, which reads its chunks in the
+//! order they were asked for (a disk reads one file's chunks in order best). When a chunk is
+//! read, the thread writes to the eventfd of the loop whose thread opened the file
+//! ([`LoopWaker`], which the loop waits on), so the loop sends on at once rather than at its
+//! next poll. A chunk not read yet is [`hayate_proto::StorageError::NotReady`] to the
+//! protocol core, which asks again later.
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{channel, Sender};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Where a reader thread leaves a chunk: its buffer and how many bytes of the file it
+/// holds, or why it could not be read.
+type Slot = Arc<Mutex<Option<io::Result<(Vec<u8>, usize)>>>>;
+
+/// A chunk being read ahead.
+#[derive(Debug)]
+pub(crate) struct Pending {
+    /// File offset of the chunk.
+    pub start: u64,
+    slot: Slot,
+}
+
+impl Pending {
+    /// The chunk and how many of its bytes the file had, once read (or why it could not be).
+    pub fn take(&self) -> Option<io::Result<(Vec<u8>, usize)>> {
+        self.slot.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+struct Job {
+    file: Arc<File>,
+    start: u64,
+    buf: Vec<u8>,
+    slot: Slot,
+    waker: Option<Arc<OwnedFd>>,
+}
+
+/// Reader threads. They wait on disks, not on cores: several, so that files sharing one
+/// (round robin) rarely wait behind another's slow disk.
+const READERS: usize = 8;
+
+struct Pool {
+    threads: Vec<Mutex<Sender<Job>>>,
+    next: AtomicUsize,
+}
+
+thread_local! {
+    /// The eventfd of the loop running on this thread, if one is.
+    static LOOP_WAKER: std::cell::RefCell<Option<Arc<OwnedFd>>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A driver loop's eventfd: readable once a chunk asked for by a file opened on the loop's
+/// thread was read. Set for its thread while it lives.
+pub(crate) struct LoopWaker {
+    fd: Option<Arc<OwnedFd>>,
+}
+
+impl LoopWaker {
+    /// Creates the eventfd and makes it this thread's (without one, the loop polls).
+    pub fn install() -> LoopWaker {
+        let fd = rustix::event::eventfd(
+            0,
+            rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
+        )
+        .ok()
+        .map(Arc::new);
+        LOOP_WAKER.with(|w| *w.borrow_mut() = fd.clone());
+        LoopWaker { fd }
+    }
+
+    /// The fd to wait on (readable: a chunk was read).
+    pub fn fd(&self) -> Option<BorrowedFd<'_>> {
+        self.fd.as_ref().map(|f| f.as_fd())
+    }
+
+    /// Resets it, before the loop looks at what the readers finished.
+    pub fn drain(&self) {
+        if let Some(f) = &self.fd {
+            let mut b = [0u8; 8];
+            let _ = rustix::io::read(f.as_ref(), &mut b);
+        }
+    }
+}
+
+impl Drop for LoopWaker {
+    fn drop(&mut self) {
+        LOOP_WAKER.with(|w| *w.borrow_mut() = None);
+    }
+}
+
+/// The waker of the loop running on this thread, for the files it opens.
+pub(crate) fn current_waker() -> Option<Arc<OwnedFd>> {
+    LOOP_WAKER.with(|w| w.borrow().clone())
+}
+
+fn pool() -> &'static Pool {
+    static POOL: OnceLock<Pool> = OnceLock::new();
+    POOL.get_or_init(|| {
+        let threads = (0..READERS)
+            .filter_map(|i| {
+                let (tx, rx) = channel::<Job>();
+                std::thread::Builder::new()
+                    .name(format!("hayate-read-{i}"))
+                    .spawn(move || {
+                        while let Ok(job) = rx.recv() {
+                            run(job);
+                        }
+                    })
+                    .ok()
+                    .map(|_| Mutex::new(tx))
+            })
+            .collect();
+        Pool {
+            threads,
+            next: AtomicUsize::new(0),
+        }
+    })
+}
+
+fn run(mut job: Job) {
+    let r = crate::fs::read_at(&job.file, job.start, &mut job.buf).map(|n| (job.buf, n));
+    *job.slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+    if let Some(w) = &job.waker {
+        let _ = rustix::io::write(w.as_ref(), &1u64.to_ne_bytes());
+    }
+}
+
+/// Which reader thread a new file's chunks go to (the same one for all of them).
+pub(crate) fn thread_for_file() -> usize {
+    let p = pool();
+    p.next.fetch_add(1, Ordering::Relaxed) % p.threads.len().max(1)
+}
+
+/// Asks reader thread `thread` to read `buf.len()` bytes of `file` at `start` into `buf`,
+/// and to wake `waker` then. Without reader threads (none could be started) the chunk is
+/// read here and now.
+pub(crate) fn submit(
+    thread: usize,
+    file: &Arc<File>,
+    start: u64,
+    buf: Vec<u8>,
+    waker: Option<Arc<OwnedFd>>,
+) -> Pending {
+    let slot: Slot = Arc::new(Mutex::new(None));
+    let job = Job {
+        file: file.clone(),
+        start,
+        buf,
+        slot: slot.clone(),
+        waker,
+    };
+    let p = pool();
+    let sent = match p.threads.get(thread % p.threads.len().max(1)) {
+        Some(t) => t
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .send(job)
+            .map_err(|e| e.0),
+        None => Err(job),
+    };
+    if let Err(job) = sent {
+        run(job);
+    }
+    Pending { start, slot }
+}
+
+/// Reads `buf.len()` bytes of `file` at `offset` only if the page cache holds them all
+/// (`preadv2` with `RWF_NOWAIT`): the bytes read (fewer at the end of the file), or `None`
+/// if reading would wait for the disk, or the file system cannot tell.
+pub(crate) fn read_cached(file: &File, offset: u64, buf: &mut [u8]) -> io::Result<Option<usize>> {
+    let mut done = 0;
+    while done < buf.len() {
+        let mut iov = [io::IoSliceMut::new(&mut buf[done..])];
+        match rustix::io::preadv2(
+            file,
+            &mut iov,
+            offset + done as u64,
+            rustix::io::ReadWriteFlags::NOWAIT,
+        ) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(rustix::io::Errno::INTR) => {}
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::OPNOTSUPP) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(Some(done))
+}
