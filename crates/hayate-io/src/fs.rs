@@ -2077,7 +2077,9 @@ pub struct SourceFile {
     reader: usize,
     coming: VecDeque<crate::readahead::Pending>,
     /// The loop that opened the file, woken when a chunk is read.
-    waker: Option<Arc<OwnedFd>>,
+    waker: Option<Arc<crate::readahead::Waker>>,
+    /// The file is in memory: read on the loop, nothing read ahead.
+    in_memory: bool,
     ahead: Arc<Vec<u8>>,
     /// File offset of `ahead[0]`, and how many bytes of `ahead` hold the file's.
     start: u64,
@@ -2146,6 +2148,7 @@ impl SourceFile {
             reader: crate::readahead::thread_for_file(),
             coming: VecDeque::new(),
             waker: crate::readahead::current_waker(),
+            in_memory: false,
             ahead: Arc::new(Vec::new()),
             start: 0,
             len: 0,
@@ -2156,6 +2159,21 @@ impl SourceFile {
             locate: None,
             failure: None,
         }
+        .in_memory_or_ahead()
+    }
+
+    /// A file in memory (tmpfs, ramfs: no disk to wait for, and no `RWF_NOWAIT` to tell) is
+    /// read on the loop, as a page cache hit is: handing its chunks to a reader thread only
+    /// added a wake-up per file (a tree of 10 000 small files took 12-30 % longer).
+    fn in_memory_or_ahead(mut self) -> Self {
+        const TMPFS_MAGIC: i64 = 0x0102_1994;
+        const RAMFS_MAGIC: i64 = 0x8584_58f6;
+        // `f_type`'s width differs between targets.
+        #[allow(clippy::unnecessary_cast)]
+        let in_memory =
+            |f: rustix::fs::StatFs| matches!(f.f_type as i64, TMPFS_MAGIC | RAMFS_MAGIC);
+        self.in_memory = rustix::fs::fstatfs(&*self.file).is_ok_and(in_memory);
+        self
     }
 
     /// Also checks that the file's name still leads to this file (not replaced by another,
@@ -2290,6 +2308,11 @@ impl SourceFile {
                     return Err(SourceError::NotReady);
                 }
             },
+            _ if self.in_memory => {
+                let mut buf = self.spare(want);
+                let n = read_at(&self.file, start, &mut buf)?;
+                (buf, n)
+            }
             _ => {
                 // Nothing asked for it yet (the first chunk, or after a jump): what the page
                 // cache holds is read now, the rest by the reader thread.
@@ -2333,6 +2356,9 @@ impl SourceFile {
     /// Asks the reader thread for the chunks after `start`'s, up to [`AHEAD`](Self::AHEAD)
     /// of them waiting.
     fn top_up(&mut self, start: u64) {
+        if self.in_memory {
+            return;
+        }
         let chunk = Self::CHUNK as u64;
         let mut next = self.coming.back().map_or(start, |c| c.start) + chunk;
         while self.coming.len() < Self::AHEAD && next < self.size {

@@ -12,7 +12,7 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -40,7 +40,23 @@ struct Job {
     start: u64,
     buf: Vec<u8>,
     slot: Slot,
-    waker: Option<Arc<OwnedFd>>,
+    waker: Option<Arc<Waker>>,
+}
+
+/// A loop's eventfd, and whether a reader wrote to it since the loop last read it (so that
+/// neither side makes a system call per chunk or per turn when nothing happened).
+#[derive(Debug)]
+pub(crate) struct Waker {
+    fd: OwnedFd,
+    signalled: AtomicBool,
+}
+
+impl Waker {
+    fn wake(&self) {
+        if !self.signalled.swap(true, Ordering::AcqRel) {
+            let _ = rustix::io::write(&self.fd, &1u64.to_ne_bytes());
+        }
+    }
 }
 
 /// Reader threads. They wait on disks, not on cores: several, so that files sharing one
@@ -54,38 +70,46 @@ struct Pool {
 
 thread_local! {
     /// The eventfd of the loop running on this thread, if one is.
-    static LOOP_WAKER: std::cell::RefCell<Option<Arc<OwnedFd>>> = const { std::cell::RefCell::new(None) };
+    static LOOP_WAKER: std::cell::RefCell<Option<Arc<Waker>>> = const { std::cell::RefCell::new(None) };
 }
 
 /// A driver loop's eventfd: readable once a chunk asked for by a file opened on the loop's
 /// thread was read. Set for its thread while it lives.
 pub(crate) struct LoopWaker {
-    fd: Option<Arc<OwnedFd>>,
+    waker: Option<Arc<Waker>>,
 }
 
 impl LoopWaker {
     /// Creates the eventfd and makes it this thread's (without one, the loop polls).
     pub fn install() -> LoopWaker {
-        let fd = rustix::event::eventfd(
+        let waker = rustix::event::eventfd(
             0,
             rustix::event::EventfdFlags::CLOEXEC | rustix::event::EventfdFlags::NONBLOCK,
         )
         .ok()
-        .map(Arc::new);
-        LOOP_WAKER.with(|w| *w.borrow_mut() = fd.clone());
-        LoopWaker { fd }
+        .map(|fd| {
+            Arc::new(Waker {
+                fd,
+                signalled: AtomicBool::new(false),
+            })
+        });
+        LOOP_WAKER.with(|w| *w.borrow_mut() = waker.clone());
+        LoopWaker { waker }
     }
 
     /// The fd to wait on (readable: a chunk was read).
     pub fn fd(&self) -> Option<BorrowedFd<'_>> {
-        self.fd.as_ref().map(|f| f.as_fd())
+        self.waker.as_ref().map(|w| w.fd.as_fd())
     }
 
-    /// Resets it, before the loop looks at what the readers finished.
+    /// Resets it, before the loop looks at what the readers finished (a chunk a reader
+    /// leaves after this is seen this turn, or wakes the next wait).
     pub fn drain(&self) {
-        if let Some(f) = &self.fd {
-            let mut b = [0u8; 8];
-            let _ = rustix::io::read(f.as_ref(), &mut b);
+        if let Some(w) = &self.waker {
+            if w.signalled.swap(false, Ordering::AcqRel) {
+                let mut b = [0u8; 8];
+                let _ = rustix::io::read(&w.fd, &mut b);
+            }
         }
     }
 }
@@ -97,7 +121,7 @@ impl Drop for LoopWaker {
 }
 
 /// The waker of the loop running on this thread, for the files it opens.
-pub(crate) fn current_waker() -> Option<Arc<OwnedFd>> {
+pub(crate) fn current_waker() -> Option<Arc<Waker>> {
     LOOP_WAKER.with(|w| w.borrow().clone())
 }
 
@@ -129,7 +153,7 @@ fn run(mut job: Job) {
     let r = crate::fs::read_at(&job.file, job.start, &mut job.buf).map(|n| (job.buf, n));
     *job.slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
     if let Some(w) = &job.waker {
-        let _ = rustix::io::write(w.as_ref(), &1u64.to_ne_bytes());
+        w.wake();
     }
 }
 
@@ -147,7 +171,7 @@ pub(crate) fn submit(
     file: &Arc<File>,
     start: u64,
     buf: Vec<u8>,
-    waker: Option<Arc<OwnedFd>>,
+    waker: Option<Arc<Waker>>,
 ) -> Pending {
     let slot: Slot = Arc::new(Mutex::new(None));
     let job = Job {

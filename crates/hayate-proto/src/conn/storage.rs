@@ -77,10 +77,11 @@ pub enum StorageError {
         size: u64,
     },
     /// The bytes are not at hand yet (a read-ahead thread is still reading them from a
-    /// slow disk): not a failure. The core sends no file data until its next
-    /// [`poll_transmit`](super::Connection::poll_transmit) call, and does not ask to be
-    /// woken for it ([`poll_timeout`](super::Connection::poll_timeout)): the driver calls
-    /// again once its read is done. Only [`BlockSource::read`] returns it.
+    /// slow disk): not a failure. The core passes that transfer over for the others until
+    /// its next [`poll_transmit`](super::Connection::poll_transmit) call; when no transfer
+    /// can send, it does not ask to be woken for data
+    /// ([`poll_timeout`](super::Connection::poll_timeout)): the driver calls again once its
+    /// read is done. Only [`BlockSource::read`] returns it.
     #[error("not read yet")]
     NotReady,
     /// The driver's storage failed (a system call, a file that changed while being sent,

@@ -65,80 +65,81 @@ impl Connection {
         if self.stream_sendable() {
             return self.send_stream(now_us, buf);
         }
-        // Retransmissions first, then new blocks, in transfer order.
+        // Retransmissions first, then new blocks, in transfer order; a transfer whose bytes
+        // are not read yet (`StorageError::NotReady`) is passed over for the next one.
         self.xfers.source_blocked = false;
-        let mut pick: Option<(XferId, u64, Option<bool>)> = None;
-        for o in self.xfers.outgoing.values_mut() {
-            if !o.ready {
-                continue;
-            }
-            if let Some((b, second)) = o.pop_retx() {
-                pick = Some((o.id, b, Some(second)));
-                break;
-            }
-        }
-        if pick.is_none() {
-            // Only files still waiting for `Ready` ask whether there is eager room (a sum over
-            // them): the steady state, every file answered, never pays for it.
-            for o in self.xfers.outgoing.values() {
-                if o.ready || (o.eager && self.eager_room()) {
-                    if let Some(b) = o.peek_new() {
-                        pick = Some((o.id, b, None));
-                        break;
-                    }
-                }
-            }
-        }
-        // `second`: a retransmission, from the second copies or not.
-        let (xfer, block, second) = pick?;
-        let retx = second.is_some();
-        let pn = self.space.next_pn;
-        let o = self.xfers.outgoing.get_mut(&xfer).expect("picked");
-        let len = o.layout.len(block);
-        let offset = o.layout.offset(block);
+        let mut unread: Vec<XferId> = Vec::new();
         let hdr = wire::SEALED_HEADER_LEN;
         let body = hdr + wire::DATA_HEADER_LEN;
-        if !retx && !self.xfers.external_hash {
-            // Blocks the receiver already had (resume) still count in the file hash.
-            let mut skipped = std::mem::take(&mut self.scratch);
-            while o.hash_next < block {
-                let b = o.hash_next;
-                skipped.resize(o.layout.len(b), 0);
-                match src.read(xfer, o.layout.offset(b), &mut skipped) {
-                    Ok(()) => o.hash_block(b, &skipped),
-                    Err(StorageError::NotReady) => {
-                        self.scratch = skipped;
-                        self.xfers.source_blocked = true;
-                        return None;
+        let (xfer, block, second, len) = loop {
+            let mut pick: Option<(XferId, u64, Option<bool>)> = None;
+            for o in self.xfers.outgoing.values_mut() {
+                if !o.ready || unread.contains(&o.id) {
+                    continue;
+                }
+                if let Some((b, second)) = o.pop_retx() {
+                    pick = Some((o.id, b, Some(second)));
+                    break;
+                }
+            }
+            if pick.is_none() {
+                // Only files still waiting for `Ready` ask whether there is eager room (a sum
+                // over them): the steady state, every file answered, never pays for it.
+                for o in self.xfers.outgoing.values() {
+                    if unread.contains(&o.id) {
+                        continue;
                     }
-                    Err(e) => {
-                        self.scratch = skipped;
-                        self.fail_outgoing(
-                            xfer,
-                            format!("cannot read {}: {e}", self.xfers.outgoing[&xfer].path),
-                        );
-                        return None;
+                    if o.ready || (o.eager && self.eager_room()) {
+                        if let Some(b) = o.peek_new() {
+                            pick = Some((o.id, b, None));
+                            break;
+                        }
                     }
                 }
             }
-            self.scratch = skipped;
-        }
-        match src.read(xfer, offset, &mut buf[body..body + len]) {
-            Ok(()) => {}
-            Err(StorageError::NotReady) => {
-                // Asked for again on the next call, first in line.
-                if let Some(second) = second {
-                    o.unpop_retx(block, second);
+            // `second`: a retransmission, from the second copies or not.
+            let Some((xfer, block, second)) = pick else {
+                self.xfers.source_blocked = !unread.is_empty();
+                return None;
+            };
+            let o = self.xfers.outgoing.get_mut(&xfer).expect("picked");
+            let len = o.layout.len(block);
+            let offset = o.layout.offset(block);
+            let mut read = Ok(());
+            if second.is_none() && !self.xfers.external_hash {
+                // Blocks the receiver already had (resume) still count in the file hash.
+                let mut skipped = std::mem::take(&mut self.scratch);
+                while read.is_ok() && o.hash_next < block {
+                    let b = o.hash_next;
+                    skipped.resize(o.layout.len(b), 0);
+                    read = src.read(xfer, o.layout.offset(b), &mut skipped);
+                    if read.is_ok() {
+                        o.hash_block(b, &skipped);
+                    }
                 }
-                self.xfers.source_blocked = true;
-                return None;
+                self.scratch = skipped;
             }
-            Err(e) => {
-                let path = o.path.clone();
-                self.fail_outgoing(xfer, format!("cannot read {path}: {e}"));
-                return None;
+            if read.is_ok() {
+                read = src.read(xfer, offset, &mut buf[body..body + len]);
             }
-        }
+            match read {
+                Ok(()) => break (xfer, block, second, len),
+                Err(StorageError::NotReady) => {
+                    // Asked for again on a later call, first in line.
+                    if let Some(second) = second {
+                        o.unpop_retx(block, second);
+                    }
+                    unread.push(xfer);
+                }
+                Err(e) => {
+                    let path = o.path.clone();
+                    self.fail_outgoing(xfer, format!("cannot read {path}: {e}"));
+                    return None;
+                }
+            }
+        };
+        let retx = second.is_some();
+        let pn = self.space.next_pn;
         // At the session's tail (nothing new left anywhere) each retransmission goes twice.
         // With many small files that is every batch's tail: their retransmissions double
         // (twice the loss rate instead of once), and each file verifies a round trip sooner.
