@@ -2090,6 +2090,8 @@ pub struct SourceFile {
     /// Chunks read earlier that a hash job may still hold: reused once it let go (a fresh
     /// 1 MiB buffer per chunk costs page faults).
     lent: Vec<Arc<Vec<u8>>>,
+    /// Chunk buffers nothing holds, ready for the next read.
+    free: Vec<Vec<u8>>,
     /// The file as it was opened.
     was: Ident,
     locate: Option<Locate>,
@@ -2155,6 +2157,7 @@ impl SourceFile {
             keep_chunks: false,
             chunks: Vec::new(),
             lent: Vec::new(),
+            free: Vec::new(),
             was,
             locate: None,
             failure: None,
@@ -2371,17 +2374,26 @@ impl SourceFile {
         }
     }
 
-    /// A chunk buffer no longer held elsewhere is kept for reuse (a hash job may still hold
-    /// it: then it waits among the lent ones).
+    /// A chunk buffer done with is kept for reuse: at once if nothing else holds it, else
+    /// among the lent ones until the hash job holding it lets go.
     fn lend(&mut self, old: Arc<Vec<u8>>) {
-        if !old.is_empty() && self.lent.len() < Self::LENT_MAX {
-            self.lent.push(old);
+        if old.is_empty() {
+            return;
+        }
+        match Arc::try_unwrap(old) {
+            Ok(b) if self.free.len() <= Self::AHEAD => self.free.push(b),
+            Ok(_) => {}
+            Err(held) if self.lent.len() < Self::LENT_MAX => self.lent.push(held),
+            Err(_) => {}
         }
     }
 
-    /// A buffer of `want` bytes: one a hash job has let go of, else a fresh one (zeroed
-    /// lazily by the kernel, its pages faulted in by the reader thread that fills it).
+    /// A buffer of `want` bytes: a free one, or one a hash job has let go of, else a fresh
+    /// one (a fresh 1 MiB buffer costs page faults wherever it is first written).
     fn spare(&mut self, want: usize) -> Vec<u8> {
+        if let Some(i) = self.free.iter().position(|b| b.len() == want) {
+            return self.free.swap_remove(i);
+        }
         let free = self
             .lent
             .iter_mut()
