@@ -310,35 +310,9 @@ fn run_row(row: &Row, trace: Option<&Path>) -> Outcome {
 /// The controller's trace as `HAYATE_CC_TRACE` writes it (tab-separated, one feedback a line).
 fn write_trace(path: &Path, rows: &[CcTraceRow]) -> std::io::Result<()> {
     let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
-    writeln!(
-        out,
-        "t_ms\trtt_us\tmin_rtt_us\tsrtt_us\trx_bps\tdelivered\tlost_bytes\trx_drops\tin_flight\trate_bps\tstate\tsent_bytes\trx_lag_us\trx_buffered\trx_buffer\tcap\tpacer_lost\tcatch_up_room"
-    )?;
-    let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+    writeln!(out, "{}", CcTraceRow::TSV_HEADER)?;
     for r in rows {
-        let f = &r.feedback;
-        writeln!(
-            out,
-            "{:.3}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{:.4}",
-            f.now_us as f64 / 1e3,
-            opt(f.rtt_us),
-            f.min_rtt_us,
-            f.srtt_us,
-            opt(f.rx_rate.map(|r| r * 8)),
-            f.delivered,
-            f.lost_bytes,
-            f.rx_drops,
-            f.in_flight,
-            r.rate * 8,
-            r.state,
-            r.sent_bytes,
-            f.rx_lag_us,
-            f.rx_buffered,
-            f.rx_buffer,
-            r.cap,
-            r.pacer_lost,
-            r.catch_up_room
-        )?;
+        writeln!(out, "{}", r.tsv())?;
     }
     out.flush()
 }

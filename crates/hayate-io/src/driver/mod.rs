@@ -89,11 +89,7 @@ impl CcTrace {
     fn create(path: std::path::PathBuf, conn: &mut Connection) -> Option<CcTrace> {
         let mut out = std::io::BufWriter::new(std::fs::File::create(path).ok()?);
         use std::io::Write;
-        writeln!(
-            out,
-            "t_ms\trtt_us\tmin_rtt_us\tsrtt_us\trx_bps\tdelivered\tlost_bytes\trx_drops\tin_flight\trate_bps\tstate\tsent_bytes\trx_lag_us\trx_buffered\trx_buffer\tcap\tpacer_lost\tcatch_up_room"
-        )
-        .ok()?;
+        writeln!(out, "{}", hayate_proto::CcTraceRow::TSV_HEADER).ok()?;
         conn.enable_cc_trace();
         Some(CcTrace { out })
     }
@@ -101,30 +97,7 @@ impl CcTrace {
     pub(crate) fn flush(&mut self, conn: &mut Connection) {
         use std::io::Write;
         for r in conn.take_cc_trace() {
-            let f = &r.feedback;
-            let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
-            let _ = writeln!(
-                self.out,
-                "{:.3}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{:.4}",
-                f.now_us as f64 / 1e3,
-                opt(f.rtt_us),
-                f.min_rtt_us,
-                f.srtt_us,
-                opt(f.rx_rate.map(|r| r * 8)),
-                f.delivered,
-                f.lost_bytes,
-                f.rx_drops,
-                f.in_flight,
-                r.rate * 8,
-                r.state,
-                r.sent_bytes,
-                f.rx_lag_us,
-                f.rx_buffered,
-                f.rx_buffer,
-                r.cap,
-                r.pacer_lost,
-                r.catch_up_room
-            );
+            let _ = writeln!(self.out, "{}", r.tsv());
         }
         let _ = self.out.flush();
     }

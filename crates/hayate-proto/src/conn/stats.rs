@@ -82,6 +82,40 @@ pub struct CcTraceRow {
     pub catch_up_room: f64,
 }
 
+impl CcTraceRow {
+    /// The column names of [`tsv`](Self::tsv), tab-separated (the first line of a
+    /// `HAYATE_CC_TRACE` file; `bench/wan` and the tests read the columns by name).
+    pub const TSV_HEADER: &'static str = "t_ms\trtt_us\tmin_rtt_us\tsrtt_us\trx_bps\tdelivered\tlost_bytes\trx_drops\tin_flight\trate_bps\tstate\tsent_bytes\trx_lag_us\trx_buffered\trx_buffer\tcap\tpacer_lost\tcatch_up_room";
+
+    /// The row as one line of tab-separated values, without its newline (rates in bit/s,
+    /// `-` where the feedback had no RTT or delivery-rate sample).
+    pub fn tsv(&self) -> String {
+        let f = &self.feedback;
+        let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
+        format!(
+            "{:.3}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{:.4}",
+            f.now_us as f64 / 1e3,
+            opt(f.rtt_us),
+            f.min_rtt_us,
+            f.srtt_us,
+            opt(f.rx_rate.map(|r| r * 8)),
+            f.delivered,
+            f.lost_bytes,
+            f.rx_drops,
+            f.in_flight,
+            self.rate * 8,
+            self.state,
+            self.sent_bytes,
+            f.rx_lag_us,
+            f.rx_buffered,
+            f.rx_buffer,
+            self.cap,
+            self.pacer_lost,
+            self.catch_up_room
+        )
+    }
+}
+
 impl Connection {
     /// The session's counters, with the path's current RTT and pacing figures filled in.
     pub fn stats(&self) -> Stats {
