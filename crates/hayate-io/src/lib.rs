@@ -12,6 +12,7 @@ pub mod keyfile;
 pub mod pathcache;
 pub(crate) mod readahead;
 pub mod ssh;
+pub(crate) mod threads;
 pub mod udp;
 pub mod verify;
 pub mod writeback;

@@ -12,9 +12,10 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc::{channel, Sender};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::threads::Pool;
 
 /// Where a reader thread leaves a chunk: its buffer and how many bytes of the file it
 /// holds, or why it could not be read.
@@ -62,11 +63,6 @@ impl Waker {
 /// Reader threads. They wait on disks, not on cores: several, so that files sharing one
 /// (round robin) rarely wait behind another's slow disk.
 const READERS: usize = 8;
-
-struct Pool {
-    threads: Vec<Mutex<Sender<Job>>>,
-    next: AtomicUsize,
-}
 
 thread_local! {
     /// The eventfd of the loop running on this thread, if one is.
@@ -125,28 +121,9 @@ pub(crate) fn current_waker() -> Option<Arc<Waker>> {
     LOOP_WAKER.with(|w| w.borrow().clone())
 }
 
-fn pool() -> &'static Pool {
-    static POOL: OnceLock<Pool> = OnceLock::new();
-    POOL.get_or_init(|| {
-        let threads = (0..READERS)
-            .filter_map(|i| {
-                let (tx, rx) = channel::<Job>();
-                std::thread::Builder::new()
-                    .name(format!("hayate-read-{i}"))
-                    .spawn(move || {
-                        while let Ok(job) = rx.recv() {
-                            run(job);
-                        }
-                    })
-                    .ok()
-                    .map(|_| Mutex::new(tx))
-            })
-            .collect();
-        Pool {
-            threads,
-            next: AtomicUsize::new(0),
-        }
-    })
+fn pool() -> &'static Pool<Job> {
+    static POOL: OnceLock<Pool<Job>> = OnceLock::new();
+    POOL.get_or_init(|| Pool::start(READERS, "hayate-read", run))
 }
 
 fn run(mut job: Job) {
@@ -159,8 +136,7 @@ fn run(mut job: Job) {
 
 /// Which reader thread a new file's chunks go to (the same one for all of them).
 pub(crate) fn thread_for_file() -> usize {
-    let p = pool();
-    p.next.fetch_add(1, Ordering::Relaxed) % p.threads.len().max(1)
+    pool().next()
 }
 
 /// Asks reader thread `thread` to read `buf.len()` bytes of `file` at `start` into `buf`,
@@ -181,16 +157,7 @@ pub(crate) fn submit(
         slot: slot.clone(),
         waker,
     };
-    let p = pool();
-    let sent = match p.threads.get(thread % p.threads.len().max(1)) {
-        Some(t) => t
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .send(job)
-            .map_err(|e| e.0),
-        None => Err(job),
-    };
-    if let Err(job) = sent {
+    if let Err(job) = pool().send(thread, job) {
         run(job);
     }
     Pending { start, slot }

@@ -16,6 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{channel, Sender};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
+use crate::threads::Pool;
+
 /// Bytes one file may have queued for writing before its writer waits: enough to ride out
 /// a writer thread's scheduling gaps at several Gbit/s, small next to the page cache.
 pub const MAX_QUEUED: usize = 16 << 20;
@@ -59,33 +61,11 @@ struct Shared {
     failed: AtomicBool,
 }
 
-struct Pool {
-    threads: Vec<Mutex<Sender<Job>>>,
-    next: AtomicUsize,
-}
-
-fn pool() -> &'static Pool {
-    static POOL: OnceLock<Pool> = OnceLock::new();
+fn pool() -> &'static Pool<Job> {
+    static POOL: OnceLock<Pool<Job>> = OnceLock::new();
     POOL.get_or_init(|| {
         let n = std::thread::available_parallelism().map_or(2, |n| n.get().min(4));
-        let threads = (0..n)
-            .map(|i| {
-                let (tx, rx) = channel::<Job>();
-                std::thread::Builder::new()
-                    .name(format!("hayate-write-{i}"))
-                    .spawn(move || {
-                        while let Ok(job) = rx.recv() {
-                            run(job);
-                        }
-                    })
-                    .expect("cannot start a writer thread");
-                Mutex::new(tx)
-            })
-            .collect();
-        Pool {
-            threads,
-            next: AtomicUsize::new(0),
-        }
+        Pool::start(n, "hayate-write", run)
     })
 }
 
@@ -128,8 +108,7 @@ fn run(job: Job) {
 
 /// The shared writer thread a new file is bound to (round robin).
 fn pooled() -> usize {
-    let p = pool();
-    p.next.fetch_add(1, Ordering::Relaxed) % p.threads.len()
+    pool().next()
 }
 
 /// Where a queue's jobs run.
@@ -220,14 +199,15 @@ impl Queue {
     }
 
     fn send(&self, job: Job) -> io::Result<()> {
-        let tx = match &self.thread {
-            Thread::Pooled(i) => &pool().threads[*i],
-            Thread::Own(tx) => tx,
+        let sent = match &self.thread {
+            Thread::Pooled(i) => pool().send(*i, job).is_ok(),
+            Thread::Own(tx) => tx.lock().expect("writer queue").send(job).is_ok(),
         };
-        tx.lock()
-            .expect("writer queue")
-            .send(job)
-            .map_err(|_| io::Error::other("the writer thread is gone"))
+        if sent {
+            Ok(())
+        } else {
+            Err(io::Error::other("the writer thread is gone"))
+        }
     }
 
     /// Queues `buf` to be written at `at` (ignored when appending), after waiting while
