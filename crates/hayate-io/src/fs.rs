@@ -2307,8 +2307,20 @@ impl SourceFile {
                     r?
                 }
                 None => {
-                    self.top_up(start);
-                    return Err(SourceError::NotReady);
+                    // The reader is behind (it is a thread among others on a busy host):
+                    // what the page cache holds is not waited for.
+                    let mut buf = self.spare(want);
+                    match crate::readahead::read_cached(&self.file, start, &mut buf)? {
+                        Some(n) => {
+                            self.coming.pop_front();
+                            (buf, n)
+                        }
+                        None => {
+                            self.lend(Arc::new(buf));
+                            self.top_up(start);
+                            return Err(SourceError::NotReady);
+                        }
+                    }
                 }
             },
             _ if self.in_memory => {
