@@ -2062,7 +2062,7 @@ impl std::fmt::Display for Change {
 /// ahead in chunks makes each block a copy instead of a system call (at 1 Gbit/s that is
 /// 80 000 `pread`s a second fewer, on a sender that shares its cores with the receiver).
 /// Blocks asked for out of order (retransmissions) are read on their own, leaving the
-/// chunk for the in-order stream.
+/// chunk for the in-order stream: from the page cache, else by the reader thread.
 ///
 /// A file that changes while it is sent would arrive as neither its old nor its new self
 /// (or cut at the old size) and still verify, as the hash is of what was read: so its size,
@@ -2076,6 +2076,8 @@ pub struct SourceFile {
     /// for after the one held, in order (see `readahead`).
     reader: usize,
     coming: VecDeque<crate::readahead::Pending>,
+    /// Blocks behind the held chunk asked of the reader thread (see `read_back`).
+    back: VecDeque<crate::readahead::Pending>,
     /// The loop that opened the file, woken when a chunk is read.
     waker: Option<Arc<crate::readahead::Waker>>,
     /// The file is in memory: read on the loop, nothing read ahead.
@@ -2149,6 +2151,7 @@ impl SourceFile {
             size,
             reader: crate::readahead::thread_for_file(),
             coming: VecDeque::new(),
+            back: VecDeque::new(),
             waker: crate::readahead::current_waker(),
             in_memory: false,
             ahead: Arc::new(Vec::new()),
@@ -2264,11 +2267,12 @@ impl SourceFile {
                 self.read_ahead(pos)?;
                 continue;
             }
-            // A block sent a moment ago is in the page cache; if not, this one block is read
-            // here (a retransmission is rare next to the chunks read ahead).
+            // A block sent a moment ago is in the page cache; if not (a long path, memory
+            // pressure), the file's reader thread reads it, as it reads chunks ahead.
             let n = match crate::readahead::read_cached(&self.file, pos, &mut out[done..])? {
                 Some(n) => n,
-                None => read_at(&self.file, pos, &mut out[done..])?,
+                None if self.in_memory => read_at(&self.file, pos, &mut out[done..])?,
+                None => self.read_back(pos, &mut out[done..])?,
             };
             self.check()?;
             if n < out.len() - done {
@@ -2288,6 +2292,36 @@ impl SourceFile {
     /// Chunks read ahead of the one being sent: a slow disk has 4 MiB to read while the
     /// loop sends what it has.
     const AHEAD: usize = 4;
+
+    /// Blocks behind the held chunk (retransmissions) being read by the reader thread at
+    /// most: more are asked for only as these are taken (or forgotten, oldest first).
+    const BACK_MAX: usize = 64;
+
+    /// A block behind the held chunk that the page cache no longer holds: handed to the
+    /// file's reader thread the first time it is asked for, [`SourceError::NotReady`] until
+    /// that thread has read it, then its bytes once.
+    fn read_back(&mut self, pos: u64, out: &mut [u8]) -> Result<usize, SourceError> {
+        let asked = self
+            .back
+            .iter()
+            .position(|p| p.start == pos && p.len() == out.len());
+        let Some(i) = asked else {
+            if self.back.len() >= Self::BACK_MAX {
+                self.back.pop_front();
+            }
+            let buf = vec![0; out.len()];
+            let p = crate::readahead::submit(self.reader, &self.file, pos, buf, self.waker.clone());
+            self.back.push_back(p);
+            return Err(SourceError::NotReady);
+        };
+        let Some(r) = self.back[i].take() else {
+            return Err(SourceError::NotReady);
+        };
+        self.back.remove(i);
+        let (buf, n) = r?;
+        out[..n].copy_from_slice(&buf[..n]);
+        Ok(n)
+    }
 
     /// Makes the aligned [`CHUNK`](Self::CHUNK) that holds `pos` the one held, and keeps it
     /// for [`take_chunks`](Self::take_chunks) too: from what a reader thread read ahead, or

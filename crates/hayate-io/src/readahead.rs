@@ -21,15 +21,21 @@ use crate::threads::Pool;
 /// holds, or why it could not be read.
 type Slot = Arc<Mutex<Option<io::Result<(Vec<u8>, usize)>>>>;
 
-/// A chunk being read ahead.
+/// A chunk being read ahead, or a block being read again (a retransmission).
 #[derive(Debug)]
 pub(crate) struct Pending {
     /// File offset of the chunk.
     pub start: u64,
+    len: usize,
     slot: Slot,
 }
 
 impl Pending {
+    /// How many bytes were asked for.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
     /// The chunk and how many of its bytes the file had, once read (or why it could not be).
     pub fn take(&self) -> Option<io::Result<(Vec<u8>, usize)>> {
         self.slot.lock().unwrap_or_else(|e| e.into_inner()).take()
@@ -150,6 +156,7 @@ pub(crate) fn submit(
     waker: Option<Arc<Waker>>,
 ) -> Pending {
     let slot: Slot = Arc::new(Mutex::new(None));
+    let len = buf.len();
     let job = Job {
         file: file.clone(),
         start,
@@ -160,7 +167,7 @@ pub(crate) fn submit(
     if let Err(job) = pool().send(thread, job) {
         run(job);
     }
-    Pending { start, slot }
+    Pending { start, len, slot }
 }
 
 /// Reads `buf.len()` bytes of `file` at `offset` only if the page cache holds them all

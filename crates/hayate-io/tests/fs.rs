@@ -1414,3 +1414,59 @@ fn remove_takes_one_entry_beneath_its_directory_and_nothing_outside() {
     }
     assert_eq!(fs::read(outside.path().join("secret")).unwrap(), b"secret");
 }
+
+/// A block behind the chunk being sent (a retransmission) that the page cache no longer
+/// holds is not read on the caller's thread: it is `NotReady` until the file's reader
+/// thread has read it, then its bytes.
+#[test]
+fn a_block_sent_again_that_left_the_page_cache_is_read_by_the_reader_thread() {
+    // Not in /tmp: a tmpfs holds files in memory, and those are read on the caller's thread.
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let path = dir.path().join("f");
+    let data: Vec<u8> = (0..(SourceFile::CHUNK * 2 + 5000) as u32)
+        .map(|i| (i % 249) as u8)
+        .collect();
+    std::fs::write(&path, &data).unwrap();
+    let file = std::fs::File::open(&path).unwrap();
+    file.sync_all().unwrap();
+    let mut src = SourceFile::new(file.try_clone().unwrap(), data.len() as u64);
+    let block = 1430;
+    let mut buf = vec![0u8; block];
+    // Into the second chunk, and the third (the file's last) read ahead.
+    let into_second = SourceFile::CHUNK as u64 + 10;
+    read_now(&mut src, into_second, &mut buf).unwrap();
+    let mut third = vec![0u8; 100];
+    read_now(&mut src, (SourceFile::CHUNK * 2) as u64, &mut third).unwrap();
+    read_now(&mut src, into_second, &mut buf).unwrap();
+    assert_eq!(
+        &buf[..],
+        &data[into_second as usize..into_second as usize + block]
+    );
+    // The first chunk leaves the page cache.
+    rustix::fs::fadvise(
+        &file,
+        0,
+        std::num::NonZeroU64::new(data.len() as u64),
+        rustix::fs::Advice::DontNeed,
+    )
+    .unwrap();
+    let back = 7 * block as u64;
+    let first = src.read_block(back, &mut buf);
+    assert!(
+        matches!(first, Err(SourceError::NotReady)),
+        "read on the caller's thread: {first:?}"
+    );
+    read_now(&mut src, back, &mut buf).unwrap();
+    assert_eq!(&buf[..], &data[back as usize..back as usize + block]);
+    // Asked again later (the datagram was lost again): read again, as the first time.
+    rustix::fs::fadvise(
+        &file,
+        0,
+        std::num::NonZeroU64::new(data.len() as u64),
+        rustix::fs::Advice::DontNeed,
+    )
+    .unwrap();
+    buf.fill(0);
+    read_now(&mut src, back, &mut buf).unwrap();
+    assert_eq!(&buf[..], &data[back as usize..back as usize + block]);
+}
