@@ -14,10 +14,10 @@
 use std::collections::VecDeque;
 use std::fs::File;
 
-use hayate_proto::control::{basis, flags, LeafHash};
+use hayate_proto::control::{basis, flags, BlockSpan, LeafHash};
 use hayate_proto::{Connection, XferId};
 
-use crate::driver::resume::{ResumeState, MIN_RESUME_SIZE};
+use crate::driver::resume::MIN_RESUME_SIZE;
 use crate::fs::PartFile;
 use crate::verify::{LeafHash as Hasher, Sending, LEAF_LEN};
 
@@ -25,9 +25,68 @@ use crate::verify::{LeafHash as Hasher, Sending, LEAF_LEN};
 /// hashes costs more than the bytes.
 pub const DELTA_MIN: u64 = 64 << 10;
 
-/// Most block ranges a receiver names in `Ready` (a message is at most 1 MiB): past this,
-/// the shortest are sent instead.
-pub const MAX_HAVE_RANGES: usize = 50_000;
+/// Most block ranges a receiver names in `Ready` (a message is at most 1 MiB, and these
+/// take up to 10 bytes each): past this, the shortest are sent instead.
+pub const MAX_HAVE_RANGES: usize = 40_000;
+
+/// Most blocks held in part a receiver names in `Ready` (up to 14 bytes each): past this,
+/// the ones that would save least are sent whole.
+pub const MAX_SPANS: usize = 20_000;
+
+/// What a receiver holds of an offered file, as it tells the sender in `Ready`: whole
+/// blocks, and blocks held in part with the span of each still to come (a changed 4 KiB
+/// leaf costs its 4 KiB, not the one or two blocks of up to 8.9 KB it lies in).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Kept {
+    /// Block ranges `[a, b)` held whole.
+    pub have: Vec<(u64, u64)>,
+    /// Blocks held but for these bytes.
+    pub spans: Vec<BlockSpan>,
+}
+
+impl Kept {
+    /// Whole blocks only (a resume's state, or nothing).
+    pub fn blocks(have: &[(u64, u64)]) -> Kept {
+        Kept {
+            have: have.to_vec(),
+            spans: Vec::new(),
+        }
+    }
+
+    /// The file's byte ranges held, in order, disjoint: the whole blocks, and of the
+    /// blocks held in part what is outside their spans.
+    pub fn byte_ranges(&self, block: u64, size: u64) -> Vec<(u64, u64)> {
+        let mut pieces: Vec<(u64, u64)> = self
+            .have
+            .iter()
+            .map(|&(a, b)| ((a * block).min(size), (b * block).min(size)))
+            .collect();
+        for sp in &self.spans {
+            let start = sp.block * block;
+            let end = (start + block).min(size);
+            pieces.push((start, start + u64::from(sp.from)));
+            pieces.push((start + u64::from(sp.to), end));
+        }
+        pieces.retain(|&(a, b)| a < b);
+        pieces.sort_unstable();
+        let mut out: Vec<(u64, u64)> = Vec::with_capacity(pieces.len());
+        for (a, b) in pieces {
+            match out.last_mut() {
+                Some(last) if last.1 >= a => last.1 = last.1.max(b),
+                _ => out.push((a, b)),
+            }
+        }
+        out
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self, block: u64, size: u64) -> u64 {
+        self.byte_ranges(block, size)
+            .iter()
+            .map(|&(a, b)| b - a)
+            .sum()
+    }
+}
 
 /// Leaf hashes a sender keeps queued on the control stream, not yet sent, at most: enough
 /// to keep the stream's window full, little enough that a message queued behind them
@@ -110,9 +169,9 @@ impl Basis {
         self.theirs.extend(leaves);
     }
 
-    /// Compares what both sides have hashed so far; once every leaf is compared, the block
-    /// ranges (of `block` bytes) the basis already holds.
-    pub fn poll(&mut self, block: u64) -> Option<Vec<(u64, u64)>> {
+    /// Compares what both sides have hashed so far; once every leaf is compared, what the
+    /// basis holds, in blocks of `block` bytes.
+    pub fn poll(&mut self, block: u64) -> Option<Kept> {
         while self.at < self.leaves {
             let Some(&theirs) = self.theirs.front() else {
                 break;
@@ -146,31 +205,7 @@ impl Basis {
             }
             self.at += 1;
         }
-        (self.at == self.leaves).then(|| self.have(block))
-    }
-
-    /// Blocks wholly inside matching leaves, the fewest short ranges dropped when there
-    /// are more than [`MAX_HAVE_RANGES`].
-    fn have(&self, block: u64) -> Vec<(u64, u64)> {
-        let bytes = self
-            .matched
-            .iter()
-            .map(|&(a, b)| (a * LEAF_LEN, (b * LEAF_LEN).min(self.size)))
-            .collect();
-        let st = ResumeState {
-            size: self.size,
-            mtime: 0,
-            have: bytes,
-        };
-        let mut have = st.have_blocks(block);
-        if have.len() > MAX_HAVE_RANGES {
-            let mut longest: Vec<usize> = (0..have.len()).collect();
-            longest.sort_by_key(|&i| std::cmp::Reverse(have[i].1 - have[i].0));
-            longest.truncate(MAX_HAVE_RANGES);
-            longest.sort_unstable();
-            have = longest.into_iter().map(|i| have[i]).collect();
-        }
-        have
+        (self.at == self.leaves).then(|| kept(&self.matched, self.size, block))
     }
 
     /// The file to copy matching blocks from, for a `DEST` basis (a `RESUME` basis holds
@@ -209,4 +244,144 @@ pub fn pump_sums<'a>(
         pending |= s.sums_pending();
     }
     pending
+}
+
+/// What matching leaf ranges `matched` (in order) hold of a file of `size` bytes in blocks
+/// of `block` bytes: the blocks wholly inside them, and the blocks partly inside them with
+/// the span that covers the rest (from its first byte outside them to its last). When
+/// there are more than [`MAX_HAVE_RANGES`] or [`MAX_SPANS`], those that save least are
+/// left out (sent whole).
+pub fn kept(matched: &[(u64, u64)], size: u64, block: u64) -> Kept {
+    let blocks = size.div_ceil(block);
+    let leaf = |l: u64| (l * LEAF_LEN).min(size);
+    // The bytes outside the matching leaves, and the blocks they touch: whole, or a span.
+    let mut touched: Vec<(u64, u64, u64)> = Vec::new(); // (block, lo, hi) in file offsets
+    let mut at = 0;
+    let mut gaps: Vec<(u64, u64)> = Vec::new();
+    for &(a, b) in matched {
+        if leaf(a) > at {
+            gaps.push((at, leaf(a)));
+        }
+        at = at.max(leaf(b));
+    }
+    if at < size {
+        gaps.push((at, size));
+    }
+    for (lo, hi) in gaps {
+        for b in lo / block..=(hi - 1) / block {
+            let (s, e) = (b * block, ((b + 1) * block).min(size));
+            let (l, h) = (lo.max(s), hi.min(e));
+            match touched.last_mut() {
+                Some(t) if t.0 == b => t.2 = h,
+                _ => touched.push((b, l, h)),
+            }
+        }
+    }
+    let mut have: Vec<(u64, u64)> = Vec::new();
+    let mut spans = Vec::new();
+    let mut next = 0;
+    for &(b, lo, hi) in &touched {
+        if next < b {
+            have.push((next, b));
+        }
+        next = b + 1;
+        let (s, e) = (b * block, ((b + 1) * block).min(size));
+        if lo > s || hi < e {
+            spans.push(BlockSpan {
+                block: b,
+                from: (lo - s) as u32,
+                to: (hi - s) as u32,
+            });
+        }
+    }
+    if next < blocks {
+        have.push((next, blocks));
+    }
+    if have.len() > MAX_HAVE_RANGES {
+        let mut longest: Vec<usize> = (0..have.len()).collect();
+        longest.sort_by_key(|&i| std::cmp::Reverse(have[i].1 - have[i].0));
+        longest.truncate(MAX_HAVE_RANGES);
+        longest.sort_unstable();
+        have = longest.into_iter().map(|i| have[i]).collect();
+    }
+    if spans.len() > MAX_SPANS {
+        let full = |sp: &BlockSpan| ((sp.block + 1) * block).min(size) - sp.block * block;
+        spans.sort_by_key(|sp| std::cmp::Reverse(full(sp) - sp.len() as u64));
+        spans.truncate(MAX_SPANS);
+        spans.sort_unstable_by_key(|sp| sp.block);
+    }
+    Kept { have, spans }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Leaves of 4096 in blocks of 10 000: a changed leaf costs its 4096 bytes, wherever it
+    /// lies against the blocks; the held ranges and the spans cover the file exactly once.
+    #[test]
+    fn a_changed_leaf_is_a_span_of_the_blocks_it_lies_in() {
+        let size = 100_000u64;
+        let leaves = size.div_ceil(LEAF_LEN);
+        let bs = 10_000;
+        // Leaf 3 (12288..16384, inside block 1) and leaf 7 (28672..32768: blocks 2 and 3)
+        // changed; the last (partial) leaf too.
+        let matched = [(0, 3), (4, 7), (8, leaves - 1)];
+        let k = kept(&matched, size, bs);
+        assert_eq!(
+            k.spans,
+            vec![
+                BlockSpan {
+                    block: 1,
+                    from: 2288,
+                    to: 6384
+                },
+                BlockSpan {
+                    block: 2,
+                    from: 8672,
+                    to: 10_000
+                },
+                BlockSpan {
+                    block: 3,
+                    from: 0,
+                    to: 2768
+                },
+                BlockSpan {
+                    block: 9,
+                    from: 8304,
+                    to: 10_000
+                },
+            ]
+        );
+        assert_eq!(k.have, vec![(0, 1), (4, 9)]);
+        let sent: u64 = k.spans.iter().map(|s| s.len() as u64).sum();
+        assert_eq!(sent, 4096 * 2 + (size - (leaves - 1) * LEAF_LEN));
+        assert_eq!(k.bytes(bs, size), size - sent);
+        // Nothing matched: every block whole, nothing held.
+        let k = kept(&[], size, bs);
+        assert_eq!(k, Kept::default());
+        // Everything matched: all held.
+        let k = kept(&[(0, leaves)], size, bs);
+        assert_eq!((k.have, k.spans.len()), (vec![(0, 10)], 0));
+    }
+
+    /// Two changed leaves in one block make one span from the first to the last changed
+    /// byte; the matching leaf between them is sent too.
+    #[test]
+    fn one_span_per_block() {
+        let k = kept(&[(0, 1), (2, 3), (4, 8)], 8 * 4096, 5 * 4096);
+        assert_eq!(
+            k.spans,
+            vec![BlockSpan {
+                block: 0,
+                from: 4096,
+                to: 4 * 4096
+            }]
+        );
+        assert_eq!(k.have, vec![(1, 2)]);
+        assert_eq!(
+            k.byte_ranges(5 * 4096, 8 * 4096),
+            vec![(0, 4096), (4 * 4096, 8 * 4096)]
+        );
+    }
 }

@@ -628,14 +628,13 @@ pub struct Landing {
 }
 
 impl Landing {
-    /// Starts hashing a `size`-byte file written into `part`, of which the blocks (of
-    /// `block` bytes) in `have` are already there (a resumed transfer): those are hashed at
-    /// once, by the workers.
+    /// Starts hashing a `size`-byte file written into `part`, of which the byte ranges in
+    /// `have` (in order, disjoint) are already there (a resumed transfer): those are hashed
+    /// at once, by the workers.
     pub fn start(
         part: &mut crate::fs::PartFile,
         size: u64,
         have: &[(u64, u64)],
-        block: u64,
     ) -> std::io::Result<Self> {
         if part.writes_in_order() {
             return Ok(Landing {
@@ -643,10 +642,10 @@ impl Landing {
                 expect: None,
             });
         }
-        Self::start_copied(part, size, have, block, None)
+        Self::start_copied(part, size, have, None)
     }
 
-    /// [`start`](Self::start), where the blocks in `have` are first copied from `basis` (the
+    /// [`start`](Self::start), where the byte ranges in `have` are first copied from `basis` (the
     /// file at the destination, for a delta transfer) into `part`: on the file's writer
     /// thread, before any write that comes later, with `copy_file_range` (a reflink where
     /// the file system shares extents). A failed copy fails the verdict.
@@ -654,7 +653,6 @@ impl Landing {
         part: &mut crate::fs::PartFile,
         size: u64,
         have: &[(u64, u64)],
-        block: u64,
         basis: Option<File>,
     ) -> std::io::Result<Self> {
         if part.writes_in_order() {
@@ -679,8 +677,8 @@ impl Landing {
         let mut whole = Vec::new();
         let mut ranges = Vec::new();
         for &(a, b) in have {
-            let (start, end) = ((a * block).min(size), (b * block).min(size));
-            whole.extend(hash.landed(start, end - start));
+            let (start, end) = (a.min(size), b.min(size));
+            whole.extend(hash.landed(start, end.saturating_sub(start)));
             if start < end {
                 ranges.push((start, end));
             }
@@ -1076,15 +1074,12 @@ mod tests {
         std::fs::write(&basis, &d).unwrap();
         let root = crate::fs::Root::open(dir.path()).unwrap();
         let mut part = root.create_part("out", len as u64).unwrap();
-        let bs = 1000u64;
-        let blocks = (len as u64).div_ceil(bs);
-        // Everything but blocks 5..7 from the basis; those arrive.
-        let have = [(0, 5), (7, blocks)];
+        // Everything but bytes 5000..7000 from the basis; those arrive.
+        let have = [(0, 5000), (7000, len as u64)];
         let mut landing = Landing::start_copied(
             &mut part,
             len as u64,
             &have,
-            bs,
             Some(File::open(&basis).unwrap()),
         )
         .unwrap();
@@ -1204,7 +1199,7 @@ mod tests {
         let d = data(len);
         let mut part = root.create_part("f", len as u64).unwrap();
         let block = 1400usize;
-        let mut landing = Landing::start(&mut part, len as u64, &[], block as u64).unwrap();
+        let mut landing = Landing::start(&mut part, len as u64, &[]).unwrap();
         // Blocks in order, but a few "lost" in subtree 2 that come at the end.
         let lost = |b: usize| {
             (2 * SUBTREE_LEN as usize..3 * SUBTREE_LEN as usize).contains(&(b * block))

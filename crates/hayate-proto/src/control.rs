@@ -32,6 +32,8 @@ pub(crate) enum Ctrl {
     Ready {
         xfer: u32,
         have: Vec<(u64, u64)>,
+        /// Blocks the receiver holds in part (delta): only these bytes of each are sent.
+        parts: Vec<BlockSpan>,
         /// Where the file goes, when the receiver chose it (an `INTO_DIR` offer).
         path: Option<String>,
     },
@@ -102,6 +104,31 @@ pub(crate) enum Ctrl {
     TunnelReply {
         result: Result<(), String>,
     },
+}
+
+/// The bytes `from..to` of `block`: of a block the receiver holds in part (a delta whose
+/// matching leaves cover the rest of it), what is still to be sent. A DATA frame for that
+/// block carries these bytes alone (or the whole block, sent before `Ready`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlockSpan {
+    /// Block number.
+    pub block: u64,
+    /// Offsets in the block: `from < to <= ` the block's length.
+    pub from: u32,
+    /// End (exclusive).
+    pub to: u32,
+}
+
+impl BlockSpan {
+    /// Bytes the span covers.
+    pub fn len(&self) -> usize {
+        (self.to - self.from) as usize
+    }
+
+    /// Whether it covers nothing (never, in a valid span).
+    pub fn is_empty(&self) -> bool {
+        self.to <= self.from
+    }
 }
 
 /// Bytes per leaf of the hashes `Sums` carries: an aligned subtree of 4 BLAKE3 chunks.
@@ -603,11 +630,17 @@ mod tests {
             Ctrl::Ready {
                 xfer: 2,
                 have: vec![(0, 10), (20, 30)],
+                parts: vec![BlockSpan {
+                    block: 10,
+                    from: 96,
+                    to: 4192,
+                }],
                 path: None,
             },
             Ctrl::Ready {
                 xfer: 3,
                 have: Vec::new(),
+                parts: Vec::new(),
                 path: Some("d/f".into()),
             },
             Ctrl::Sent {

@@ -1,9 +1,10 @@
 //! Per-file state on each side of a transfer: what the sender knows is delivered, lost or in
 //! flight, and what the receiver holds (its loss map).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 use crate::bitset::Bitset;
+use crate::control::BlockSpan;
 use crate::wire::LossMapFrame;
 
 /// A transfer's id: chosen by the client, unique within a session; DATA frames, loss maps
@@ -86,6 +87,8 @@ pub(crate) struct Outgoing {
     pub sums_wanted: bool,
     /// What the receiver compares them with ([`crate::control::basis`]), once it asked.
     pub basis: Option<u8>,
+    /// Blocks the receiver holds in part (`Ready`'s `parts`): the bytes of each still to send.
+    spans: HashMap<u64, (u32, u32)>,
 }
 
 /// Result of applying a loss map.
@@ -125,6 +128,33 @@ impl Outgoing {
             settled_bytes: 0,
             sums_wanted: false,
             basis: None,
+            spans: HashMap::new(),
+        }
+    }
+
+    /// The receiver holds these blocks in part (a delta): only each span's bytes are sent.
+    /// Their other bytes count as had. Spans that do not fit their block are ignored (the
+    /// block goes whole).
+    pub fn mark_spans(&mut self, spans: &[BlockSpan]) {
+        for sp in spans {
+            let b = sp.block;
+            if b >= self.layout.blocks() || self.acked.get(b) || self.spans.contains_key(&b) {
+                continue;
+            }
+            let len = self.layout.len(b);
+            if sp.is_empty() || sp.to as usize > len {
+                continue;
+            }
+            self.bytes_had += (len - sp.len()) as u64;
+            self.spans.insert(b, (sp.from, sp.to));
+        }
+    }
+
+    /// The bytes of `block` that go in its DATA frame: `(offset in the block, length)`.
+    pub fn span(&self, block: u64) -> (usize, usize) {
+        match self.spans.get(&block) {
+            Some(&(from, to)) => (from as usize, (to - from) as usize),
+            None => (0, self.layout.len(block)),
         }
     }
 
@@ -377,7 +407,7 @@ impl Outgoing {
             self.set_last_pn(b, QUEUED);
             self.retx.push_back(b);
             out.lost_blocks += 1;
-            out.lost_bytes += self.layout.len(b) as u64;
+            out.lost_bytes += self.span(b).1 as u64;
             if tagged(pn) {
                 out.tagged_lost_bytes += self.layout.len(b) as u64;
             }
@@ -409,6 +439,8 @@ pub(crate) struct Incoming {
     pub sums: Vec<(u64, Vec<crate::control::LeafHash>)>,
     /// Leaf hashes arrived so far (at most one per leaf of the file).
     pub sums_received: u64,
+    /// Blocks held in part (delta), and the bytes of each still to come.
+    spans: HashMap<u64, (u32, u32)>,
 }
 
 /// What [`Incoming::check`] makes of an arriving block.
@@ -440,6 +472,39 @@ impl Incoming {
             sums_asked: false,
             sums: Vec::new(),
             sums_received: 0,
+            spans: HashMap::new(),
+        }
+    }
+
+    /// Blocks held in part: only each span's bytes are to come (and be written). Spans
+    /// that do not fit a missing block are left out (the block comes whole).
+    pub fn mark_spans(&mut self, spans: &[BlockSpan]) -> Vec<BlockSpan> {
+        let mut kept = Vec::new();
+        for &sp in spans {
+            let b = sp.block;
+            if b >= self.layout.blocks() || self.received.get(b) || self.spans.contains_key(&b) {
+                continue;
+            }
+            if sp.is_empty() || sp.to as usize > self.layout.len(b) {
+                continue;
+            }
+            self.spans.insert(b, (sp.from, sp.to));
+            kept.push(sp);
+        }
+        kept
+    }
+
+    /// Where `payload`, arrived for `block`, goes: its file offset and the bytes to write
+    /// (of a block held in part, only the span's, whether the span or the whole block came).
+    pub fn placement<'a>(&self, block: u64, payload: &'a [u8]) -> (u64, &'a [u8]) {
+        let offset = self.layout.offset(block);
+        match self.spans.get(&block) {
+            Some(&(from, to)) if payload.len() == self.layout.len(block) => (
+                offset + u64::from(from),
+                &payload[from as usize..to as usize],
+            ),
+            Some(&(from, _)) => (offset + u64::from(from), payload),
+            None => (offset, payload),
         }
     }
 
@@ -464,7 +529,10 @@ impl Incoming {
     }
 
     pub fn check(&self, block: u64, len: usize) -> DataVerdict {
-        if block >= self.layout.blocks() || len != self.layout.len(block) {
+        let span = |&(from, to): &(u32, u32)| (to - from) as usize == len;
+        if block >= self.layout.blocks()
+            || (len != self.layout.len(block) && !self.spans.get(&block).is_some_and(span))
+        {
             DataVerdict::Invalid
         } else if self.received.get(block) {
             DataVerdict::Duplicate
@@ -658,5 +726,61 @@ mod tests {
         rx.on_written(0, 10);
         rx.on_written(7, 10);
         assert_eq!(rx.missing_ranges(), vec![(1, 7), (8, 1001)]);
+    }
+
+    /// A block held in part: the sender sends its span alone, the receiver takes the span
+    /// (or the whole block, sent before `Ready`) and writes only the span's bytes; a span
+    /// that does not fit its block, or another length, is refused.
+    #[test]
+    fn a_block_held_in_part_travels_as_its_span() {
+        let layout = Layout::new(1000 * 10 + 3, 10);
+        let spans = [
+            BlockSpan {
+                block: 4,
+                from: 2,
+                to: 7,
+            },
+            BlockSpan {
+                block: 1000,
+                from: 1,
+                to: 3,
+            },
+            // Past its block's end, and past the file: ignored.
+            BlockSpan {
+                block: 5,
+                from: 2,
+                to: 11,
+            },
+            BlockSpan {
+                block: 1001,
+                from: 0,
+                to: 1,
+            },
+        ];
+        let mut tx = Outgoing::new(1, "f".into(), layout);
+        tx.mark_have(&[(0, 4)]);
+        tx.mark_spans(&spans);
+        assert_eq!(
+            (tx.span(4), tx.span(1000), tx.span(5)),
+            ((2, 5), (1, 2), (0, 10))
+        );
+        assert_eq!(tx.bytes_had, 40 + 5 + 1);
+
+        let mut rx = Incoming::new(1, "f".into(), layout);
+        rx.allocate();
+        rx.accepted = true;
+        rx.mark_have(&[(0, 4)]);
+        assert_eq!(rx.mark_spans(&spans), spans[..2].to_vec());
+        assert_eq!(rx.check(4, 5), DataVerdict::New);
+        assert_eq!(rx.check(4, 10), DataVerdict::New);
+        assert_eq!(rx.check(4, 4), DataVerdict::Invalid);
+        assert_eq!(rx.check(5, 5), DataVerdict::Invalid);
+        let block: Vec<u8> = (0..10).collect();
+        assert_eq!(rx.placement(4, &block[2..7]), (42, &block[2..7]));
+        assert_eq!(rx.placement(4, &block), (42, &block[2..7]));
+        assert_eq!(rx.placement(5, &block), (50, &block[..]));
+        assert_eq!(rx.check(1000, 2), DataVerdict::New);
+        // The short last block, whole: its span.
+        assert_eq!(rx.placement(1000, &block[..3]), (10_001, &block[1..3]));
     }
 }

@@ -14,7 +14,7 @@ use std::ops::Range;
 /// 10: the sharing policy in `Params`.
 /// 11: hellos padded to the MTU they offer or agree: the padding proves the path carries it;
 ///     ACK's `store_room` (the receiver's storage window).
-pub const VERSION: u8 = 11;
+pub const VERSION: u8 = 12;
 /// The first three bytes of every hello (ClientHello, ServerHello, HelloReject, HelloRetry):
 /// ASCII `HYT`.
 pub const MAGIC: [u8; 3] = *b"HYT";

@@ -23,7 +23,7 @@ use super::engine::{self, Flow, Net, Policy};
 use super::link::{Links, StreamLink, STREAM_PEER};
 use super::resume::save_progress;
 use super::{dest_mode, systime, StopFlag};
-use crate::delta::{basis_for, pump_sums, Basis};
+use crate::delta::{basis_for, pump_sums, Basis, Kept};
 use crate::fs::{
     self, create_local_part, create_local_part_inplace, EntryKind, PartFile, Root, SourceError,
     SourceFile,
@@ -745,7 +745,7 @@ fn settle_update_hashes(
 /// that matched.
 fn settle_bases(conn: &mut Connection, files: &mut Files, s: &mut Session<'_>) {
     let bs = conn.block_size() as u64;
-    let done: Vec<(XferId, Vec<(u64, u64)>)> = files
+    let done: Vec<(XferId, Kept)> = files
         .act
         .iter_mut()
         .filter_map(|(x, a)| {
@@ -802,18 +802,18 @@ fn accept_download(
             a.basis = Some(b);
             true
         }
-        None => start_download(conn, s, xfer, a, &[], basis::RESUME, None),
+        None => start_download(conn, s, xfer, a, &Kept::default(), basis::RESUME, None),
     }
 }
 
-/// Accepts download `xfer` into its temp file (in `a`), which holds the blocks in `have`
-/// already (`kind` says from what) or gets them copied from `copy`.
+/// Accepts download `xfer` into its temp file (in `a`), which holds what `have` says
+/// already (`kind` says from what) or gets it copied from `copy`.
 fn start_download(
     conn: &mut Connection,
     s: &mut Session<'_>,
     xfer: XferId,
     a: &mut Active,
-    have: &[(u64, u64)],
+    have: &Kept,
     kind: u8,
     copy: Option<File>,
 ) -> bool {
@@ -821,16 +821,17 @@ fn start_download(
     let bs = conn.block_size() as u64;
     let size = a.size;
     let p = a.part.as_mut().expect("opened");
-    match Landing::start_copied(p, size, have, bs, copy) {
+    let ranges = have.byte_ranges(bs, size);
+    match Landing::start_copied(p, size, &ranges, copy) {
         Ok(landing) => {
-            let kept = have_bytes(have, bs, size);
+            let kept = ranges.iter().map(|&(a, b)| b - a).sum();
             if kind == basis::DEST {
                 r.reused_bytes = kept;
             } else {
                 r.resumed_bytes = kept;
             }
             a.landing = Some(landing);
-            conn.accept(xfer, have);
+            conn.accept_with(xfer, &have.have, &have.spans, None);
             true
         }
         Err(e) => {
@@ -1972,12 +1973,6 @@ fn credit_upload(conn: &Connection, xfer: XferId, r: &mut FileResult) {
             r.resumed_bytes = b;
         }
     }
-}
-
-fn have_bytes(have: &[(u64, u64)], block: u64, size: u64) -> u64 {
-    have.iter()
-        .map(|&(a, b)| (b * block).min(size).saturating_sub(a * block))
-        .sum()
 }
 
 fn new_conn(cfg: &Config, psk: &Psk, peer: SocketAddr, now: Instant) -> Connection {

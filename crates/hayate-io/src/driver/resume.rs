@@ -39,27 +39,6 @@ impl ResumeState {
         Self { size, mtime, have }
     }
 
-    /// Whole blocks (of the new session's size) lying entirely inside ranges we have.
-    pub fn have_blocks(&self, block_size: u64) -> Vec<(u64, u64)> {
-        let blocks = self.size.div_ceil(block_size);
-        let mut out: Vec<(u64, u64)> = Vec::new();
-        for &(a, b) in &self.have {
-            let first = a.div_ceil(block_size);
-            let end = if b >= self.size {
-                blocks
-            } else {
-                b / block_size
-            };
-            if first < end {
-                match out.last_mut() {
-                    Some(last) if last.1 == first => last.1 = end,
-                    _ => out.push((first, end)),
-                }
-            }
-        }
-        out
-    }
-
     pub fn encode(&self) -> Vec<u8> {
         let mut s = format!("{MAGIC} size={} mtime={}\n", self.size, self.mtime);
         for (a, b) in &self.have {
@@ -124,19 +103,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn round_trip_and_block_conversion() {
+    fn round_trip() {
         // 10 blocks of 100 bytes, last one 50: size 950; missing 2..4 and 9..10.
         let s = ResumeState::from_missing(950, 7, 100, &[(2, 4), (9, 10)]);
         assert_eq!(s.have, vec![(0, 200), (400, 900)]);
         assert_eq!(ResumeState::decode(&s.encode()), Some(s.clone()));
-        // Same block size: exactly the blocks we had.
-        assert_eq!(s.have_blocks(100), vec![(0, 2), (4, 9)]);
-        // Bigger blocks: only those fully inside.
-        assert_eq!(s.have_blocks(300), vec![(2, 3)]);
         // Tail range reaching the end covers the short last block.
         let t = ResumeState::from_missing(950, 7, 100, &[(0, 5)]);
         assert_eq!(t.have, vec![(500, 950)]);
-        assert_eq!(t.have_blocks(300), vec![(2, 4)]);
     }
 
     #[test]

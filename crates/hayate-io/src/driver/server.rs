@@ -22,7 +22,7 @@ use super::link::{Links, StreamLink};
 use super::resume::save_progress;
 use super::tunnel::FarEnd;
 use super::{dest_mode, systime, StopFlag};
-use crate::delta::{basis_for, pump_sums, Basis};
+use crate::delta::{basis_for, pump_sums, Basis, Kept};
 use crate::fs::{Entry, EntryKind, FsError, PartFile, Root, SourceError, SourceFile};
 use crate::udp::UdpSocket;
 use crate::verify::{HashError, Landing, ReceiveError, Sending, WholeHash};
@@ -241,7 +241,7 @@ fn settle_update_hashes(c: &mut Connection, f: &mut SessionFiles) {
 /// that matched.
 fn settle_bases(c: &mut Connection, f: &mut SessionFiles) {
     let bs = c.block_size() as u64;
-    let done: Vec<(XferId, Vec<(u64, u64)>)> = f
+    let done: Vec<(XferId, Kept)> = f
         .bases
         .iter_mut()
         .filter_map(|(x, (_, _, b))| {
@@ -1001,23 +1001,24 @@ fn accept_upload(
             c.want_sums(xfer, b.kind);
             f.bases.insert(xfer, (up, part, b));
         }
-        None => start_upload(c, f, xfer, part, up, &[], None),
+        None => start_upload(c, f, xfer, part, up, &Kept::default(), None),
     }
 }
 
-/// Accepts an upload into its temp file, which holds the blocks in `have` already or gets
-/// them copied from `basis`.
+/// Accepts an upload into its temp file, which holds what `have` says already or gets it
+/// copied from `basis`.
 fn start_upload(
     c: &mut Connection,
     f: &mut SessionFiles,
     xfer: XferId,
     mut part: PartFile,
     up: Upload,
-    have: &[(u64, u64)],
+    have: &Kept,
     basis: Option<std::fs::File>,
 ) {
     let bs = c.block_size() as u64;
-    let landing = match Landing::start_copied(&mut part, up.size, have, bs, basis) {
+    let ranges = have.byte_ranges(bs, up.size);
+    let landing = match Landing::start_copied(&mut part, up.size, &ranges, basis) {
         Ok(l) => l,
         Err(e) => {
             c.reject(xfer, &format!("{}: {e}", up.path));
@@ -1041,7 +1042,7 @@ fn start_upload(
             landing,
         },
     );
-    c.accept_at(xfer, have, placed.as_deref());
+    c.accept_with(xfer, &have.have, &have.spans, placed.as_deref());
 }
 
 /// Sends a file asked for, offering it (with its hash for `--update`).

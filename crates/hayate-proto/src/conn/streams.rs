@@ -178,11 +178,17 @@ impl Connection {
                     self.stats.dropped_unexpected += 1;
                 }
             }
-            Ctrl::Ready { xfer, have, path } => {
+            Ctrl::Ready {
+                xfer,
+                have,
+                parts,
+                path,
+            } => {
                 if let Some(o) = self.xfers.outgoing.get_mut(&xfer) {
                     if !o.ready {
                         o.ready = true;
                         self.xfers.retired_in_flight += o.mark_have(&have);
+                        o.mark_spans(&parts);
                         self.xfers.hash_work = true;
                         if let Some(path) = path {
                             self.events.push_back(Event::Placed { xfer, path });

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use crate::cc::Feedback;
-use crate::control::{flags, Ctrl};
+use crate::control::{flags, BlockSpan, Ctrl};
 use crate::transfer::{DataVerdict, Incoming, Layout, Outgoing, XferId};
 use crate::wire::{self, Writer};
 
@@ -149,16 +149,29 @@ impl Connection {
 
     /// Accept an `Offered` file; `have` lists block ranges already present (resume).
     pub fn accept(&mut self, xfer: XferId, have: &[(u64, u64)]) {
-        self.accept_at(xfer, have, None);
+        self.accept_with(xfer, have, &[], None);
     }
 
     /// [`accept`](Self::accept), telling the sender where the file goes (the answer to an
     /// [`flags::INTO_DIR`] offer).
     pub fn accept_at(&mut self, xfer: XferId, have: &[(u64, u64)], path: Option<&str>) {
+        self.accept_with(xfer, have, &[], path);
+    }
+
+    /// [`accept_at`](Self::accept_at), with blocks held in part (a delta): of each of
+    /// `spans`, only its bytes are sent, and written.
+    pub fn accept_with(
+        &mut self,
+        xfer: XferId,
+        have: &[(u64, u64)],
+        spans: &[BlockSpan],
+        path: Option<&str>,
+    ) {
         if let Some(inc) = self.xfers.incoming.get_mut(&xfer) {
             inc.accepted = true;
             inc.allocate();
             inc.mark_have(have);
+            let parts = inc.mark_spans(spans);
             if let Some(p) = path {
                 inc.path = p.to_string();
             }
@@ -167,6 +180,7 @@ impl Connection {
             self.say_twice(&Ctrl::Ready {
                 xfer,
                 have,
+                parts,
                 path: path.map(str::to_string),
             });
             self.check_incoming_complete(xfer);
@@ -361,11 +375,11 @@ impl Connection {
         let Some(inc) = self.xfers.incoming.get_mut(&xfer) else {
             return false;
         };
-        let offset = inc.layout.offset(block);
-        match sink.write(xfer, offset, payload) {
+        let (offset, bytes) = inc.placement(block, payload);
+        match sink.write(xfer, offset, bytes) {
             Ok(()) => {
-                inc.on_written(block, payload.len());
-                self.stats.data_bytes_received += payload.len() as u64;
+                inc.on_written(block, bytes.len());
+                self.stats.data_bytes_received += bytes.len() as u64;
                 self.check_incoming_complete(xfer);
                 true
             }

@@ -152,6 +152,11 @@ impl Connection {
         if !retx && !self.xfers.external_hash {
             o.hash_block(block, &buf[body..body + len]);
         }
+        // A block the receiver holds in part (a delta): only the bytes it lacks go.
+        let (from, len) = o.span(block);
+        if from > 0 {
+            buf.copy_within(body + from..body + from + len, body);
+        }
         o.on_sent(block, pn);
         o.sent_bytes += len as u64;
         wire::write_sealed_header(buf, self.peer_cid, pn);
