@@ -2061,8 +2061,9 @@ impl std::fmt::Display for Change {
 /// A file being sent. New data goes out in order, a datagram's worth at a time: reading
 /// ahead in chunks makes each block a copy instead of a system call (at 1 Gbit/s that is
 /// 80 000 `pread`s a second fewer, on a sender that shares its cores with the receiver).
-/// Blocks asked for out of order (retransmissions) are read on their own, leaving the
-/// chunk for the in-order stream: from the page cache, else by the reader thread.
+/// Blocks asked for out of order (retransmissions, and a delta's scattered changed leaves)
+/// are read on their own, leaving the chunk for the in-order stream: from the page cache,
+/// else by the reader thread.
 ///
 /// A file that changes while it is sent would arrive as neither its old nor its new self
 /// (or cut at the old size) and still verify, as the hash is of what was read: so its size,
@@ -2076,8 +2077,12 @@ pub struct SourceFile {
     /// for after the one held, in order (see `readahead`).
     reader: usize,
     coming: VecDeque<crate::readahead::Pending>,
-    /// Blocks behind the held chunk asked of the reader thread (see `read_back`).
+    /// Blocks read on their own asked of the reader thread (see `read_back`).
     back: VecDeque<crate::readahead::Pending>,
+    /// The current run of forward reads: where it started and where the last one ended (a
+    /// run from the file's start is read in chunks at once).
+    run_start: u64,
+    run_end: u64,
     /// The loop that opened the file, woken when a chunk is read.
     waker: Option<Arc<crate::readahead::Waker>>,
     /// The file is in memory: read on the loop, nothing read ahead.
@@ -2152,6 +2157,8 @@ impl SourceFile {
             reader: crate::readahead::thread_for_file(),
             coming: VecDeque::new(),
             back: VecDeque::new(),
+            run_start: 0,
+            run_end: 0,
             waker: crate::readahead::current_waker(),
             in_memory: false,
             ahead: Arc::new(Vec::new()),
@@ -2260,15 +2267,25 @@ impl SourceFile {
                 pos += k as u64;
                 continue;
             }
-            // Going forward (in order, or past what the receiver already has): the aligned
-            // chunk that holds `pos` is read whole. Going back (a retransmission): only the
-            // bytes asked for.
-            if self.len == 0 || pos >= held {
-                self.read_ahead(pos)?;
-                continue;
+            // Going forward in a run of reads (the file in order, or a long stretch a delta
+            // sends): the aligned chunk that holds `pos` is read whole, and the next ones
+            // ahead. Going back (a retransmission), or jumping forward to a short stretch
+            // (a delta's changed leaves, scattered): only the bytes asked for.
+            let forward = self.len == 0 || pos >= held;
+            if forward {
+                if offset != self.run_end {
+                    self.run_start = offset;
+                }
+                self.run_end = end;
+                let in_run = self.run_start == 0 || end - self.run_start >= Self::RUN_MIN;
+                if done > 0 || in_run || self.coming.iter().any(|c| c.holds(pos)) {
+                    self.read_ahead(pos)?;
+                    continue;
+                }
             }
             // A block sent a moment ago is in the page cache; if not (a long path, memory
-            // pressure), the file's reader thread reads it, as it reads chunks ahead.
+            // pressure, a delta's jump), the file's reader thread reads it, as it reads
+            // chunks ahead.
             let n = match crate::readahead::read_cached(&self.file, pos, &mut out[done..])? {
                 Some(n) => n,
                 None if self.in_memory => read_at(&self.file, pos, &mut out[done..])?,
@@ -2289,16 +2306,22 @@ impl SourceFile {
         Ok(())
     }
 
+    /// Bytes read forward in one run (each read starting where the last ended) from which
+    /// on the file is read in whole chunks: a delta's changed leaf, even one that spans two
+    /// blocks, is read on its own, not as the 1 MiB chunk around it.
+    const RUN_MIN: u64 = 64 << 10;
+
     /// Chunks read ahead of the one being sent: a slow disk has 4 MiB to read while the
     /// loop sends what it has.
     const AHEAD: usize = 4;
 
-    /// Blocks behind the held chunk (retransmissions) being read by the reader thread at
-    /// most: more are asked for only as these are taken (or forgotten, oldest first).
+    /// Blocks read on their own (retransmissions, a delta's scattered leaves) being read by
+    /// the reader thread at most: more are asked for only as these are taken (or
+    /// forgotten, oldest first).
     const BACK_MAX: usize = 64;
 
-    /// A block behind the held chunk that the page cache no longer holds: handed to the
-    /// file's reader thread the first time it is asked for, [`SourceError::NotReady`] until
+    /// A block read on its own that the page cache does not hold: handed to the file's
+    /// reader thread the first time it is asked for, [`SourceError::NotReady`] until
     /// that thread has read it, then its bytes once.
     fn read_back(&mut self, pos: u64, out: &mut [u8]) -> Result<usize, SourceError> {
         let asked = self

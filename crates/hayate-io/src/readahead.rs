@@ -36,6 +36,11 @@ impl Pending {
         self.len
     }
 
+    /// Whether file offset `pos` is among the bytes asked for.
+    pub fn holds(&self, pos: u64) -> bool {
+        pos >= self.start && pos - self.start < self.len as u64
+    }
+
     /// The chunk and how many of its bytes the file had, once read (or why it could not be).
     pub fn take(&self) -> Option<io::Result<(Vec<u8>, usize)>> {
         self.slot.lock().unwrap_or_else(|e| e.into_inner()).take()

@@ -1470,3 +1470,42 @@ fn a_block_sent_again_that_left_the_page_cache_is_read_by_the_reader_thread() {
     read_now(&mut src, back, &mut buf).unwrap();
     assert_eq!(&buf[..], &data[back as usize..back as usize + block]);
 }
+
+/// Reads that jump forward to short stretches (a delta's changed leaves) read those bytes
+/// alone, not the 1 MiB chunk around each; a long enough run from there is read in chunks
+/// again. The chunks read whole are what `take_chunks` hands out.
+#[test]
+fn a_source_read_in_scattered_stretches_reads_no_whole_chunks() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("f");
+    let chunk = SourceFile::CHUNK;
+    let data: Vec<u8> = (0..(chunk * 8 + 777) as u32)
+        .map(|i| (i % 241) as u8)
+        .collect();
+    std::fs::write(&path, &data).unwrap();
+    let mut src = SourceFile::new(std::fs::File::open(&path).unwrap(), data.len() as u64);
+    src.keep_chunks(true);
+    let block = 8936;
+    let mut buf = vec![0u8; block];
+    let starts = |v: Vec<(u64, std::sync::Arc<Vec<u8>>)>| -> Vec<u64> {
+        v.into_iter().map(|(s, _)| s).collect()
+    };
+    // From the start: in chunks.
+    read_now(&mut src, 0, &mut buf).unwrap();
+    assert_eq!(&buf[..], &data[..block]);
+    assert_eq!(starts(src.take_chunks()), vec![0]);
+    // Jumps past what is read ahead, to stretches of a block or two: those bytes alone.
+    for at in [6 * chunk + 5000, 6 * chunk + 5000 + block, 7 * chunk + 100] {
+        read_now(&mut src, at as u64, &mut buf).unwrap();
+        assert_eq!(&buf[..], &data[at..at + block], "at {at}");
+    }
+    assert_eq!(starts(src.take_chunks()), Vec::<u64>::new());
+    // A run of more than 64 KiB from there: the chunk is read whole.
+    let mut at = 7 * chunk + 100 + block;
+    while at < 7 * chunk + 100 + (80 << 10) {
+        read_now(&mut src, at as u64, &mut buf).unwrap();
+        assert_eq!(&buf[..], &data[at..at + block], "at {at}");
+        at += block;
+    }
+    assert_eq!(starts(src.take_chunks()), vec![7 * chunk as u64]);
+}
