@@ -360,6 +360,10 @@ pub fn report_json(r: &Report) -> serde_json::Value {
     put("packets_received", json!(s.packets_received));
     put("data_packets_sent", json!(s.data_packets_sent));
     put("packets_retransmitted", json!(s.data_packets_retransmitted));
+    put(
+        "data_bytes_retransmitted",
+        json!(s.data_bytes_retransmitted),
+    );
     // Blocks this side received while its disk was behind: dropped, and sent again.
     if s.blocks_refused_by_sink > 0 {
         put("blocks_refused", json!(s.blocks_refused_by_sink));

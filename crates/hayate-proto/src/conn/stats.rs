@@ -17,6 +17,8 @@ pub struct Stats {
     pub data_packets_retransmitted: u64,
     /// File bytes sent in DATA frames, retransmissions included.
     pub data_bytes_sent: u64,
+    /// Of `data_bytes_sent`, those in retransmissions.
+    pub data_bytes_retransmitted: u64,
     /// Blocks the receiver's loss maps showed missing (each time one was).
     pub blocks_declared_lost: u64,
     /// DATA frames received, duplicates included.

@@ -169,6 +169,7 @@ impl Connection {
         self.stats.data_bytes_sent += len as u64;
         if retx {
             self.stats.data_packets_retransmitted += 1;
+            self.stats.data_bytes_retransmitted += len as u64;
         }
         self.path.pacer.on_sent(total);
         self.path.cc.on_sent(now_us, total as u64);

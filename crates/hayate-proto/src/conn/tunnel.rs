@@ -262,6 +262,7 @@ impl Connection {
         self.stats.data_bytes_sent += c.len as u64;
         if c.retx {
             self.stats.data_packets_retransmitted += 1;
+            self.stats.data_bytes_retransmitted += c.len as u64;
         }
         self.path.pacer.on_sent(total);
         self.path.cc.on_sent(now_us, total as u64);
