@@ -409,8 +409,8 @@ impl CtrlRecv {
         self.r.cum()
     }
 
-    /// Accepts a chunk; returns whether it was new data.
-    pub fn on_chunk(&mut self, offset: u64, data: &[u8]) -> Result<bool, CtrlError> {
+    /// Accepts a chunk; returns how many of its bytes were new.
+    pub fn on_chunk(&mut self, offset: u64, data: &[u8]) -> Result<u64, CtrlError> {
         let new = self
             .r
             .on_chunk(offset, false, data)
@@ -426,7 +426,7 @@ impl CtrlRecv {
             self.assembled.extend_from_slice(p);
             self.r.consume(n);
         }
-        Ok(new > 0)
+        Ok(new)
     }
 
     /// The map of what arrived beyond the in-order end, when anything did (sent with every

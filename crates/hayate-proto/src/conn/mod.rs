@@ -381,7 +381,7 @@ impl Connection {
                 }
                 Frame::Ctrl { offset, data } => {
                     eliciting = true;
-                    if self.on_ctrl_frame(now, offset, data).is_break() {
+                    if self.on_ctrl_frame(now, rx_at_us, offset, data).is_break() {
                         return;
                     }
                 }
@@ -474,7 +474,7 @@ impl Connection {
             || self.space.ack_pending >= ACK_EVERY
             || self.space.ack_deadline.is_some_and(|d| now_us >= d);
         if ack_due
-            || self.ctrl.tx.has_sendable()
+            || self.ctrl_urgent()
             || self.timers.ping_pending
             || self.path.response_due.is_some()
         {
@@ -492,6 +492,11 @@ impl Connection {
         if self.window_full() {
             self.path.pacer.idle(now_us);
         } else if self.path.pacer.can_send(now_us, self.path.payload_limit) {
+            if self.ctrl_bulk() {
+                // Bulk control (a delta's leaf hashes, a big listing) first: the peer waits
+                // on it before data can flow.
+                return self.send_control(now_us, buf, false);
+            }
             let sent = self.send_data(now_us, buf, src);
             if sent.is_none() {
                 self.path.pacer.app_idle(now_us);

@@ -11,6 +11,12 @@ use crate::wire::{self, StreamAckFrame, Writer};
 use super::transfers::{too_large, MAX_INCOMING_BLOCKS, MAX_OPEN_INCOMING};
 use super::{Connection, Event, Side};
 
+/// Control bytes sent at once, unpaced, when no more than this is queued: the messages a
+/// peer waits on. More (leaf hashes, listings) go paced by the rate controller, counted
+/// as data is: 4 MiB of leaf hashes per GiB let out as fast as acknowledgements came
+/// overflowed any bottleneck slower than 4 MiB per round trip.
+pub(super) const CTRL_UNPACED: u64 = 16 << 10;
+
 /// The control stream's two directions and what rides on them.
 pub(super) struct ControlStream {
     pub(super) tx: CtrlSend,
@@ -259,6 +265,18 @@ impl Connection {
         }
     }
 
+    /// Control bytes to send now, unpaced: a few messages (an `Offer`, a `Ready`, a
+    /// verdict) that the peer waits on, at most [`CTRL_UNPACED`] unsent.
+    pub(super) fn ctrl_urgent(&self) -> bool {
+        self.ctrl.tx.has_sendable() && self.ctrl.tx.unsent() <= CTRL_UNPACED
+    }
+
+    /// More control bytes to send than [`CTRL_UNPACED`] (a delta's leaf hashes, a big
+    /// tree's listing): they go as data does, paced at the controller's rate.
+    pub(super) fn ctrl_bulk(&self) -> bool {
+        self.ctrl.tx.has_sendable() && self.ctrl.tx.unsent() > CTRL_UNPACED
+    }
+
     /// The peer's acknowledgement of the control stream: `cum` from its ACK, `map` from its
     /// STREAM_ACK for the control stream in the same packet (none: it holds nothing beyond
     /// `cum`). Chunks of overtaken packets that it lacks are sent again, by the loss rule of
@@ -290,17 +308,75 @@ impl Connection {
     pub(super) fn on_ctrl_frame(
         &mut self,
         now: Instant,
+        rx_at_us: u64,
         offset: u64,
         data: &[u8],
     ) -> ControlFlow<()> {
         self.space.ack_now = true;
         match self.ctrl.rx.on_chunk(offset, data) {
-            Ok(_) => self.drain_ctrl(now),
+            Ok(new) => {
+                // Delivered, as far as the sender's rate is concerned: bulk control goes
+                // paced at that rate, as data does.
+                if new > 0 {
+                    self.space.rx_bytes += new;
+                    self.space.rx_bytes_at_us = self.space.rx_bytes_at_us.max(rx_at_us);
+                }
+                self.drain_ctrl(now)
+            }
             Err(e) => {
                 self.close(now, 2, &format!("protocol error: {e}"));
                 return ControlFlow::Break(());
             }
         }
         ControlFlow::Continue(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::cc::Fixed;
+    use crate::conn::test_pair::TunnelPair;
+    use crate::control::Ctrl;
+
+    /// Bulk control bytes (a delta's leaf hashes) go at the controller's pace, as data
+    /// does, not as fast as acknowledgements make room; the receiver counts them
+    /// delivered. A few bytes (a message the peer waits on) go at once.
+    #[test]
+    fn bulk_control_goes_at_the_pace() {
+        let mut p = TunnelPair::new(Duration::from_millis(10));
+        // 1 MB/s.
+        p.c.path.cc = Box::new(Fixed::new(Some(1_000_000)));
+        p.c.path.pacer.set_rate(Some(1_000_000));
+        let rx0 = p.server().space.rx_bytes;
+        let sent0 = p.c.stats.packets_sent;
+        p.c.ctrl.tx.push(&Ctrl::Reject {
+            xfer: 7,
+            reason: "small".into(),
+        });
+        p.run(Duration::from_millis(2));
+        assert!(p.c.stats.packets_sent > sent0, "a small message waits");
+        let start = p.c.ctrl.tx.end();
+        for i in 0..32 {
+            p.c.ctrl.tx.push(&Ctrl::Sums {
+                xfer: 9,
+                first: i * 1000,
+                leaves: vec![[i as u8; 16]; 1000],
+            });
+        }
+        let bulk = p.c.ctrl.tx.end() - start;
+        assert!(bulk > 500_000);
+        p.run(Duration::from_millis(100));
+        let went = p.c.ctrl.tx.end() - p.c.ctrl.tx.unsent() - start;
+        // 100 ms at 1 MB/s, and the pacer's allowance of a burst.
+        assert!(
+            (50_000..200_000).contains(&went),
+            "{went} of {bulk} bytes in 100 ms at 1 MB/s"
+        );
+        p.run(Duration::from_millis(1000));
+        assert_eq!(p.c.ctrl.tx.unsent(), 0);
+        assert!(p.server().ctrl.rx.offset() >= start + bulk);
+        assert!(p.server().space.rx_bytes - rx0 >= bulk);
     }
 }

@@ -40,7 +40,7 @@ impl Connection {
             State::AwaitConfirm | State::Established => {
                 min(self.timers.last_rx_us + self.cfg.idle_timeout.as_micros() as u64);
                 if self.space.ack_now
-                    || self.ctrl.tx.has_sendable()
+                    || self.ctrl_urgent()
                     || self.timers.ping_pending
                     || self.xfers.hash_work
                     || self.path.response_due.is_some()
@@ -56,7 +56,7 @@ impl Connection {
                 if self.outstanding() {
                     min(self.pto_deadline());
                 }
-                if self.has_data_to_send() && !self.xfers.source_blocked {
+                if (self.has_data_to_send() && !self.xfers.source_blocked) || self.ctrl_bulk() {
                     match self.path.pacer.next_send_time(now_us) {
                         Some(x) => min(x),
                         None => min(now_us),

@@ -450,11 +450,15 @@ impl Connection {
     }
 
     pub(super) fn has_data_to_send(&self) -> bool {
+        let mut room = None;
         !self.window_full()
             && (self.stream_sendable()
+                || self.ctrl_bulk()
                 || self.xfers.outgoing.values().any(|o| {
                     (o.ready && o.has_retx())
-                        || ((o.ready || (o.eager && self.eager_room())) && o.peek_new().is_some())
+                        || ((o.ready
+                            || (o.eager && *room.get_or_insert_with(|| self.eager_room())))
+                            && o.peek_new().is_some())
                 }))
     }
 

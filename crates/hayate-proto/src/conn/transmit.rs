@@ -37,6 +37,7 @@ impl Connection {
         }
         // Control stream bytes, as many as fit.
         let room = w.remaining().saturating_sub(1 + 8 + 8);
+        let mut ctrl_bytes = false;
         if room > 16 {
             if let Some((offset, data)) = self.ctrl.tx.next_chunk(room, self.space.next_pn) {
                 Frame::Ctrl {
@@ -45,6 +46,7 @@ impl Connection {
                 }
                 .encode(&mut w)
                 .expect("sized to fit");
+                ctrl_bytes = true;
             }
         }
         let n = w.pos();
@@ -52,6 +54,14 @@ impl Connection {
             w2.put_bytes(&scratch[..n]).expect("fits");
         });
         self.scratch = scratch;
+        if let (Some(total), true) = (out, ctrl_bytes) {
+            // Control bytes take their part of the pace, as data does (the receiver counts
+            // them delivered).
+            self.path.pacer.on_sent(total);
+            self.path.cc.on_sent(now_us, total as u64);
+            let rate = self.path.cc.pacing_rate_with(self.in_flight_bytes());
+            self.path.pacer.set_rate(rate);
+        }
         out
     }
 
@@ -84,12 +94,14 @@ impl Connection {
             }
             if pick.is_none() {
                 // Only files still waiting for `Ready` ask whether there is eager room (a sum
-                // over them): the steady state, every file answered, never pays for it.
+                // over them, taken once): the steady state, every file answered, never pays
+                // for it.
+                let mut room = None;
                 for o in self.xfers.outgoing.values() {
                     if unread.contains(&o.id) {
                         continue;
                     }
-                    if o.ready || (o.eager && self.eager_room()) {
+                    if o.ready || (o.eager && *room.get_or_insert_with(|| self.eager_room())) {
                         if let Some(b) = o.peek_new() {
                             pick = Some((o.id, b, None));
                             break;
