@@ -489,14 +489,15 @@ impl Connection {
             }
             return sent;
         }
+        if self.ctrl_bulk() && self.path.pacer.can_send(now_us, self.path.payload_limit) {
+            // Bulk control (a delta's leaf hashes, a big listing) first, paced, and not held
+            // by the in-flight window: that counts DATA, and blocks sent before `Ready` stay
+            // in flight until the `Ready` these leaf hashes lead to.
+            return self.send_control(now_us, buf, false);
+        }
         if self.window_full() {
             self.path.pacer.idle(now_us);
         } else if self.path.pacer.can_send(now_us, self.path.payload_limit) {
-            if self.ctrl_bulk() {
-                // Bulk control (a delta's leaf hashes, a big listing) first: the peer waits
-                // on it before data can flow.
-                return self.send_control(now_us, buf, false);
-            }
             let sent = self.send_data(now_us, buf, src);
             if sent.is_none() {
                 self.path.pacer.app_idle(now_us);

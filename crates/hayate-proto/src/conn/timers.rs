@@ -56,7 +56,9 @@ impl Connection {
                 if self.outstanding() {
                     min(self.pto_deadline());
                 }
-                if (self.has_data_to_send() && !self.xfers.source_blocked) || self.ctrl_bulk() {
+                // (`has_data_to_send` counts bulk control, and otherwise says no while the
+                // in-flight window is full: `poll_transmit` would send nothing before an ACK.)
+                if self.has_data_to_send() && (!self.xfers.source_blocked || self.ctrl_bulk()) {
                     match self.path.pacer.next_send_time(now_us) {
                         Some(x) => min(x),
                         None => min(now_us),

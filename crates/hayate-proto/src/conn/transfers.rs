@@ -451,15 +451,15 @@ impl Connection {
 
     pub(super) fn has_data_to_send(&self) -> bool {
         let mut room = None;
-        !self.window_full()
-            && (self.stream_sendable()
-                || self.ctrl_bulk()
-                || self.xfers.outgoing.values().any(|o| {
-                    (o.ready && o.has_retx())
-                        || ((o.ready
-                            || (o.eager && *room.get_or_insert_with(|| self.eager_room())))
-                            && o.peek_new().is_some())
-                }))
+        self.ctrl_bulk()
+            || !self.window_full()
+                && (self.stream_sendable()
+                    || self.xfers.outgoing.values().any(|o| {
+                        (o.ready && o.has_retx())
+                            || ((o.ready
+                                || (o.eager && *room.get_or_insert_with(|| self.eager_room())))
+                                && o.peek_new().is_some())
+                    }))
     }
 
     /// Offered files not yet answered may take more data: under `EAGER_BYTES` went out so far.
