@@ -155,7 +155,12 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
         Err(e) => {
-            eprintln!("hayate: {e:#}");
+            // One write: stderr is unbuffered, and `eprintln!` writes each piece of the
+            // message on its own, so the ssh beside us (same terminal) could land in the
+            // middle of it ("hayate is not installed on kex_exchange_identification: ...").
+            use std::io::Write;
+            let msg = format!("hayate: {e:#}\n");
+            let _ = std::io::stderr().write_all(msg.as_bytes());
             ExitCode::from(if e.is::<Usage>() { 2 } else { 1 })
         }
     }
