@@ -78,6 +78,9 @@ impl Connection {
             Some(o) if !o.ready && o.basis.is_none() => {
                 o.basis = Some(basis);
                 o.sums_wanted = true;
+                // The receiver holds a basis: blocks sent before its `Ready` are likely
+                // ones it has (up to `EAGER_BYTES` of them went otherwise).
+                o.eager = false;
             }
             Some(_) => {}
             None => self.stats.dropped_unexpected += 1,
