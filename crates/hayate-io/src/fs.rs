@@ -2246,7 +2246,27 @@ impl SourceFile {
         r
     }
 
+    /// [`read_block`](Self::read_block), keeping track of the run of forward reads: a read
+    /// that starts where the last ended extends it, one that jumps forward starts a new
+    /// one, one behind (a retransmission) leaves it alone. Only a read that succeeded
+    /// counts (one that is `NotReady` is asked again).
     fn read_checked(&mut self, offset: u64, out: &mut [u8]) -> Result<(), SourceError> {
+        let end = offset + out.len() as u64;
+        let continues = offset == self.run_end;
+        let jumps = !continues && (self.len == 0 || offset >= self.start + self.len as u64);
+        let run_start = if continues { self.run_start } else { offset };
+        let in_run = run_start == 0 || end - run_start >= Self::RUN_MIN;
+        self.read_in(offset, out, in_run)?;
+        if continues || jumps {
+            self.run_start = run_start;
+            self.run_end = end;
+        }
+        Ok(())
+    }
+
+    /// Reads `out` at `offset`; `in_run`: in a run of forward reads long enough to read
+    /// in whole chunks.
+    fn read_in(&mut self, offset: u64, out: &mut [u8], in_run: bool) -> Result<(), SourceError> {
         let end = offset + out.len() as u64;
         if end > self.size {
             return Err(SourceError::PastEnd {
@@ -2272,16 +2292,9 @@ impl SourceFile {
             // ahead. Going back (a retransmission), or jumping forward to a short stretch
             // (a delta's changed leaves, scattered): only the bytes asked for.
             let forward = self.len == 0 || pos >= held;
-            if forward {
-                if offset != self.run_end {
-                    self.run_start = offset;
-                }
-                self.run_end = end;
-                let in_run = self.run_start == 0 || end - self.run_start >= Self::RUN_MIN;
-                if done > 0 || in_run || self.coming.iter().any(|c| c.holds(pos)) {
-                    self.read_ahead(pos)?;
-                    continue;
-                }
+            if forward && (done > 0 || in_run || self.coming.iter().any(|c| c.holds(pos))) {
+                self.read_ahead(pos)?;
+                continue;
             }
             // A block sent a moment ago is in the page cache; if not (a long path, memory
             // pressure, a delta's jump), the file's reader thread reads it, as it reads
