@@ -45,14 +45,6 @@ pub struct Kept {
 }
 
 impl Kept {
-    /// Whole blocks only (a resume's state, or nothing).
-    pub fn blocks(have: &[(u64, u64)]) -> Kept {
-        Kept {
-            have: have.to_vec(),
-            spans: Vec::new(),
-        }
-    }
-
     /// The file's byte ranges held, in order, disjoint: the whole blocks, and of the
     /// blocks held in part what is outside their spans.
     pub fn byte_ranges(&self, block: u64, size: u64) -> Vec<(u64, u64)> {
@@ -77,14 +69,6 @@ impl Kept {
             }
         }
         out
-    }
-
-    /// Bytes held.
-    pub fn bytes(&self, block: u64, size: u64) -> u64 {
-        self.byte_ranges(block, size)
-            .iter()
-            .map(|&(a, b)| b - a)
-            .sum()
     }
 }
 
@@ -356,7 +340,8 @@ mod tests {
         assert_eq!(k.have, vec![(0, 1), (4, 9)]);
         let sent: u64 = k.spans.iter().map(|s| s.len() as u64).sum();
         assert_eq!(sent, 4096 * 2 + (size - (leaves - 1) * LEAF_LEN));
-        assert_eq!(k.bytes(bs, size), size - sent);
+        let held: u64 = k.byte_ranges(bs, size).iter().map(|&(a, b)| b - a).sum();
+        assert_eq!(held, size - sent);
         // Nothing matched: every block whole, nothing held.
         let k = kept(&[], size, bs);
         assert_eq!(k, Kept::default());

@@ -57,12 +57,19 @@ impl Connection {
         if let (Some(total), true) = (out, ctrl_bytes) {
             // Control bytes take their part of the pace, as data does (the receiver counts
             // them delivered).
-            self.path.pacer.on_sent(total);
-            self.path.cc.on_sent(now_us, total as u64);
-            let rate = self.path.cc.pacing_rate_with(self.in_flight_bytes());
-            self.path.pacer.set_rate(rate);
+            self.charge_sent(now_us, total);
         }
         out
+    }
+
+    /// A packet of `total` bytes carrying data (file blocks, stream or control bytes) went
+    /// out: the pacer and the rate controller count it, and the pace follows (it may
+    /// depend on what is in flight, see `RateControl::pacing_rate_with`).
+    pub(super) fn charge_sent(&mut self, now_us: u64, total: usize) {
+        self.path.pacer.on_sent(total);
+        self.path.cc.on_sent(now_us, total as u64);
+        let rate = self.path.cc.pacing_rate_with(self.in_flight_bytes());
+        self.path.pacer.set_rate(rate);
     }
 
     pub(super) fn send_data(
@@ -183,12 +190,7 @@ impl Connection {
             self.stats.data_packets_retransmitted += 1;
             self.stats.data_bytes_retransmitted += len as u64;
         }
-        self.path.pacer.on_sent(total);
-        self.path.cc.on_sent(now_us, total as u64);
-        // The rate may depend on what is in flight (see `RateControl::pacing_rate_with`).
-        self.path
-            .pacer
-            .set_rate(self.path.cc.pacing_rate_with(self.in_flight_bytes()));
+        self.charge_sent(now_us, total);
         // Last new block out and hashed: announce the file's hash.
         self.maybe_announce(xfer);
         Some(total)

@@ -264,10 +264,7 @@ impl Connection {
             self.stats.data_packets_retransmitted += 1;
             self.stats.data_bytes_retransmitted += c.len as u64;
         }
-        self.path.pacer.on_sent(total);
-        self.path.cc.on_sent(now_us, total as u64);
-        let rate = self.path.cc.pacing_rate_with(self.in_flight_bytes());
-        self.path.pacer.set_rate(rate);
+        self.charge_sent(now_us, total);
         Some(total)
     }
 }
