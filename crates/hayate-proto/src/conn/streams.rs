@@ -379,4 +379,47 @@ mod tests {
         assert!(p.server().ctrl.rx.offset() >= start + bulk);
         assert!(p.server().space.rx_bytes - rx0 >= bulk);
     }
+
+    /// A controller that allows `cap` data bytes in flight, at 10 MB/s.
+    #[derive(Debug)]
+    struct Capped(u64);
+
+    impl crate::cc::RateControl for Capped {
+        fn pacing_rate(&self) -> Option<u64> {
+            Some(10_000_000)
+        }
+        fn in_flight_cap(&self) -> Option<u64> {
+            Some(self.0)
+        }
+        fn name(&self) -> &'static str {
+            "capped"
+        }
+    }
+
+    /// Bulk control is not held by the in-flight window, which counts DATA: blocks a sender
+    /// sent before a delta's `Ready` stay in flight until the `Ready` that its leaf hashes
+    /// lead to, so holding those behind the window stalled both (a 1 GiB delta upload took
+    /// a minute, or never finished).
+    #[test]
+    fn bulk_control_goes_while_data_fills_the_window() {
+        let mut p = TunnelPair::new(Duration::from_millis(10));
+        p.c.path.cc = Box::new(Capped(64_000));
+        p.c.path.pacer.set_rate(Some(10_000_000));
+        // Blocks in flight that nothing will acknowledge before the leaf hashes are in.
+        p.c.stats.data_bytes_sent += 100_000;
+        assert!(p.c.window_full());
+        let start = p.c.ctrl.tx.end();
+        for i in 0..16 {
+            p.c.ctrl.tx.push(&Ctrl::Sums {
+                xfer: 9,
+                first: i * 1000,
+                leaves: vec![[i as u8; 16]; 1000],
+            });
+        }
+        let bulk = p.c.ctrl.tx.end() - start;
+        p.run(Duration::from_millis(300));
+        assert!(p.c.window_full());
+        assert_eq!(p.c.ctrl.tx.unsent(), 0, "of {bulk} bytes");
+        assert!(p.server().ctrl.rx.offset() >= start + bulk);
+    }
 }
