@@ -3,8 +3,10 @@
 //! hashes the basis into [`LEAF_LEN`] leaves on the worker threads while the sender's leaf
 //! hashes come in (`Ctrl::Sums`), compares them in order, and accepts the file with the
 //! blocks that lie wholly inside matching leaves as `have`. Those the sender never sends:
-//! they are copied from the destination into the temp file, or (resume) already there. The
-//! whole-file BLAKE3 is verified at the end as for any transfer.
+//! the file at the destination is copied into the temp file as it is hashed (the copy is
+//! what is hashed), or (resume) they are there already. The whole-file BLAKE3 is verified
+//! at the end as for any transfer, from the chaining values of the leaves kept and what
+//! arrived, read back (`verify::Known`).
 //!
 //! A leaf's hash is a chaining value of the file's BLAKE3 tree at its offset, so two leaves
 //! at the same index match only if their bytes (and lengths) do: data that moved (an
@@ -19,7 +21,10 @@ use hayate_proto::{Connection, XferId};
 
 use crate::driver::resume::MIN_RESUME_SIZE;
 use crate::fs::PartFile;
-use crate::verify::{LeafHash as Hasher, Sending, LEAF_LEN};
+use crate::verify::{leaf_hash, Known, LeafHash as Hasher, Leaves, Sending, LEAF_LEN, SUBTREE_LEN};
+
+/// Leaves per subtree.
+const SUBTREE_LEAVES: u64 = SUBTREE_LEN / LEAF_LEN;
 
 /// Files smaller than this are sent whole over a destination: the round trip of the
 /// hashes costs more than the bytes.
@@ -81,10 +86,8 @@ pub const SUMS_BACKLOG: u64 = 64 << 10;
 pub struct Basis {
     /// [`basis::RESUME`] or [`basis::DEST`].
     pub kind: u8,
-    /// The basis, to copy matching blocks from (`DEST`).
-    file: File,
-    /// Matching blocks are copied from `file` (not: they are where they belong already).
-    copy: bool,
+    /// Hashes the temp file (or, `--inplace`, the destination), the basis copied into it
+    /// first where the basis is another file.
     hash: Hasher,
     /// Leaves of the basis that are hashed (it may be shorter than the offer).
     basis_leaves: u64,
@@ -93,10 +96,15 @@ pub struct Basis {
     leaves: u64,
     /// Next leaf to compare; the basis's and the sender's leaves from there, as arrived.
     at: u64,
-    mine: VecDeque<LeafHash>,
+    mine: VecDeque<blake3::hazmat::ChainingValue>,
     theirs: VecDeque<LeafHash>,
     /// Matching leaf ranges, in order.
     matched: Vec<(u64, u64)>,
+    /// The subtree being compared: its chaining value, and those of its matching leaves.
+    subtree: Option<blake3::hazmat::ChainingValue>,
+    subtree_leaves: Vec<Option<blake3::hazmat::ChainingValue>>,
+    /// What the temp file is known to hold, for the verification.
+    known: Known,
 }
 
 /// The basis for offered file of `size` bytes (with `flags`) being received into `part`,
@@ -112,31 +120,35 @@ pub fn basis_for(part: &mut PartFile, size: u64, fl: u32) -> Option<Basis> {
             return None;
         }
         let file = part.file().ok()?.try_clone().ok()?;
-        let mut b = Basis::start(basis::DEST, file, old.min(size), size).ok()?;
-        b.copy = false;
-        return Some(b);
+        return Some(Basis::start(basis::DEST, file, None, old.min(size), size));
     }
     if part.existing_len() > 0 && size >= MIN_RESUME_SIZE {
         let len = part.existing_len().min(size);
         let file = part.file().ok()?.try_clone().ok()?;
-        return Basis::start(basis::RESUME, file, len, size).ok();
+        return Some(Basis::start(basis::RESUME, file, None, len, size));
     }
     if fl & flags::WHOLE_FILE != 0 || size < DELTA_MIN {
         return None;
     }
-    let (file, len) = part.open_existing().filter(|(_, len)| *len > 0)?;
-    Basis::start(basis::DEST, file, len.min(size), size).ok()
+    let (from, len) = part.open_existing().filter(|(_, len)| *len > 0)?;
+    let file = part.file().ok()?.try_clone().ok()?;
+    Some(Basis::start(
+        basis::DEST,
+        file,
+        Some(from),
+        len.min(size),
+        size,
+    ))
 }
 
 impl Basis {
-    /// Starts hashing the first `len` bytes of `file` for an offered file of `size` bytes.
-    pub fn start(kind: u8, file: File, len: u64, size: u64) -> std::io::Result<Self> {
-        let hash = Hasher::start(file.try_clone()?, len);
-        Ok(Basis {
+    /// Starts hashing the first `len` bytes of `file`, the temp file of an offered file of
+    /// `size` bytes (or the destination written in place), those bytes first copied into
+    /// it from `from` where that is given (the file at the destination).
+    pub fn start(kind: u8, file: File, from: Option<File>, len: u64, size: u64) -> Self {
+        Basis {
             kind,
-            copy: kind == basis::DEST,
-            file,
-            hash,
+            hash: Hasher::start_copying(file, from, len),
             basis_leaves: len.div_ceil(LEAF_LEN),
             size,
             leaves: size.div_ceil(LEAF_LEN),
@@ -144,7 +156,10 @@ impl Basis {
             mine: VecDeque::new(),
             theirs: VecDeque::new(),
             matched: Vec::new(),
-        })
+            subtree: None,
+            subtree_leaves: Vec::new(),
+            known: Known::default(),
+        }
     }
 
     /// The sender's leaves `first..`, as they came (in order: the connection checks).
@@ -154,20 +169,26 @@ impl Basis {
     }
 
     /// Compares what both sides have hashed so far; once every leaf is compared, what the
-    /// basis holds, in blocks of `block` bytes.
+    /// basis holds, in blocks of `block` bytes (and no copy into the temp file is still
+    /// going on).
     pub fn poll(&mut self, block: u64) -> Option<Kept> {
         while self.at < self.leaves {
             let Some(&theirs) = self.theirs.front() else {
                 break;
             };
-            let same = if self.at >= self.basis_leaves {
-                false
+            let mine = if self.at >= self.basis_leaves {
+                None
             } else {
                 if self.mine.is_empty() {
                     match self.hash.take() {
-                        Some(Ok((first, v))) => {
+                        Some(Ok(Leaves {
+                            first,
+                            cvs,
+                            subtree,
+                        })) => {
                             debug_assert_eq!(first, self.at);
-                            self.mine.extend(v);
+                            self.mine.extend(cvs);
+                            self.subtree = subtree;
                         }
                         // Still hashing.
                         None => break,
@@ -178,24 +199,48 @@ impl Basis {
                         }
                     }
                 }
-                self.mine.pop_front() == Some(theirs)
+                self.mine.pop_front()
             };
             self.theirs.pop_front();
-            if same {
+            let same = mine.filter(|cv| leaf_hash(cv) == theirs);
+            if same.is_some() {
                 match self.matched.last_mut() {
                     Some(last) if last.1 == self.at => last.1 += 1,
                     _ => self.matched.push((self.at, self.at + 1)),
                 }
             }
+            self.subtree_leaves.push(same);
             self.at += 1;
+            if self.at.is_multiple_of(SUBTREE_LEAVES) || self.at == self.leaves {
+                self.subtree_compared();
+            }
         }
-        (self.at == self.leaves).then(|| kept(&self.matched, self.size, block))
+        // A copy that failed leaves later ones with the workers: they write into the temp
+        // file, so blocks may land there only once they are done.
+        (self.at == self.leaves && self.hash.outstanding() == 0)
+            .then(|| kept(&self.matched, self.size, block))
     }
 
-    /// The file to copy matching blocks from, for a `DEST` basis (a `RESUME` basis holds
-    /// them already).
-    pub fn into_copy_source(self) -> Option<File> {
-        self.copy.then_some(self.file)
+    /// The leaves of the subtree before `at` are all compared: what of it is known.
+    fn subtree_compared(&mut self) {
+        let index = ((self.at - 1) / SUBTREE_LEAVES) as usize;
+        let leaves = std::mem::take(&mut self.subtree_leaves);
+        let subtree = self.subtree.take();
+        if leaves.iter().all(Option::is_some) {
+            if let Some(cv) = subtree {
+                self.known.whole(index, cv);
+                return;
+            }
+        }
+        if leaves.iter().any(Option::is_some) {
+            self.known.leaves(index, leaves);
+        }
+    }
+
+    /// What the temp file holds (the chaining values of the matching leaves, hashed from
+    /// it), for the verification once the file is accepted.
+    pub fn into_known(self) -> Known {
+        self.known
     }
 }
 
@@ -300,6 +345,124 @@ pub fn kept(matched: &[(u64, u64)], size: u64, block: u64) -> Kept {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::verify::Landing;
+    use blake3::hazmat::HasherExt;
+    use std::time::{Duration, Instant};
+
+    fn data(len: usize, seed: u64) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..len)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect()
+    }
+
+    fn leaf_hashes(d: &[u8]) -> Vec<LeafHash> {
+        d.chunks(LEAF_LEN as usize)
+            .enumerate()
+            .map(|(i, piece)| {
+                let mut h = blake3::Hasher::new();
+                h.set_input_offset(i as u64 * LEAF_LEN);
+                h.update(piece);
+                leaf_hash(&h.finalize_non_root())
+            })
+            .collect()
+    }
+
+    /// Copies `new` over a destination holding `old` as a receiver does: the basis hashed
+    /// (`meanwhile` runs once it started), compared with `new`'s leaves, what was not kept
+    /// written as if it arrived, verified and committed. Returns the bytes kept and how
+    /// many subtrees were known.
+    fn rebuild(old: &[u8], new: &[u8], meanwhile: impl FnOnce(&std::path::Path)) -> (u64, usize) {
+        let dir = tempfile::tempdir().unwrap();
+        let root = crate::fs::Root::open(dir.path()).unwrap();
+        let len = new.len() as u64;
+        let dest = dir.path().join("f");
+        std::fs::write(&dest, old).unwrap();
+        let mut part = root.create_part("f", len).unwrap();
+        let mut b = basis_for(&mut part, len, 0).expect("a basis");
+        assert_eq!(b.kind, basis::DEST);
+        meanwhile(&dest);
+        b.sums(0, leaf_hashes(new));
+        let block = 8952;
+        let until = Instant::now() + Duration::from_secs(30);
+        let kept = loop {
+            if let Some(k) = b.poll(block) {
+                break k;
+            }
+            assert!(Instant::now() < until, "never compared");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        let ranges = kept.byte_ranges(block, len);
+        let known = b.into_known();
+        let n_known = known.len();
+        let mut landing = Landing::start_known(&mut part, len, &ranges, known).unwrap();
+        let mut at = 0;
+        for &(a, b) in ranges.iter().chain([(len, len)].iter()) {
+            if at < a {
+                part.write_at(at, &new[at as usize..a as usize]).unwrap();
+                landing.wrote(&mut part, at, a - at).unwrap();
+            }
+            at = b;
+        }
+        landing.complete(*blake3::hash(new).as_bytes());
+        let until = Instant::now() + Duration::from_secs(30);
+        let v = loop {
+            if let Some(v) = landing.verdict(&mut part) {
+                break v;
+            }
+            assert!(Instant::now() < until, "no verdict");
+            std::thread::sleep(Duration::from_millis(1));
+        };
+        assert_eq!(v.unwrap(), *blake3::hash(new).as_bytes());
+        part.commit(None, None).unwrap();
+        assert!(std::fs::read(&dest).unwrap() == new, "the result differs");
+        (ranges.iter().map(|&(a, b)| b - a).sum(), n_known)
+    }
+
+    /// A destination with a few changed leaves: the basis is copied into the temp file as
+    /// it is hashed, the matching leaves are kept, and the file built from them and the
+    /// changed bytes verifies from the chaining values the comparison kept.
+    #[test]
+    fn a_basis_is_copied_as_it_is_hashed_and_its_leaves_verify_the_result() {
+        let len = 5 * SUBTREE_LEN as usize + 3000;
+        let old = data(len, 1);
+        let mut new = old.clone();
+        let l = LEAF_LEN as usize;
+        for leaf in [2, 300, 301, 1100] {
+            new[leaf * l..(leaf + 1) * l].copy_from_slice(&data(l, leaf as u64 + 9));
+        }
+        let (held, known) = rebuild(&old, &new, |_| {});
+        assert_eq!(held, (len - 4 * l) as u64);
+        // Subtrees 0, 1 and 4 in part, the others whole.
+        assert_eq!(known, 6);
+    }
+
+    /// A destination changed and cut short while it is hashed (past the first window of
+    /// subtrees, which go to the workers at once): what changed and what is gone do not
+    /// match, are sent, and the result is exact.
+    #[test]
+    fn a_destination_changed_while_it_is_hashed_still_gives_the_exact_file() {
+        let m = SUBTREE_LEN as usize;
+        let len = (crate::verify::WHOLE_WINDOW + 16) * m;
+        let old = data(len, 3);
+        let (held, _) = rebuild(&old, &old, |dest| {
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::OpenOptions::new().write(true).open(dest).unwrap();
+            let at = crate::verify::WHOLE_WINDOW * m + m / 2;
+            f.write_all_at(&[0x5a; 100], at as u64).unwrap();
+            f.set_len((len - 5 * m) as u64).unwrap();
+        });
+        let held = held as usize;
+        // The changed leaf and what is gone are not kept; the subtrees hashed before the
+        // cut are (the cut subtree goes to the workers only once 12 are taken).
+        assert!(held <= len - 5 * m - LEAF_LEN as usize, "{held}");
+        assert!(held >= 12 * m, "{held}");
+    }
 
     /// Leaves of 4096 in blocks of 10 000: a changed leaf costs its 4096 bytes, wherever it
     /// lies against the blocks; the held ranges and the spans cover the file exactly once.

@@ -10,6 +10,7 @@
 //! subtrees to the workers and asks [`StreamHash::result`] when it needs the answer.
 //! Memory per file: 37 bytes per MiB of file (a fill count and a chaining value).
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -40,35 +41,80 @@ pub const LEAF_HASH: usize = 16;
 /// BLAKE3 tree at its offset), so two leaves at the same index match only if their bytes do.
 pub type Leaf = [u8; LEAF_HASH];
 
-/// Leaf hashes of `data` (one subtree, at `offset`) and the subtree's chaining value merged
-/// from them, or (`single`: the subtree is the whole file) the file's root hash.
-fn hash_leaves(
-    data: &[u8],
-    offset: u64,
-    single: bool,
-) -> (Vec<Leaf>, Result<ChainingValue, blake3::Hash>) {
-    let cvs: Vec<ChainingValue> = data
-        .chunks(LEAF_LEN as usize)
+/// The chaining values of the [`LEAF_LEN`] leaves of `data`, which starts at `offset` (a
+/// leaf boundary).
+fn leaf_cvs(data: &[u8], offset: u64) -> impl Iterator<Item = ChainingValue> + '_ {
+    data.chunks(LEAF_LEN as usize)
         .enumerate()
-        .map(|(i, piece)| {
+        .map(move |(i, piece)| {
             let mut h = blake3::Hasher::new();
             h.set_input_offset(offset + i as u64 * LEAF_LEN);
             h.update(piece);
             h.finalize_non_root()
         })
-        .collect();
-    let leaves = cvs
-        .iter()
-        .map(|cv| cv[..LEAF_HASH].try_into().expect("sized"))
-        .collect();
+}
+
+/// What is compared of a leaf: the first [`LEAF_HASH`] bytes of its chaining value.
+pub fn leaf_hash(cv: &ChainingValue) -> Leaf {
+    cv[..LEAF_HASH].try_into().expect("sized")
+}
+
+/// Leaf chaining values of `data` (one subtree, at `offset`) and the subtree's chaining
+/// value merged from them, or (`single`: the subtree is the whole file) the file's root hash.
+fn hash_leaves(
+    data: &[u8],
+    offset: u64,
+    single: bool,
+) -> (Vec<ChainingValue>, Result<ChainingValue, blake3::Hash>) {
+    let cvs: Vec<ChainingValue> = leaf_cvs(data, offset).collect();
     if single {
-        return (leaves, Err(blake3::hash(data)));
+        return (cvs, Err(blake3::hash(data)));
     }
-    let cv = |at: u64| cvs[((at - offset) / LEAF_LEN) as usize];
-    (
-        leaves,
-        Ok(node_of(&cv, offset, data.len() as u64, LEAF_LEN)),
-    )
+    let cv = node_of(
+        &|at: u64| cvs[((at - offset) / LEAF_LEN) as usize],
+        offset,
+        data.len() as u64,
+        LEAF_LEN,
+    );
+    (cvs, Ok(cv))
+}
+
+/// The chaining value of the subtree of `len` bytes at `offset` in `file`, whose leaves
+/// `known` has (`None`: not known) are not read: only the others are, into `buf`.
+fn hash_with_known(
+    file: &File,
+    offset: u64,
+    len: usize,
+    known: &[Option<ChainingValue>],
+    buf: &mut [u8],
+) -> std::io::Result<ChainingValue> {
+    let leaf = LEAF_LEN as usize;
+    let n = len.div_ceil(leaf);
+    let known = |j: usize| known.get(j).copied().flatten();
+    let mut cvs = Vec::with_capacity(n);
+    let mut j = 0;
+    while j < n {
+        if let Some(cv) = known(j) {
+            cvs.push(cv);
+            j += 1;
+            continue;
+        }
+        let mut k = j + 1;
+        while k < n && known(k).is_none() {
+            k += 1;
+        }
+        let (a, b) = (j * leaf, (k * leaf).min(len));
+        let data = &mut buf[..b - a];
+        file.read_exact_at(data, offset + a as u64)?;
+        cvs.extend(leaf_cvs(data, offset + a as u64));
+        j = k;
+    }
+    Ok(node_of(
+        &|at: u64| cvs[((at - offset) / LEAF_LEN) as usize],
+        offset,
+        len as u64,
+        LEAF_LEN,
+    ))
 }
 
 /// Why a file's hash could not be had.
@@ -132,8 +178,9 @@ struct Shared {
     error: Option<HashError>,
     /// Subtrees hashed from the bytes as they were written (`Feed`), not read back.
     fed: usize,
-    /// [`LEAF_LEN`] leaf hashes of each subtree hashed with leaves (delta), until taken.
-    leaves: std::collections::BTreeMap<usize, Vec<Leaf>>,
+    /// [`LEAF_LEN`] leaf chaining values of each subtree hashed with leaves (delta), until
+    /// taken.
+    leaves: std::collections::BTreeMap<usize, Vec<ChainingValue>>,
 }
 
 struct Job {
@@ -146,6 +193,10 @@ struct Job {
     single: bool,
     /// Also the subtree's leaf hashes (see [`LeafHash`]).
     leaves: bool,
+    /// Copy the subtree from this file into `file` first (a delta's basis, see [`LeafHash`]).
+    copy_from: Option<Arc<File>>,
+    /// Chaining values of leaves already known (see [`Known`]): those are not read.
+    known: Option<KnownLeaves>,
     shared: Arc<Mutex<Shared>>,
 }
 
@@ -187,6 +238,33 @@ fn worker(rx: &Mutex<Receiver<Job>>) {
             // Hashed already from the bytes as they were written (`Feed`): this job was
             // queued behind those writes, so the feed is done with them.
             job.shared.lock().expect("hash state").outstanding -= 1;
+            continue;
+        }
+        if let Some(from) = &job.copy_from {
+            let range = [(job.offset, job.offset + job.len as u64)];
+            if let Err(e) = crate::fs::copy_ranges(from, &job.file, &range) {
+                let mut s = job.shared.lock().expect("hash state");
+                s.outstanding -= 1;
+                s.error.get_or_insert(HashError::Copy {
+                    source: Arc::new(e),
+                });
+                continue;
+            }
+        }
+        if let Some(known) = job.known.as_ref().filter(|_| !job.single) {
+            let cv = hash_with_known(&job.file, job.offset, job.len, &known.0, &mut buf);
+            let mut s = job.shared.lock().expect("hash state");
+            s.outstanding -= 1;
+            match cv {
+                Ok(cv) => s.cvs[job.index] = Some(cv),
+                Err(e) => {
+                    s.error.get_or_insert(HashError::Read {
+                        start: job.offset,
+                        end: job.offset + job.len as u64,
+                        source: Arc::new(e),
+                    });
+                }
+            }
             continue;
         }
         let (data, read) = match &job.data {
@@ -243,6 +321,10 @@ pub struct StreamHash {
     shared: Arc<Mutex<Shared>>,
     /// Jobs also keep their leaf hashes (see [`LeafHash`]).
     leaves: bool,
+    /// Jobs first copy their subtree from this file (see [`LeafHash`]).
+    copy_from: Option<Arc<File>>,
+    /// Leaves of subtrees not yet whole whose chaining values are known (see [`Known`]).
+    known: HashMap<usize, KnownLeaves>,
 }
 
 impl StreamHash {
@@ -259,6 +341,8 @@ impl StreamHash {
                 ..Shared::default()
             })),
             leaves: false,
+            copy_from: None,
+            known: HashMap::new(),
         }
     }
 
@@ -287,7 +371,7 @@ impl StreamHash {
     }
 
     /// Hands whole subtrees to the workers.
-    pub fn submit(&self, subtrees: &[usize]) {
+    pub fn submit(&mut self, subtrees: &[usize]) {
         if let Some(jobs) = self.jobs(subtrees) {
             jobs.send();
         }
@@ -295,7 +379,7 @@ impl StreamHash {
 
     /// The hashing of whole subtrees, counted as outstanding from now on, to be handed to
     /// the workers (by [`Jobs::send`]) once their bytes are in the file.
-    pub fn jobs(&self, subtrees: &[usize]) -> Option<Jobs> {
+    pub fn jobs(&mut self, subtrees: &[usize]) -> Option<Jobs> {
         if subtrees.is_empty() {
             return None;
         }
@@ -311,6 +395,8 @@ impl StreamHash {
                     len: self.subtree_len(index) as usize,
                     single: self.filled.len() == 1,
                     leaves: self.leaves,
+                    copy_from: self.copy_from.clone(),
+                    known: self.known.remove(&index),
                     shared: self.shared.clone(),
                 })
                 .collect(),
@@ -334,6 +420,8 @@ impl StreamHash {
             offset: index as u64 * SUBTREE_LEN,
             len,
             single: self.filled.len() == 1,
+            copy_from: None,
+            known: None,
             shared: self.shared.clone(),
         }])
         .send();
@@ -551,6 +639,12 @@ fn node_of(cv: &dyn Fn(u64) -> ChainingValue, start: u64, len: u64, unit: u64) -
 /// workers, [`WHOLE_WINDOW`] subtrees at a time, and to its BLAKE3 in the same pass. The
 /// leaves are taken a subtree at a time, in order, as they are ready; the next subtrees go
 /// to the workers as earlier ones are taken. The protocol loop never hashes and never waits.
+///
+/// A receiver's basis at the destination is first copied into the temp file, a subtree at a
+/// time by the worker that then hashes the copy ([`start_copying`](Self::start_copying)):
+/// what matches the sender's leaves is then already in place, and its chaining values are
+/// those of the bytes the temp file holds, so the verification need not read them again
+/// (see [`Known`]).
 pub struct LeafHash {
     hash: StreamHash,
     /// Subtrees before this one went to the workers.
@@ -562,8 +656,16 @@ pub struct LeafHash {
 impl LeafHash {
     /// Starts hashing the first `size` bytes of `file` (a handle of its own).
     pub fn start(file: File, size: u64) -> Self {
+        Self::start_copying(file, None, size)
+    }
+
+    /// Starts hashing the first `size` bytes of `file` (a handle of its own), each subtree
+    /// first copied into it from `from` (`copy_file_range`: a reflink where the file system
+    /// shares extents). A failed copy is an error of the hash.
+    pub fn start_copying(file: File, from: Option<File>, size: u64) -> Self {
         let mut hash = StreamHash::new(file, size);
         hash.leaves = true;
+        hash.copy_from = from.map(Arc::new);
         let mut h = LeafHash {
             hash,
             next: 0,
@@ -587,9 +689,9 @@ impl LeafHash {
         self.next = end;
     }
 
-    /// Leaves `[first, first + n)` of the next subtree once the workers have them; `Err`
-    /// if the file could not be read (it shrank meanwhile).
-    pub fn take(&mut self) -> Option<Result<(u64, Vec<Leaf>), HashError>> {
+    /// The leaves of the next subtree once the workers have them; `Err` if the file could
+    /// not be read (it shrank meanwhile) or copied.
+    pub fn take(&mut self) -> Option<Result<Leaves, HashError>> {
         if self.done() {
             return None;
         }
@@ -598,13 +700,24 @@ impl LeafHash {
             if let Some(e) = &s.error {
                 return Some(Err(e.clone()));
             }
-            s.leaves.remove(&self.taken)
+            s.leaves
+                .remove(&self.taken)
+                .map(|cvs| (cvs, s.cvs[self.taken]))
         };
-        let leaves = got?;
+        let (cvs, subtree) = got?;
         let first = self.taken as u64 * (SUBTREE_LEN / LEAF_LEN);
         self.taken += 1;
         self.top_up();
-        Some(Ok((first, leaves)))
+        Some(Ok(Leaves {
+            first,
+            cvs,
+            subtree,
+        }))
+    }
+
+    /// Subtrees still with the workers (being copied or hashed).
+    pub fn outstanding(&self) -> usize {
+        self.hash.outstanding()
     }
 
     /// Every subtree's leaves were taken.
@@ -616,6 +729,95 @@ impl LeafHash {
     pub fn result(&self) -> Option<Result<blake3::Hash, HashError>> {
         self.hash.result()
     }
+}
+
+/// The leaves of one subtree, as [`LeafHash::take`] gives them.
+pub struct Leaves {
+    /// Index of the first leaf in the file.
+    pub first: u64,
+    /// Each leaf's chaining value ([`leaf_hash`] is what is compared).
+    pub cvs: Vec<ChainingValue>,
+    /// The whole subtree's chaining value; `None` for a file of one subtree.
+    pub subtree: Option<ChainingValue>,
+}
+
+/// Chaining values of parts of a file already in its temp file, hashed from the temp file
+/// itself (a delta's or resume's basis, see [`LeafHash`]): whole subtrees, and leaves of the
+/// others. [`Landing::start_known`] uses those that lie wholly in the ranges the temp file
+/// keeps, so the verification reads back only what arrived.
+#[derive(Default)]
+pub struct Known {
+    subtrees: HashMap<usize, KnownSubtree>,
+}
+
+enum KnownSubtree {
+    Whole(ChainingValue),
+    Leaves(KnownLeaves),
+}
+
+/// Leaf chaining values of one subtree, counted in [`KNOWN`] until dropped.
+struct KnownLeaves(Box<[Option<ChainingValue>]>);
+
+/// Bytes of known leaf chaining values all files hold ([`Known`]), at most [`MAX_KNOWN`]:
+/// beyond it, subtrees are read back whole. 8.25 KiB per subtree held in part: 64 MiB is
+/// about 8 GiB of a file changed in scattered pages.
+static KNOWN: AtomicUsize = AtomicUsize::new(0);
+/// See [`KNOWN`].
+const MAX_KNOWN: usize = 64 << 20;
+
+impl KnownLeaves {
+    fn new(cvs: Vec<Option<ChainingValue>>) -> Option<Self> {
+        let n = cvs.len() * std::mem::size_of::<Option<ChainingValue>>();
+        if KNOWN.fetch_add(n, Ordering::Relaxed) + n > MAX_KNOWN {
+            KNOWN.fetch_sub(n, Ordering::Relaxed);
+            return None;
+        }
+        Some(KnownLeaves(cvs.into_boxed_slice()))
+    }
+}
+
+impl Drop for KnownLeaves {
+    fn drop(&mut self) {
+        KNOWN.fetch_sub(
+            self.0.len() * std::mem::size_of::<Option<ChainingValue>>(),
+            Ordering::Relaxed,
+        );
+    }
+}
+
+impl Known {
+    /// Subtree `index` is known whole.
+    pub fn whole(&mut self, index: usize, cv: ChainingValue) {
+        self.subtrees.insert(index, KnownSubtree::Whole(cv));
+    }
+
+    /// These leaves of subtree `index` are known (by their index in it); false if there is
+    /// no room for them (they will be read back).
+    pub fn leaves(&mut self, index: usize, cvs: Vec<Option<ChainingValue>>) -> bool {
+        match KnownLeaves::new(cvs) {
+            Some(k) => {
+                self.subtrees.insert(index, KnownSubtree::Leaves(k));
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Subtrees known, whole or in part.
+    pub fn len(&self) -> usize {
+        self.subtrees.len()
+    }
+
+    /// Nothing is known.
+    pub fn is_empty(&self) -> bool {
+        self.subtrees.is_empty()
+    }
+}
+
+/// Whether `[a, b)` lies inside one of `ranges` (in order, disjoint, not touching).
+fn inside(ranges: &[(u64, u64)], a: u64, b: u64) -> bool {
+    let i = ranges.partition_point(|r| r.1 < b);
+    ranges.get(i).is_some_and(|r| r.0 <= a && b <= r.1)
 }
 
 /// An incoming file's temp file and its streaming hash, as a driver keeps them together.
@@ -642,18 +844,16 @@ impl Landing {
                 expect: None,
             });
         }
-        Self::start_copied(part, size, have, None)
+        Self::start_known(part, size, have, Known::default())
     }
 
-    /// [`start`](Self::start), where the byte ranges in `have` are first copied from `basis` (the
-    /// file at the destination, for a delta transfer) into `part`: on the file's writer
-    /// thread, before any write that comes later, with `copy_file_range` (a reflink where
-    /// the file system shares extents). A failed copy fails the verdict.
-    pub fn start_copied(
+    /// [`start`](Self::start), where the chaining values in `known` that lie wholly inside
+    /// `have` stand for the bytes there: they are not read back.
+    pub fn start_known(
         part: &mut crate::fs::PartFile,
         size: u64,
         have: &[(u64, u64)],
-        basis: Option<File>,
+        known: Known,
     ) -> std::io::Result<Self> {
         if part.writes_in_order() {
             return Ok(Landing {
@@ -675,33 +875,41 @@ impl Landing {
             })));
         }
         let mut whole = Vec::new();
-        let mut ranges = Vec::new();
+        let mut ranges: Vec<(u64, u64)> = Vec::new();
         for &(a, b) in have {
             let (start, end) = (a.min(size), b.min(size));
             whole.extend(hash.landed(start, end.saturating_sub(start)));
             if start < end {
-                ranges.push((start, end));
+                match ranges.last_mut() {
+                    Some(last) if last.1 >= start => last.1 = last.1.max(end),
+                    _ => ranges.push((start, end)),
+                }
             }
         }
-        match basis {
-            None => hash.submit(&whole),
-            Some(basis) => {
-                let jobs = hash.jobs(&whole);
-                let to = part.file()?.try_clone()?;
-                let shared = hash.shared.clone();
-                part.after_writes(move || {
-                    if let Err(e) = crate::fs::copy_ranges(&basis, &to, &ranges) {
-                        let mut s = shared.lock().expect("hash state");
-                        s.error.get_or_insert(HashError::Copy {
-                            source: Arc::new(e),
-                        });
+        if hash.filled.len() > 1 {
+            for (i, k) in known.subtrees {
+                let start = i as u64 * SUBTREE_LEN;
+                let len = hash.subtree_len(i);
+                match k {
+                    KnownSubtree::Whole(cv) if inside(&ranges, start, start + len) => {
+                        hash.shared.lock().expect("hash state").cvs[i] = Some(cv);
+                        whole.retain(|&w| w != i);
                     }
-                    if let Some(jobs) = jobs {
-                        jobs.send();
+                    KnownSubtree::Whole(_) => {}
+                    KnownSubtree::Leaves(mut k) => {
+                        for (j, cv) in k.0.iter_mut().enumerate() {
+                            let a = start + j as u64 * LEAF_LEN;
+                            let b = (a + LEAF_LEN).min(start + len);
+                            if cv.is_some() && (a >= b || !inside(&ranges, a, b)) {
+                                *cv = None;
+                            }
+                        }
+                        hash.known.insert(i, k);
                     }
-                })?;
+                }
             }
         }
+        hash.submit(&whole);
         Ok(Landing {
             tree: Some(hash),
             expect: None,
@@ -848,7 +1056,8 @@ impl Sending {
     /// The next piece of leaf hashes, once the workers have it; `Err` if the file cannot
     /// be read.
     pub fn next_sums(&mut self) -> Option<Result<(u64, Vec<Leaf>), HashError>> {
-        self.sums.as_mut()?.take()
+        let r = self.sums.as_mut()?.take()?;
+        Some(r.map(|l| (l.first, l.cvs.iter().map(leaf_hash).collect())))
     }
 
     /// Leaf hashes were asked for and all of them handed out.
@@ -1036,9 +1245,10 @@ mod tests {
             while !h.done() {
                 match h.take() {
                     Some(r) => {
-                        let (first, v) = r.unwrap();
-                        assert_eq!(first, leaves.len() as u64);
-                        leaves.extend(v);
+                        let l = r.unwrap();
+                        assert_eq!(l.first, leaves.len() as u64);
+                        assert_eq!(l.subtree.is_some(), len > m, "len {len}");
+                        leaves.extend(l.cvs.iter().map(leaf_hash));
                     }
                     None => std::thread::sleep(Duration::from_micros(200)),
                 }
@@ -1065,38 +1275,72 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_copied_landing_copies_before_it_hashes() {
-        let dir = tempfile::tempdir().unwrap();
-        let len = 3 * SUBTREE_LEN as usize + 1000;
-        let d = data(len);
-        let basis = dir.path().join("basis");
-        std::fs::write(&basis, &d).unwrap();
-        let root = crate::fs::Root::open(dir.path()).unwrap();
-        let mut part = root.create_part("out", len as u64).unwrap();
-        // Everything but bytes 5000..7000 from the basis; those arrive.
-        let have = [(0, 5000), (7000, len as u64)];
-        let mut landing = Landing::start_copied(
-            &mut part,
-            len as u64,
-            &have,
-            Some(File::open(&basis).unwrap()),
-        )
-        .unwrap();
-        part.write_at(5000, &d[5000..7000]).unwrap();
-        landing.wrote(&mut part, 5000, 2000).unwrap();
-        landing.complete(*blake3::hash(&d).as_bytes());
+    fn verdict(
+        landing: &mut Landing,
+        part: &mut crate::fs::PartFile,
+    ) -> Result<[u8; 32], ReceiveError> {
         let until = Instant::now() + Duration::from_secs(20);
-        let v = loop {
-            if let Some(v) = landing.verdict(&mut part) {
-                break v;
+        loop {
+            if let Some(v) = landing.verdict(part) {
+                return v;
             }
-            assert!(Instant::now() < until);
+            assert!(Instant::now() < until, "no verdict");
             std::thread::sleep(Duration::from_millis(1));
-        };
-        assert!(v.is_ok(), "{v:?}");
-        part.commit(None, None).unwrap();
-        assert_eq!(std::fs::read(dir.path().join("out")).unwrap(), d);
+        }
+    }
+
+    /// The chaining value of leaf `j` of `d`.
+    fn leaf_cv(d: &[u8], j: usize) -> ChainingValue {
+        let l = LEAF_LEN as usize;
+        leaf_cvs(&d[j * l..((j + 1) * l).min(d.len())], (j * l) as u64)
+            .next()
+            .unwrap()
+    }
+
+    /// Known chaining values stand for the kept bytes (they are not read back: a wrong one
+    /// fails the verdict), but only inside the kept ranges (a wrong one for a leaf that
+    /// arrives is not used).
+    #[test]
+    fn known_leaves_stand_for_kept_bytes_and_only_those() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = crate::fs::Root::open(dir.path()).unwrap();
+        let len = 3 * SUBTREE_LEN as usize + 5000;
+        let d = data(len);
+        let per = (SUBTREE_LEN / LEAF_LEN) as usize;
+        let l = LEAF_LEN as usize;
+        // Leaf 3 of subtree 1 arrives; everything else is in the temp file already.
+        let gap = per + 3;
+        let have = [(0, (gap * l) as u64), (((gap + 1) * l) as u64, len as u64)];
+        for wrong in [None, Some(per + 7), Some(gap)] {
+            let mut part = root.create_part("out", len as u64).unwrap();
+            part.write_at(0, &d[..gap * l]).unwrap();
+            part.write_at(((gap + 1) * l) as u64, &d[(gap + 1) * l..])
+                .unwrap();
+            part.flush().unwrap();
+            let mut known = Known::default();
+            let mut cvs: Vec<Option<ChainingValue>> =
+                (per..2 * per).map(|j| Some(leaf_cv(&d, j))).collect();
+            if let Some(w) = wrong {
+                cvs[w - per] = Some([7; 32]);
+            }
+            assert!(known.leaves(1, cvs));
+            let mut landing = Landing::start_known(&mut part, len as u64, &have, known).unwrap();
+            part.write_at((gap * l) as u64, &d[gap * l..(gap + 1) * l])
+                .unwrap();
+            landing
+                .wrote(&mut part, (gap * l) as u64, l as u64)
+                .unwrap();
+            landing.complete(*blake3::hash(&d).as_bytes());
+            let v = verdict(&mut landing, &mut part);
+            match wrong {
+                Some(w) if w != gap => assert!(
+                    matches!(v, Err(ReceiveError::Mismatch { .. })),
+                    "a known leaf was read back: {v:?}"
+                ),
+                _ => assert_eq!(v.unwrap(), *blake3::hash(&d).as_bytes(), "{wrong:?}"),
+            }
+            part.discard();
+        }
     }
 
     /// Reads for sending, waiting while the reader thread still reads the chunk ahead (a

@@ -29,7 +29,7 @@ use crate::fs::{
     SourceFile,
 };
 use crate::udp::UdpSocket;
-use crate::verify::{Landing, ReceiveError, Sending, WholeHash};
+use crate::verify::{Known, Landing, ReceiveError, Sending, WholeHash};
 
 /// Transfers in flight at once; more are queued (bounds open files and state).
 const MAX_ACTIVE: usize = 64;
@@ -760,7 +760,7 @@ fn settle_bases(conn: &mut Connection, files: &mut Files, s: &mut Session<'_>) {
         let a = files.act.get_mut(&xfer).expect("listed");
         let b = a.basis.take().expect("listed");
         let kind = b.kind;
-        if !start_download(conn, s, xfer, a, &have, kind, b.into_copy_source()) {
+        if !start_download(conn, s, xfer, a, &have, kind, b.into_known()) {
             files.act.remove(&xfer);
         }
     }
@@ -802,12 +802,20 @@ fn accept_download(
             a.basis = Some(b);
             true
         }
-        None => start_download(conn, s, xfer, a, &Kept::default(), basis::RESUME, None),
+        None => start_download(
+            conn,
+            s,
+            xfer,
+            a,
+            &Kept::default(),
+            basis::RESUME,
+            Known::default(),
+        ),
     }
 }
 
 /// Accepts download `xfer` into its temp file (in `a`), which holds what `have` says
-/// already (`kind` says from what) or gets it copied from `copy`.
+/// already (`kind` says from what; `known`: the chaining values of some of it).
 fn start_download(
     conn: &mut Connection,
     s: &mut Session<'_>,
@@ -815,14 +823,14 @@ fn start_download(
     a: &mut Active,
     have: &Kept,
     kind: u8,
-    copy: Option<File>,
+    known: Known,
 ) -> bool {
     let r = &mut s.results[a.idx];
     let bs = conn.block_size() as u64;
     let size = a.size;
     let p = a.part.as_mut().expect("opened");
     let ranges = have.byte_ranges(bs, size);
-    match Landing::start_copied(p, size, &ranges, copy) {
+    match Landing::start_known(p, size, &ranges, known) {
         Ok(landing) => {
             let kept = ranges.iter().map(|&(a, b)| b - a).sum();
             if kind == basis::DEST {

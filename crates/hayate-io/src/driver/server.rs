@@ -25,7 +25,7 @@ use super::{dest_mode, systime, StopFlag};
 use crate::delta::{basis_for, pump_sums, Basis, Kept};
 use crate::fs::{Entry, EntryKind, FsError, PartFile, Root, SourceError, SourceFile};
 use crate::udp::UdpSocket;
-use crate::verify::{HashError, Landing, ReceiveError, Sending, WholeHash};
+use crate::verify::{HashError, Known, Landing, ReceiveError, Sending, WholeHash};
 
 /// Most entries one listing may return (a runaway tree is an error, not an OOM).
 const MAX_LIST: usize = 4_000_000;
@@ -253,7 +253,7 @@ fn settle_bases(c: &mut Connection, f: &mut SessionFiles) {
         .collect();
     for (xfer, have) in done {
         let (up, part, b) = f.bases.remove(&xfer).expect("listed");
-        start_upload(c, f, xfer, part, up, &have, b.into_copy_source());
+        start_upload(c, f, xfer, part, up, &have, b.into_known());
     }
 }
 
@@ -1001,12 +1001,12 @@ fn accept_upload(
             c.want_sums(xfer, b.kind);
             f.bases.insert(xfer, (up, part, b));
         }
-        None => start_upload(c, f, xfer, part, up, &Kept::default(), None),
+        None => start_upload(c, f, xfer, part, up, &Kept::default(), Known::default()),
     }
 }
 
-/// Accepts an upload into its temp file, which holds what `have` says already or gets it
-/// copied from `basis`.
+/// Accepts an upload into its temp file, which holds what `have` says already (`known`:
+/// the chaining values of some of it).
 fn start_upload(
     c: &mut Connection,
     f: &mut SessionFiles,
@@ -1014,11 +1014,11 @@ fn start_upload(
     mut part: PartFile,
     up: Upload,
     have: &Kept,
-    basis: Option<std::fs::File>,
+    known: Known,
 ) {
     let bs = c.block_size() as u64;
     let ranges = have.byte_ranges(bs, up.size);
-    let landing = match Landing::start_copied(&mut part, up.size, &ranges, basis) {
+    let landing = match Landing::start_known(&mut part, up.size, &ranges, known) {
         Ok(l) => l,
         Err(e) => {
             c.reject(xfer, &format!("{}: {e}", up.path));
