@@ -1353,7 +1353,13 @@ pub fn run(sc: &Scenario) -> SimResult {
                 }
             }
             if let Some(to) = to {
-                clients[to].res.server = c.stats();
+                // A client whose hello was answered late may have a second, unused session
+                // (its earlier hello's): report the one that carried the traffic.
+                let st = c.stats();
+                let kept = &mut clients[to].res.server;
+                if st.packets_received >= kept.packets_received {
+                    *kept = st;
+                }
             }
         }
         server.reap(at(now));

@@ -100,6 +100,9 @@ pub(crate) struct MapOutcome {
     /// Of those bytes, the ones whose last packet was tagged (see [`Outgoing::on_loss_map`]).
     pub tagged_acked_bytes: u64,
     pub tagged_lost_bytes: u64,
+    /// Blocks acknowledged whose loss had been declared wrongly: an earlier transmission
+    /// arrived after all (the path reorders more than the loss rule allowed).
+    pub spurious_blocks: u64,
 }
 
 impl Outgoing {
@@ -295,17 +298,26 @@ impl Outgoing {
 
     /// Acknowledges blocks `a..b`; returns the bytes newly acknowledged, and of those the
     /// ones whose last packet was `tagged`.
-    fn ack_range(&mut self, a: u64, b: u64, tagged: &impl Fn(u64) -> bool) -> (u64, u64) {
+    /// Acknowledges blocks `[a, b)`; returns their new bytes, those of tagged packets, and
+    /// how many were declared lost wrongly: still queued to go again, or last sent in a
+    /// packet after `largest`, the highest the receiver has (so an earlier one arrived).
+    fn ack_range(
+        &mut self,
+        a: u64,
+        b: u64,
+        largest: u64,
+        tagged: &impl Fn(u64) -> bool,
+    ) -> (u64, u64, u64) {
         let b = b.min(self.layout.blocks());
         // Everything below `cum` is acknowledged already: every loss map acknowledges from
         // block 0, and scanning (and setting) that prefix again made each ACK cost more the
         // further the file got (11 % of the sender's CPU near the end of 1 GiB).
         let a = a.max(self.cum);
         if a >= b {
-            return (0, 0);
+            return (0, 0, 0);
         }
         // Count bytes only where bits flip; the last block may be short.
-        let (mut bytes, mut tagged_bytes) = (0u64, 0u64);
+        let (mut bytes, mut tagged_bytes, mut spurious) = (0u64, 0u64, 0u64);
         let mut i = self.acked.next_zero_before(a, b);
         while i < b {
             let j = self.acked.next_one_before(i, b);
@@ -315,7 +327,9 @@ impl Outgoing {
             }
             for k in i..j {
                 let pn = self.last_pn(k);
-                if pn != UNSENT && pn != QUEUED && tagged(pn) {
+                if pn == QUEUED || (pn != UNSENT && pn > largest) {
+                    spurious += 1;
+                } else if pn != UNSENT && tagged(pn) {
                     tagged_bytes += self.layout.len(k) as u64;
                 }
             }
@@ -323,7 +337,7 @@ impl Outgoing {
         }
         self.acked.set_range(a, b);
         self.bytes_acked += bytes;
-        (bytes, tagged_bytes)
+        (bytes, tagged_bytes, spurious)
     }
 
     fn advance(&mut self) {
@@ -338,22 +352,24 @@ impl Outgoing {
         }
     }
 
-    /// Apply the receiver's loss map. `is_lost(pn)` says whether a packet sent as `pn` must
-    /// have arrived by now if it was going to (the reordering rule, see PROTOCOL.md);
-    /// `tagged(pn)` picks packets whose fates are also counted apart (the sender's
-    /// catch-up after its host held it).
+    /// Apply the receiver's loss map, sent with an ACK whose largest packet number is
+    /// `largest`. `is_lost(pn)` says whether a packet sent as `pn` must have arrived by now
+    /// if it was going to (the reordering rule, see PROTOCOL.md); `tagged(pn)` picks packets
+    /// whose fates are also counted apart (the sender's catch-up after its host held it).
     pub fn on_loss_map(
         &mut self,
         lm: &LossMapFrame,
+        largest: u64,
         is_lost: impl Fn(u64) -> bool,
         tagged: impl Fn(u64) -> bool,
     ) -> MapOutcome {
         let n = self.layout.blocks();
         let mut out = MapOutcome::default();
         let mut ack = |o: &mut Self, a: u64, b: u64| {
-            let (bytes, t) = o.ack_range(a, b, &tagged);
+            let (bytes, t, spurious) = o.ack_range(a, b, largest, &tagged);
             out.newly_acked_bytes += bytes;
             out.tagged_acked_bytes += t;
+            out.spurious_blocks += spurious;
         };
         ack(self, 0, lm.cum.min(n));
         let mut prev = lm.start;
@@ -642,7 +658,7 @@ mod tests {
         let (mut lost, mut acked, mut tagged_lost, mut tagged_acked) = (0, 0, 0, 0);
         for _ in 0..10 {
             let lm = rx.loss_map(20);
-            let o = tx.on_loss_map(&lm, |pn| pn + REORDER_PACKETS <= 999, |pn| pn % 2 == 0);
+            let o = tx.on_loss_map(&lm, 999, |pn| pn + REORDER_PACKETS <= 999, |pn| pn % 2 == 0);
             lost += o.lost_blocks;
             acked += o.newly_acked_bytes;
             tagged_lost += o.tagged_lost_bytes;
@@ -669,6 +685,44 @@ mod tests {
         assert!(got.iter().all(|b| b % 7 == 3));
     }
 
+    /// A block whose loss was declared, then shown delivered (its first packet came late),
+    /// is counted as a spurious loss: while still queued to go again, and once sent again in
+    /// a packet the receiver has not had yet. A block lost for real and resent is not.
+    #[test]
+    fn a_loss_declared_wrongly_is_found_out() {
+        let layout = Layout::new(100, 10);
+        let mut rx = Incoming::new(1, "f".into(), layout);
+        rx.allocate();
+        let mut tx = Outgoing::new(1, "f".into(), layout);
+        tx.ready = true;
+        for b in 0..10 {
+            tx.on_sent(b, b);
+        }
+        // 2, 3 and 5 are missing when packet 40 (a probe) arrives: all three declared lost.
+        for b in [0, 1, 4, 6, 7, 8, 9] {
+            rx.on_written(b, 10);
+        }
+        let o = tx.on_loss_map(&rx.loss_map(100), 40, |pn| pn < 40, |_| false);
+        assert_eq!((o.lost_blocks, o.spurious_blocks), (3, 0));
+        // 3 is sent again as packet 50; 5 waits in the queue; 2 was lost for real.
+        let mut again = Vec::new();
+        while let Some((b, _)) = tx.pop_retx() {
+            again.push(b);
+        }
+        assert_eq!(again, vec![2, 3, 5]);
+        tx.on_sent(2, 45);
+        tx.on_sent(3, 50);
+        tx.unpop_retx(5, false);
+        // The first 3 and 5 arrive late, then packet 45 (2's resend); the receiver's highest
+        // is 45, so 3 (last sent as 50) and 5 (never resent) came from their first packets.
+        rx.on_written(3, 10);
+        rx.on_written(5, 10);
+        rx.on_written(2, 10);
+        let o = tx.on_loss_map(&rx.loss_map(100), 45, |pn| pn < 40, |_| false);
+        assert_eq!(o.spurious_blocks, 2);
+        assert_eq!(o.newly_acked_bytes, 30);
+    }
+
     #[test]
     fn tail_losses_beyond_top_are_found() {
         let layout = Layout::new(100, 10);
@@ -683,7 +737,7 @@ mod tests {
         }
         // A later PING (pn 50) arrived: blocks 6..10 are overtaken.
         let lm = rx.loss_map(100);
-        let o = tx.on_loss_map(&lm, |pn| pn < 50, |_| false);
+        let o = tx.on_loss_map(&lm, 50, |pn| pn < 50, |_| false);
         assert_eq!(o.lost_blocks, 4);
         assert_eq!(o.lost_bytes, 40);
     }
@@ -708,7 +762,7 @@ mod tests {
         let mut lost = 0;
         for _ in 0..8 {
             let lm = rx.loss_map(64);
-            lost += tx.on_loss_map(&lm, |_| true, |_| false).lost_blocks;
+            lost += tx.on_loss_map(&lm, n, |_| true, |_| false).lost_blocks;
         }
         assert_eq!(lost, n - 100);
     }

@@ -368,6 +368,10 @@ pub fn report_json(r: &Report) -> serde_json::Value {
     if s.blocks_refused_by_sink > 0 {
         put("blocks_refused", json!(s.blocks_refused_by_sink));
     }
+    // Blocks declared lost that arrived after all: the path reorders.
+    if s.blocks_lost_spuriously > 0 {
+        put("blocks_lost_spuriously", json!(s.blocks_lost_spuriously));
+    }
     if s.data_packets_sent > 0 {
         put(
             "loss_ratio",

@@ -176,6 +176,7 @@ impl Connection {
                 sent_base: 0,
                 sent_times: VecDeque::new(),
                 largest_acked: None,
+                reordering: Default::default(),
             },
             timers: Timers {
                 last_rx_us: 0,

@@ -55,6 +55,60 @@ pub(super) struct PacketSpace {
     /// Per packet number from `sent_base`: what the sender knows of its sending.
     pub(super) sent_times: VecDeque<SentRecord>,
     pub(super) largest_acked: Option<u64>,
+    /// How much reordering the loss rule allows.
+    pub(super) reordering: Reordering,
+}
+
+/// How much reordering the loss rule allows, as RACK's reordering window (RFC 8985, 6.2):
+/// at first a packet is lost once [`REORDER_PACKETS`] later ones, or one sent an eighth of
+/// the smoothed RTT (at least 1 ms) after it, were acknowledged. A loss found to have been
+/// declared wrongly (its block arrived after all: the path reorders) drops the packet count
+/// for the session and doubles the time allowance, at most once a round trip and up to one
+/// smoothed RTT; the allowance halves again after 16 round trips without such a loss.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Reordering {
+    /// Reordering was seen: only the time allowance counts.
+    seen: bool,
+    /// The time allowance in eighths of the smoothed RTT.
+    eighths: u64,
+    /// When `eighths` last changed, µs.
+    changed_us: u64,
+}
+
+impl Default for Reordering {
+    fn default() -> Self {
+        Reordering {
+            seen: false,
+            eighths: 1,
+            changed_us: 0,
+        }
+    }
+}
+
+impl Reordering {
+    /// Some blocks' losses were declared wrongly.
+    pub(super) fn on_spurious(&mut self, now_us: u64, srtt_us: u64) {
+        self.seen = true;
+        if self.eighths < 8 && now_us >= self.changed_us + srtt_us {
+            self.eighths *= 2;
+            self.changed_us = now_us;
+        }
+    }
+
+    /// A loss map came with no loss declared wrongly.
+    pub(super) fn on_quiet(&mut self, now_us: u64, srtt_us: u64) {
+        if self.eighths > 1 && now_us >= self.changed_us + 16 * srtt_us {
+            self.eighths /= 2;
+            self.changed_us = now_us;
+        }
+    }
+
+    /// Packets a later acknowledged packet must be ahead by, and µs it must have been sent
+    /// after, for an earlier one to be lost.
+    fn allowance(&self, srtt_us: u64) -> (u64, u64) {
+        let packets = if self.seen { u64::MAX } else { REORDER_PACKETS };
+        (packets, (srtt_us * self.eighths / 8).max(1_000))
+    }
 }
 
 impl Connection {
@@ -137,26 +191,33 @@ impl PacketSpace {
     }
 
     /// The loss rule every acknowledgement (loss maps, the streams' maps) is read with:
-    /// [`PacketSpace::overtaken`] by the last packet the peer acknowledged, with a reordering
-    /// allowance of an eighth of `srtt_us` (at least 1 ms). Nothing is lost before the peer
-    /// acknowledged anything.
+    /// [`PacketSpace::overtaken`] by the last packet the peer acknowledged, with the
+    /// reordering allowance of [`Reordering`]. Nothing is lost before the peer acknowledged
+    /// anything.
     pub(super) fn loss_rule(&self, srtt_us: u64) -> impl Fn(u64) -> bool + '_ {
-        let reorder_us = (srtt_us / 8).max(1_000);
-        let rule = self.largest_acked.map(|l| self.overtaken(l, reorder_us));
+        let (packets, reorder_us) = self.reordering.allowance(srtt_us);
+        let rule = self
+            .largest_acked
+            .map(|l| self.overtaken(l, packets, reorder_us));
         move |pn| rule.as_ref().is_some_and(|r| r(pn))
     }
 
     /// The loss rule of loss maps and the tunnel's stream acknowledgements alike: what was
     /// sent in packet `pn` is lost once `largest` (the packet the peer acknowledged last)
-    /// overtook it by `REORDER_PACKETS` packets or by `reorder_us`; until then it may still
-    /// be on its way.
-    pub(super) fn overtaken(&self, largest: u64, reorder_us: u64) -> impl Fn(u64) -> bool + '_ {
+    /// overtook it by `packets` packets or by `reorder_us`; until then it may still be on
+    /// its way.
+    pub(super) fn overtaken(
+        &self,
+        largest: u64,
+        packets: u64,
+        reorder_us: u64,
+    ) -> impl Fn(u64) -> bool + '_ {
         let largest_time = self.sent_time(largest);
         move |pn: u64| {
             if pn >= largest {
                 return false;
             }
-            if largest - pn >= REORDER_PACKETS {
+            if largest - pn >= packets {
                 return true;
             }
             match (self.sent_record(pn), largest_time) {

@@ -21,6 +21,9 @@ pub struct Stats {
     pub data_bytes_retransmitted: u64,
     /// Blocks the receiver's loss maps showed missing (each time one was).
     pub blocks_declared_lost: u64,
+    /// Of those, blocks that arrived after all (declared lost too early: the path
+    /// reorders; the loss rule then allows more, see `Reordering`).
+    pub blocks_lost_spuriously: u64,
     /// DATA frames received, duplicates included.
     pub data_packets_received: u64,
     /// Blocks received that were already written, or of no open transfer.

@@ -286,9 +286,9 @@ impl Connection {
     }
 
     pub(super) fn on_loss_map(&mut self, lm: &wire::LossMapFrame, fb: &mut Feedback) {
-        if self.space.largest_acked.is_none() {
+        let Some(largest) = self.space.largest_acked else {
             return;
-        }
+        };
         let is_lost = self.space.loss_rule(self.path.rtt.srtt());
         let caught_up = self.space.caught_up();
         // Before its Ready (which may travel behind the first loss map in the same packet)
@@ -297,7 +297,14 @@ impl Connection {
         let Some(o) = self.xfers.outgoing.get_mut(&lm.xfer).filter(|o| o.ready) else {
             return;
         };
-        let out = o.on_loss_map(lm, is_lost, caught_up);
+        let out = o.on_loss_map(lm, largest, is_lost, caught_up);
+        let srtt = self.path.rtt.srtt();
+        if out.spurious_blocks > 0 {
+            self.space.reordering.on_spurious(fb.now_us, srtt);
+        } else {
+            self.space.reordering.on_quiet(fb.now_us, srtt);
+        }
+        self.stats.blocks_lost_spuriously += out.spurious_blocks;
         o.settled_bytes += out.newly_acked_bytes + out.lost_bytes;
         fb.delivered += out.newly_acked_bytes;
         fb.lost_blocks += out.lost_blocks;
