@@ -22,7 +22,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, OnceLock};
+use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use rustix::fs::{
@@ -837,6 +837,10 @@ pub struct PartFile {
     dir: OwnedFd,
     part_name: String,
     state_name: String,
+    /// Held while the resume state is written (on the writer thread, see
+    /// [`save_state`](Self::save_state)) and while it is removed; true once it was removed
+    /// for good (committed or discarded): a save still queued then writes nothing.
+    state_gone: Arc<Mutex<bool>>,
     final_name: String,
     /// Path as shown in errors (client-relative on the server).
     shown: String,
@@ -1060,6 +1064,7 @@ impl PartFile {
             dir,
             part_name,
             state_name: format!(".{name}{STATE_SUFFIX}"),
+            state_gone: Arc::default(),
             final_name: name.to_string(),
             shown: shown.to_string(),
             existing_len,
@@ -1115,6 +1120,7 @@ impl PartFile {
             dir,
             part_name: name.to_string(),
             state_name: String::new(),
+            state_gone: Arc::default(),
             final_name: name.to_string(),
             shown: shown.to_string(),
             existing_len: 0,
@@ -1162,6 +1168,7 @@ impl PartFile {
             dir,
             part_name: String::new(),
             state_name: String::new(),
+            state_gone: Arc::default(),
             final_name: name,
             shown: shown.to_string(),
             existing_len: 0,
@@ -1225,39 +1232,47 @@ impl PartFile {
     }
 
     /// Atomically replaces the resume state `.<name>.hayate-state` next to the temp file
-    /// (contents are the driver's business). Gathered writes reach the file first, so the
-    /// state never claims bytes the file does not hold.
+    /// (contents are the driver's business), on the writer thread once every write queued
+    /// before it is in the file: the state never claims bytes the file does not hold, and
+    /// the protocol loop does not wait for a disk that is behind (it saved every half
+    /// second, and each save waited for up to 16 MiB of queued writes). The state is a hint
+    /// (a resume compares every byte it keeps), so a save that fails there is let go.
     pub fn save_state(&mut self, data: &[u8]) -> io::Result<()> {
         if self.stream.is_some() || self.inplace.is_some() {
-            // Nothing to resume: and the writer, perhaps behind a slow reader, is not
-            // waited for.
             return Ok(());
         }
-        self.flush()?;
-        let tmp = format!("{}.tmp", self.state_name);
-        let ctx = |e: io::Error| {
-            io::Error::new(
-                e.kind(),
-                format!("{}: cannot save transfer state: {e}", self.shown),
-            )
+        self.push_run()?;
+        let save = StateSave {
+            dir: self.dir.try_clone()?,
+            name: self.state_name.clone(),
+            shown: self.shown.clone(),
+            data: data.to_vec(),
+            gone: self.state_gone.clone(),
         };
-        // A stale or planted entry under the tmp name is removed, never written through.
-        let _ = rfs::unlinkat(&self.dir, tmp.as_str(), AtFlags::empty());
-        let fd = rfs::openat(
+        match &self.behind {
+            Some(q) => q.then(move || {
+                let _ = save.run();
+            }),
+            None => save.run(),
+        }
+    }
+
+    /// Removes the resume state for good (see `state_gone`).
+    fn remove_state(&self) -> io::Result<()> {
+        let mut gone = self.state_gone.lock().expect("state lock");
+        *gone = true;
+        let _ = rfs::unlinkat(
             &self.dir,
-            tmp.as_str(),
-            OFlags::WRONLY
-                | OFlags::CREATE
-                | OFlags::EXCL
-                | OFlags::NOFOLLOW
-                | OFlags::NOCTTY
-                | OFlags::CLOEXEC,
-            Mode::from_raw_mode(0o600),
-        )
-        .map_err(|e| ctx(e.into()))?;
-        File::from(fd).write_all_at(data, 0).map_err(ctx)?;
-        rfs::renameat(&self.dir, tmp.as_str(), &self.dir, self.state_name.as_str())
-            .map_err(|e| ctx(e.into()))
+            format!("{}.tmp", self.state_name).as_str(),
+            AtFlags::empty(),
+        );
+        match rfs::unlinkat(&self.dir, self.state_name.as_str(), AtFlags::empty()) {
+            Ok(()) | Err(Errno::NOENT) => Ok(()),
+            Err(e) => Err(io::Error::new(
+                io::Error::from(e).kind(),
+                format!("{}: cannot remove transfer state: {e}", self.shown),
+            )),
+        }
     }
 
     /// The regular file now at the destination, opened for reading (a delta transfer's
@@ -1285,6 +1300,10 @@ impl PartFile {
     pub fn load_state(&self) -> Option<Vec<u8>> {
         if self.stream.is_some() || self.inplace.is_some() {
             return None;
+        }
+        // A save still queued (see `save_state`) is read back.
+        if let Some(q) = &self.behind {
+            q.settle();
         }
         let fd = rfs::openat(
             &self.dir,
@@ -1502,18 +1521,7 @@ impl PartFile {
                 format!("{}: cannot rename temp file into place: {e}", self.shown),
             )
         })?;
-        let _ = rfs::unlinkat(
-            &self.dir,
-            format!("{}.tmp", self.state_name).as_str(),
-            AtFlags::empty(),
-        );
-        match rfs::unlinkat(&self.dir, self.state_name.as_str(), AtFlags::empty()) {
-            Ok(()) | Err(Errno::NOENT) => Ok(()),
-            Err(e) => Err(io::Error::new(
-                io::Error::from(e).kind(),
-                format!("{}: cannot remove transfer state: {e}", self.shown),
-            )),
-        }
+        self.remove_state()
     }
 
     /// Closes the temp file and leaves it (and its resume state) in place for a later resume.
@@ -1538,10 +1546,54 @@ impl PartFile {
             // Written in place: what is there stays (it was the destination).
             return;
         }
-        let tmp_state = format!("{}.tmp", self.state_name);
-        for name in [&self.part_name, &self.state_name, &tmp_state] {
-            let _ = rfs::unlinkat(&self.dir, name.as_str(), AtFlags::empty());
+        let _ = rfs::unlinkat(&self.dir, self.part_name.as_str(), AtFlags::empty());
+        let _ = self.remove_state();
+        // Nothing to wait for (see `Drop`): what is still queued goes into the unlinked file.
+        self.behind = None;
+    }
+}
+
+/// A resume state to write (see [`PartFile::save_state`]).
+struct StateSave {
+    dir: OwnedFd,
+    name: String,
+    shown: String,
+    data: Vec<u8>,
+    gone: Arc<Mutex<bool>>,
+}
+
+impl StateSave {
+    fn run(self) -> io::Result<()> {
+        let gone = self.gone.lock().expect("state lock");
+        if *gone {
+            return Ok(());
         }
+        let tmp = format!("{}.tmp", self.name);
+        let ctx = |e: io::Error| {
+            io::Error::new(
+                e.kind(),
+                format!("{}: cannot save transfer state: {e}", self.shown),
+            )
+        };
+        // A stale or planted entry under the tmp name is removed, never written through.
+        let _ = rfs::unlinkat(&self.dir, tmp.as_str(), AtFlags::empty());
+        let fd = rfs::openat(
+            &self.dir,
+            tmp.as_str(),
+            OFlags::WRONLY
+                | OFlags::CREATE
+                | OFlags::EXCL
+                | OFlags::NOFOLLOW
+                | OFlags::NOCTTY
+                | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| ctx(e.into()))?;
+        File::from(fd).write_all_at(&self.data, 0).map_err(ctx)?;
+        rfs::renameat(&self.dir, tmp.as_str(), &self.dir, self.name.as_str())
+            .map_err(|e| ctx(e.into()))?;
+        drop(gone);
+        Ok(())
     }
 }
 

@@ -236,6 +236,19 @@ impl Queue {
         self.send(Job::Then(Box::new(f)))
     }
 
+    /// Waits until every job queued so far, writes and [`then`](Self::then) alike, has run.
+    pub fn settle(&self) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        if self
+            .then(move || {
+                let _ = tx.send(());
+            })
+            .is_ok()
+        {
+            let _ = rx.recv();
+        }
+    }
+
     /// Waits until every queued write is done; the first error of any.
     pub fn drain(&self) -> io::Result<()> {
         let mut s = self.shared.state.lock().expect("write state");

@@ -735,6 +735,49 @@ fn part_file_lock_is_exclusive_until_dropped() {
     assert_eq!(fourth.existing_len(), 0, "a fresh part after a commit");
 }
 
+/// The resume state is saved behind the file's queued writes, without waiting for them (a
+/// disk that is behind does not hold up the protocol loop, which saves every half second);
+/// a save still queued when the file is discarded writes nothing.
+#[test]
+fn resume_state_saves_do_not_wait_for_the_writer() {
+    let (dir, root) = setup();
+    let state = dir.path().join(".w.bin.hayate-state");
+    for discard in [false, true] {
+        let mut part = root.create_part("w.bin", 4 << 20).unwrap();
+        // The writer is held up (a slow disk) until `go` is sent.
+        let (go, gate) = std::sync::mpsc::channel::<()>();
+        part.after_writes(move || {
+            let _ = gate.recv_timeout(Duration::from_secs(10));
+        })
+        .unwrap();
+        part.write_at(0, &vec![7u8; 1 << 20]).unwrap();
+        let t = std::time::Instant::now();
+        part.save_state(b"half").unwrap();
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the save waited for the writer"
+        );
+        assert!(!state.exists(), "saved before the writes it covers");
+        let (done_tx, done) = std::sync::mpsc::channel::<()>();
+        part.after_writes(move || {
+            let _ = done_tx.send(());
+        })
+        .unwrap();
+        if discard {
+            part.discard();
+            go.send(()).unwrap();
+            done.recv_timeout(Duration::from_secs(10)).unwrap();
+            assert!(!state.exists(), "a save queued before the discard wrote");
+        } else {
+            go.send(()).unwrap();
+            done.recv_timeout(Duration::from_secs(10)).unwrap();
+            assert_eq!(part.load_state().unwrap(), b"half");
+            part.commit(None, None).unwrap();
+            assert!(!state.exists());
+        }
+    }
+}
+
 #[test]
 fn resume_state_save_load_commit_discard() {
     let (dir, root) = setup();
@@ -889,8 +932,10 @@ fn a_part_file_gathers_writes_and_hands_them_over_before_anything_reads() {
         fs::read(&path).unwrap()[..at].iter().all(|&b| b == 0),
         "gathered, not written"
     );
-    // The resume state never claims what the file does not hold.
+    // The resume state never claims what the file does not hold: once it is saved (behind
+    // the writes, on the writer thread), they are in the file.
     part.save_state(b"have 0-14300").unwrap();
+    assert_eq!(part.load_state().unwrap(), b"have 0-14300");
     assert!(fs::read(&path).unwrap()[..at] == data[..at]);
     // In order past a whole run (written as it fills), a jump back (a retransmission),
     // a write bigger than a run, and the short tail.
