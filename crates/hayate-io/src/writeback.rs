@@ -33,6 +33,8 @@ enum Job {
         buf: Vec<u8>,
         state: Arc<Shared>,
         observer: Option<Observer>,
+        /// The shared writer thread it is queued on (its load, see `Pool::least_loaded`).
+        pooled: Option<usize>,
     },
     Then(Box<dyn FnOnce() + Send>),
 }
@@ -78,6 +80,7 @@ fn run(job: Job) {
             mut buf,
             state,
             observer,
+            pooled,
         } => {
             let r = match at {
                 Some(at) => file.write_all_at(&buf, at),
@@ -89,6 +92,7 @@ fn run(job: Job) {
             // Before anyone learns the write is done: a drained file must be closable (its
             // lock released) once its owner drops it.
             drop(file);
+            let len = buf.len();
             let mut s = state.state.lock().expect("write state");
             s.queued -= buf.len();
             state.queued.store(s.queued, Ordering::Release);
@@ -102,13 +106,16 @@ fn run(job: Job) {
             }
             drop(s);
             state.written.notify_all();
+            if let Some(i) = pooled {
+                pool().add_load(i, -(len as isize));
+            }
         }
     }
 }
 
-/// The shared writer thread a new file is bound to (round robin).
+/// The shared writer thread a new file is bound to: the least loaded.
 fn pooled() -> usize {
-    pool().next()
+    pool().least_loaded()
 }
 
 /// Where a queue's jobs run.
@@ -222,12 +229,20 @@ impl Queue {
         s.queued += buf.len();
         self.shared.queued.store(s.queued, Ordering::Release);
         drop(s);
+        let pooled = match self.thread {
+            Thread::Pooled(i) => Some(i),
+            Thread::Own(_) => None,
+        };
+        if let Some(i) = pooled {
+            pool().add_load(i, buf.len() as isize);
+        }
         self.send(Job::Write {
             file: self.file.clone(),
             at: (!self.append).then_some(at),
             buf,
             state: self.shared.clone(),
             observer: self.observer.clone(),
+            pooled,
         })
     }
 

@@ -8,6 +8,8 @@
 //! - A download of a file not in the page cache (reads at 4 MiB/s) must not hold up a second
 //!   client either: reading it with `pread` on the server's loop stopped every session for
 //!   the quarter second each 1 MiB chunk took.
+//! - An upload to a disk whose writes are slow (mounted `sync`, writes throttled) must not
+//!   hold up a second client's small uploads.
 
 mod common;
 
@@ -43,6 +45,17 @@ struct SlowDisk {
 impl SlowDisk {
     /// Reads at `read_bps` bytes/s; processes in the cgroups get `memory` bytes.
     fn new(cg: &'static str, read_bps: u64, memory: u64) -> Result<SlowDisk, String> {
+        Self::with(cg, read_bps, None, memory)
+    }
+
+    /// Reads at `read_bps`, and, with `write_bps`, writes synchronously (mounted `sync`) at
+    /// that many bytes/s: every `pwrite` waits for the disk.
+    fn with(
+        cg: &'static str,
+        read_bps: u64,
+        write_bps: Option<u64>,
+        memory: u64,
+    ) -> Result<SlowDisk, String> {
         if unsafe { libc::geteuid() } != 0 {
             return Err("needs root".into());
         }
@@ -65,7 +78,11 @@ impl SlowDisk {
         };
         sh(Command::new("mkfs.ext4").args(["-q", "-F", &disk.loopdev]))?;
         std::fs::create_dir_all(&disk.mnt).map_err(|e| e.to_string())?;
-        sh(Command::new("mount").arg(&disk.loopdev).arg(&disk.mnt))?;
+        let mut mount = Command::new("mount");
+        if write_bps.is_some() {
+            mount.args(["-o", "sync"]);
+        }
+        sh(mount.arg(&disk.loopdev).arg(&disk.mnt))?;
         let majmin = sh(Command::new("lsblk").args(["-dno", "MAJ:MIN", &disk.loopdev]))?;
         for c in ["blkio", "memory"] {
             std::fs::create_dir_all(format!("/sys/fs/cgroup/{c}/{cg}"))
@@ -76,6 +93,13 @@ impl SlowDisk {
             format!("{} {}", majmin.trim(), read_bps),
         )
         .map_err(|e| format!("blkio throttle: {e}"))?;
+        if let Some(bps) = write_bps {
+            std::fs::write(
+                format!("/sys/fs/cgroup/blkio/{cg}/blkio.throttle.write_bps_device"),
+                format!("{} {}", majmin.trim(), bps),
+            )
+            .map_err(|e| format!("blkio write throttle: {e}"))?;
+        }
         std::fs::write(
             format!("/sys/fs/cgroup/memory/{cg}/memory.limit_in_bytes"),
             format!("{memory}"),
@@ -244,4 +268,69 @@ fn a_download_from_a_slow_disk_does_not_hold_up_another_client() {
     run.assert_ok();
     assert_eq!(run.json()["verified"], true, "{}", run.stdout);
     assert_eq!(hash_file(&got), want);
+}
+
+/// A disk whose writes are slow (synchronous, 20 MiB/s): the receiver's writer is always
+/// 16 MiB behind. Another client's small uploads meanwhile are served at once: they waited
+/// up to 0.5-1 s each, every other one, when the server saved its resume state every half
+/// second by waiting for those writes on its loop, and when a new file's writes were put
+/// behind the slow file's on a shared writer thread (round robin).
+#[test]
+fn an_upload_to_a_disk_with_slow_writes_does_not_hold_up_another_client() {
+    let disk = match SlowDisk::with("hayate-slow-disk-write", 1 << 30, Some(20 << 20), 600 << 20) {
+        Ok(d) => d,
+        Err(why) => {
+            common::sshd::skip_unless_ci(&format!("cannot build a throttled disk: {why}"));
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let key = keygen(dir.path(), "k");
+    // About 13 s of writing.
+    let size: u64 = 256 << 20;
+    let src = dir.path().join("big.bin");
+    let want = write_random(&src, size, 9);
+    let small = dir.path().join("small.bin");
+    write_random(&small, 1 << 20, 10);
+
+    let port = free_udp_port();
+    let (mut server, log) = disk.serve(port, &key);
+    let url = |p: &str| format!("hayate://127.0.0.1:{port}/{p}");
+    let mut cmd = hayate();
+    cmd.args(["cp", "--json", "--key-file"])
+        .arg(&key)
+        .arg(&src)
+        .arg(url("big.bin"));
+    let big = spawn_cmd(&mut cmd);
+    std::thread::sleep(Duration::from_secs(2));
+    let mut took = Vec::new();
+    for i in 0..6 {
+        let started = Instant::now();
+        let r = cp(
+            &key,
+            &[small.display().to_string(), url(&format!("small{i}.bin"))],
+        );
+        took.push(started.elapsed());
+        r.assert_ok();
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let run = big.wait(Duration::from_secs(120));
+    let _ = server.kill();
+    let _ = server.wait();
+    let log = log.join().unwrap_or_default();
+    println!(
+        "slow writes: 256 MiB upload {:.2} s; small uploads meanwhile {took:?}",
+        run.elapsed.as_secs_f64()
+    );
+    run.assert_ok();
+    assert_eq!(run.json()["verified"], true, "{}", run.stdout);
+    let slow = took
+        .iter()
+        .filter(|t| **t > Duration::from_millis(500))
+        .count();
+    assert!(
+        slow <= 1,
+        "{slow} of 6 small uploads took over 0.5 s beside a disk with slow writes: {took:?}\n{log}"
+    );
+    assert_eq!(hash_file(&disk.root().join("big.bin")), want);
 }
