@@ -67,6 +67,9 @@ pub(crate) struct Outgoing {
     retx: VecDeque<u64>,
     /// Blocks to send once more after `retx`: see [`Outgoing::send_again`].
     again: VecDeque<u64>,
+    /// Blocks whose last copy was a second one (`again`): acknowledged while it is on its
+    /// way, the first copy arrived, and no loss was declared wrongly.
+    copies: std::collections::HashSet<u64>,
     /// BLAKE3 over blocks in order; `hash_next` is the next block it needs.
     hasher: blake3::Hasher,
     /// Blocks are hashed in batches: BLAKE3 only uses its wide SIMD path on long inputs,
@@ -120,6 +123,7 @@ impl Outgoing {
             last_pn: VecDeque::new(),
             retx: VecDeque::new(),
             again: VecDeque::new(),
+            copies: Default::default(),
             hasher: blake3::Hasher::new(),
             hash_buf: Vec::new(),
             hash_next: 0,
@@ -265,6 +269,20 @@ impl Outgoing {
 
     /// Record that `block` went out in packet `pn`.
     pub fn on_sent(&mut self, block: u64, pn: u64) {
+        if !self.copies.is_empty() {
+            self.copies.remove(&block);
+        }
+        self.record_sent(block, pn);
+    }
+
+    /// Record that a second copy of retransmitted `block` (see
+    /// [`send_again`](Self::send_again)) went out in packet `pn`.
+    pub fn on_sent_copy(&mut self, block: u64, pn: u64) {
+        self.copies.insert(block);
+        self.record_sent(block, pn);
+    }
+
+    fn record_sent(&mut self, block: u64, pn: u64) {
         if block < self.base {
             return;
         }
@@ -299,8 +317,9 @@ impl Outgoing {
     /// Acknowledges blocks `a..b`; returns the bytes newly acknowledged, and of those the
     /// ones whose last packet was `tagged`.
     /// Acknowledges blocks `[a, b)`; returns their new bytes, those of tagged packets, and
-    /// how many were declared lost wrongly: still queued to go again, or last sent in a
-    /// packet after `largest`, the highest the receiver has (so an earlier one arrived).
+    /// how many were declared lost wrongly: still queued to go again, or last sent (not as
+    /// a second copy) in a packet after `largest`, the highest the receiver has (so an
+    /// earlier one arrived).
     fn ack_range(
         &mut self,
         a: u64,
@@ -327,7 +346,8 @@ impl Outgoing {
             }
             for k in i..j {
                 let pn = self.last_pn(k);
-                if pn == QUEUED || (pn != UNSENT && pn > largest) {
+                let copy = !self.copies.is_empty() && self.copies.remove(&k);
+                if pn == QUEUED || (pn != UNSENT && pn > largest && !copy) {
                     spurious += 1;
                 } else if pn != UNSENT && tagged(pn) {
                     tagged_bytes += self.layout.len(k) as u64;
@@ -721,6 +741,33 @@ mod tests {
         let o = tx.on_loss_map(&rx.loss_map(100), 45, |pn| pn < 40, |_| false);
         assert_eq!(o.spurious_blocks, 2);
         assert_eq!(o.newly_acked_bytes, 30);
+    }
+
+    /// At the tail a retransmission goes twice; the first copy arriving while the second is
+    /// on its way is no loss declared wrongly.
+    #[test]
+    fn a_second_copy_on_its_way_is_no_wrong_loss() {
+        let layout = Layout::new(50, 10);
+        let mut rx = Incoming::new(1, "f".into(), layout);
+        rx.allocate();
+        let mut tx = Outgoing::new(1, "f".into(), layout);
+        tx.ready = true;
+        for b in 0..5 {
+            tx.on_sent(b, b);
+        }
+        for b in [0, 1, 3, 4] {
+            rx.on_written(b, 10);
+        }
+        let o = tx.on_loss_map(&rx.loss_map(100), 10, |pn| pn < 10, |_| false);
+        assert_eq!(o.lost_blocks, 1);
+        assert_eq!(tx.pop_retx(), Some((2, false)));
+        tx.on_sent(2, 11);
+        tx.send_again(2);
+        assert_eq!(tx.pop_retx(), Some((2, true)));
+        tx.on_sent_copy(2, 12);
+        rx.on_written(2, 10);
+        let o = tx.on_loss_map(&rx.loss_map(100), 11, |pn| pn < 10, |_| false);
+        assert_eq!((o.newly_acked_bytes, o.spurious_blocks), (10, 0));
     }
 
     #[test]

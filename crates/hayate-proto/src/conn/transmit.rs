@@ -176,7 +176,11 @@ impl Connection {
         if from > 0 {
             buf.copy_within(body + from..body + from + len, body);
         }
-        o.on_sent(block, pn);
+        if second == Some(true) {
+            o.on_sent_copy(block, pn);
+        } else {
+            o.on_sent(block, pn);
+        }
         o.sent_bytes += len as u64;
         wire::write_sealed_header(buf, self.peer_cid, pn);
         wire::write_data_header(&mut buf[hdr..], xfer, block);
