@@ -346,7 +346,6 @@ pub fn kept(matched: &[(u64, u64)], size: u64, block: u64) -> Kept {
 mod tests {
     use super::*;
     use crate::verify::Landing;
-    use blake3::hazmat::HasherExt;
     use std::time::{Duration, Instant};
 
     fn data(len: usize, seed: u64) -> Vec<u8> {
@@ -362,14 +361,8 @@ mod tests {
     }
 
     fn leaf_hashes(d: &[u8]) -> Vec<LeafHash> {
-        d.chunks(LEAF_LEN as usize)
-            .enumerate()
-            .map(|(i, piece)| {
-                let mut h = blake3::Hasher::new();
-                h.set_input_offset(i as u64 * LEAF_LEN);
-                h.update(piece);
-                leaf_hash(&h.finalize_non_root())
-            })
+        crate::verify::leaf_cvs(d, 0)
+            .map(|cv| leaf_hash(&cv))
             .collect()
     }
 

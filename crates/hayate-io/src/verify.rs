@@ -43,7 +43,7 @@ pub type Leaf = [u8; LEAF_HASH];
 
 /// The chaining values of the [`LEAF_LEN`] leaves of `data`, which starts at `offset` (a
 /// leaf boundary).
-fn leaf_cvs(data: &[u8], offset: u64) -> impl Iterator<Item = ChainingValue> + '_ {
+pub(crate) fn leaf_cvs(data: &[u8], offset: u64) -> impl Iterator<Item = ChainingValue> + '_ {
     data.chunks(LEAF_LEN as usize)
         .enumerate()
         .map(move |(i, piece)| {
@@ -200,6 +200,17 @@ struct Job {
     shared: Arc<Mutex<Shared>>,
 }
 
+impl Job {
+    /// Reading the subtree for this job failed.
+    fn read_error(&self, e: std::io::Error) -> HashError {
+        HashError::Read {
+            start: self.offset,
+            end: self.offset + self.len as u64,
+            source: Arc::new(e),
+        }
+    }
+}
+
 /// The worker threads, one per core, started on first use and shared by every file.
 struct Pool {
     jobs: Mutex<Sender<Job>>,
@@ -258,11 +269,7 @@ fn worker(rx: &Mutex<Receiver<Job>>) {
             match cv {
                 Ok(cv) => s.cvs[job.index] = Some(cv),
                 Err(e) => {
-                    s.error.get_or_insert(HashError::Read {
-                        start: job.offset,
-                        end: job.offset + job.len as u64,
-                        source: Arc::new(e),
-                    });
+                    s.error.get_or_insert(job.read_error(e));
                 }
             }
             continue;
@@ -279,11 +286,7 @@ fn worker(rx: &Mutex<Receiver<Job>>) {
         s.outstanding -= 1;
         match read {
             Err(e) => {
-                s.error.get_or_insert(HashError::Read {
-                    start: job.offset,
-                    end: job.offset + job.len as u64,
-                    source: Arc::new(e),
-                });
+                s.error.get_or_insert(job.read_error(e));
             }
             Ok(()) if job.leaves => {
                 drop(s);
