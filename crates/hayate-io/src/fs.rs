@@ -67,7 +67,8 @@ pub enum FsError {
     #[error("permission denied: {0}")]
     PermissionDenied(String),
     /// The temp file is locked (`flock`) by another open [`PartFile`], in this process or
-    /// another: the server tries again for a while.
+    /// another, or by one let go whose queued writes are not all in yet: the server tries
+    /// again for a while.
     #[error("{0}: another transfer is writing this file right now")]
     Busy(String),
     /// A FIFO destination that nobody has open for reading (yet): [`Root::create_part`]
@@ -1525,6 +1526,7 @@ impl PartFile {
     }
 
     /// Closes the temp file and leaves it (and its resume state) in place for a later resume.
+    /// Does not wait for writes still queued: see `Drop`.
     pub fn abandon(self) {}
 
     /// Drops a temp file no data of this run went into: removed if this run made it (it
@@ -1598,11 +1600,33 @@ impl StateSave {
 }
 
 impl Drop for PartFile {
-    /// What was gathered is written (a resumed transfer finds it), unless the file was
-    /// discarded; an error here has nobody left to tell, and the resume state, saved after a
-    /// flush, does not claim those bytes.
+    /// What was gathered is queued for writing (a resumed transfer finds it), unless the
+    /// file was discarded, and nothing waits for it: the protocol loop lets a file go (a
+    /// cancelled or failed transfer, to a disk that is behind, or a FIFO nobody reads)
+    /// without waiting for its writes. The temp file stays locked until every job queued
+    /// for it has run (its writes, then its resume state saves), so another transfer of the
+    /// same file finds it busy until then, never half-written; a process exits only after
+    /// [`writeback::settle_all`](crate::writeback::settle_all). An error here has nobody
+    /// left to tell, and a resume state is saved behind the writes it covers.
     fn drop(&mut self) {
-        let _ = self.flush();
+        if let Some(s) = &mut self.stream {
+            s.push_now();
+            return;
+        }
+        let run = std::mem::take(&mut self.run);
+        match &self.behind {
+            Some(q) => {
+                if !run.is_empty() {
+                    let _ = q.write_now(self.run_at, run);
+                }
+                let lock = self.file.clone();
+                let _ = q.then(move || drop(lock));
+            }
+            None if !run.is_empty() => {
+                let _ = self.file.write_all_at(&run, self.run_at);
+            }
+            None => {}
+        }
     }
 }
 
@@ -1972,6 +1996,13 @@ impl Stream {
         }
         let buf = std::mem::replace(&mut self.gathered, self.out.buffer(Self::GATHER));
         self.out.write(0, buf)
+    }
+
+    /// Hands what was gathered to the writer without waiting for room (the file is let go).
+    fn push_now(&mut self) {
+        if !self.gathered.is_empty() {
+            let _ = self.out.write_now(0, std::mem::take(&mut self.gathered));
+        }
     }
 
     /// Everything that can go out (the held bytes that continue the output) is written,

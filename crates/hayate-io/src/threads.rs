@@ -65,6 +65,11 @@ impl<J: Send + 'static> Pool<J> {
         }
     }
 
+    /// How many threads there are.
+    pub fn len(&self) -> usize {
+        self.threads.len()
+    }
+
     /// The thread a new file's jobs go to (round robin).
     pub fn next(&self) -> usize {
         self.next.fetch_add(1, Ordering::Relaxed) % self.threads.len().max(1)

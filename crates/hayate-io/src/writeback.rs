@@ -63,8 +63,9 @@ struct Shared {
     failed: AtomicBool,
 }
 
+static POOL: OnceLock<Pool<Job>> = OnceLock::new();
+
 fn pool() -> &'static Pool<Job> {
-    static POOL: OnceLock<Pool<Job>> = OnceLock::new();
     POOL.get_or_init(|| {
         let n = std::thread::available_parallelism().map_or(2, |n| n.get().min(4));
         Pool::start(n, "hayate-write", run)
@@ -229,6 +230,11 @@ impl Queue {
         s.queued += buf.len();
         self.shared.queued.store(s.queued, Ordering::Release);
         drop(s);
+        self.send_write(at, buf)
+    }
+
+    /// Hands a write, already counted in `queued`, to the writer thread.
+    fn send_write(&self, at: u64, buf: Vec<u8>) -> io::Result<()> {
         let pooled = match self.thread {
             Thread::Pooled(i) => Some(i),
             Thread::Own(_) => None,
@@ -244,6 +250,17 @@ impl Queue {
             observer: self.observer.clone(),
             pooled,
         })
+    }
+
+    /// Queues `buf` as [`write`](Self::write) does, but never waits: past [`MAX_QUEUED`]
+    /// too (a file let go, whose last run must not hold up the protocol loop).
+    pub fn write_now(&self, at: u64, buf: Vec<u8>) -> io::Result<()> {
+        let mut s = self.shared.state.lock().expect("write state");
+        error(&s)?;
+        s.queued += buf.len();
+        self.shared.queued.store(s.queued, Ordering::Release);
+        drop(s);
+        self.send_write(at, buf)
     }
 
     /// Runs `f` on the writer thread once every write queued so far is done.
@@ -293,6 +310,28 @@ impl Queue {
             Some(b) if b.capacity() >= cap => b,
             _ => Vec::with_capacity(cap),
         }
+    }
+}
+
+/// Waits until every job queued so far on the shared writer threads has run: what a process
+/// does before it exits, so that the last writes and resume states of the files it let go
+/// without waiting (`PartFile`'s `Drop`) are in place. Streams' own threads are not waited
+/// for: their output is not resumable.
+pub fn settle_all() {
+    let Some(pool) = POOL.get() else {
+        return;
+    };
+    let done: Vec<_> = (0..pool.len())
+        .filter_map(|i| {
+            let (tx, rx) = channel::<()>();
+            let job = Job::Then(Box::new(move || {
+                let _ = tx.send(());
+            }));
+            pool.send(i, job).ok().map(|()| rx)
+        })
+        .collect();
+    for rx in done {
+        let _ = rx.recv();
     }
 }
 

@@ -175,6 +175,7 @@ fn abandon_leaves_only_the_part_file_and_resume_keeps_it() {
     let mut part = root.create_part("up.bin", 10).unwrap();
     part.write_at(0, b"01234").unwrap();
     part.abandon();
+    hayate_io::writeback::settle_all();
     let mut names: Vec<_> = fs::read_dir(dir.path())
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -726,9 +727,11 @@ fn part_file_lock_is_exclusive_until_dropped() {
         "the busy attempt did not resize"
     );
     first.abandon();
+    hayate_io::writeback::settle_all();
     let again = root.create_part("big.bin", 10).unwrap();
     assert_eq!(again.existing_len(), 10);
     drop(again);
+    hayate_io::writeback::settle_all();
     let third = root.create_part("big.bin", 10).unwrap();
     third.commit(None, None).unwrap();
     let fourth = root.create_part("big.bin", 4).unwrap();
@@ -779,6 +782,73 @@ fn resume_state_saves_do_not_wait_for_the_writer() {
 }
 
 #[test]
+fn a_part_file_let_go_does_not_wait_for_its_writes() {
+    let (dir, root) = setup();
+    let mut part = root.create_part("g.bin", 4 << 20).unwrap();
+    // The writer is held up (a slow disk) until `go` is sent.
+    let (go, gate) = std::sync::mpsc::channel::<()>();
+    part.after_writes(move || {
+        let _ = gate.recv_timeout(Duration::from_secs(10));
+    })
+    .unwrap();
+    part.write_at(0, &vec![5u8; 3 << 20]).unwrap();
+    part.save_state(b"three").unwrap();
+    // Gathered, not yet handed to the writer: dropping the file hands it over.
+    part.write_at(3 << 20, &[6u8; 1000]).unwrap();
+    let t = std::time::Instant::now();
+    part.abandon();
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "letting the file go waited for its writes"
+    );
+    // Until its writes and state are in, another transfer of the file finds it busy.
+    assert!(matches!(
+        root.create_part("g.bin", 4 << 20),
+        Err(FsError::Busy(_))
+    ));
+    go.send(()).unwrap();
+    hayate_io::writeback::settle_all();
+    let part = root.create_part("g.bin", 4 << 20).unwrap();
+    assert_eq!(part.load_state().unwrap(), b"three");
+    part.abandon();
+    let got = fs::read(dir.path().join(".g.bin.hayate-part")).unwrap();
+    assert!(got[..3 << 20].iter().all(|&b| b == 5));
+    assert!(got[3 << 20..(3 << 20) + 1000].iter().all(|&b| b == 6));
+}
+
+#[test]
+fn a_fifo_destination_let_go_while_its_reader_waits_does_not_hang() {
+    let (dir, root) = setup();
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let data: Vec<u8> = (0..(2u32 << 20)).map(|i| (i % 251) as u8).collect();
+    // The reader opens the FIFO but reads only once told to: the pipe (64 KiB) fills.
+    let (read_now, wait) = std::sync::mpsc::channel::<()>();
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            let mut f = fs::File::open(fifo).unwrap();
+            let _ = wait.recv_timeout(Duration::from_secs(20));
+            let mut v = Vec::new();
+            f.read_to_end(&mut v).unwrap();
+            v
+        })
+    };
+    let mut part = create_when_read(&root, "fifo", 3 << 20);
+    part.write_at(0, &data).unwrap();
+    let t = std::time::Instant::now();
+    part.abandon();
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "letting a FIFO go waited for its reader"
+    );
+    read_now.send(()).unwrap();
+    // What was written in order still goes out, then the FIFO closes.
+    assert_eq!(reader.join().unwrap(), data);
+}
+
+#[test]
 fn resume_state_save_load_commit_discard() {
     let (dir, root) = setup();
     let mut part = root.create_part("r.bin", 4).unwrap();
@@ -792,6 +862,7 @@ fn resume_state_save_load_commit_discard() {
     assert_eq!(fs::metadata(&state).unwrap().mode() & 0o777, 0o600);
     part.write_at(0, b"ab").unwrap();
     part.abandon();
+    hayate_io::writeback::settle_all();
     assert_eq!(
         names(dir.path()),
         [
@@ -959,6 +1030,7 @@ fn a_part_file_gathers_writes_and_hands_them_over_before_anything_reads() {
     let mut part = root.create_part("h.bin", 100).unwrap();
     part.write_at(0, b"kept").unwrap();
     drop(part);
+    hayate_io::writeback::settle_all();
     assert_eq!(
         &fs::read(dir.path().join(".h.bin.hayate-part")).unwrap()[..4],
         b"kept"

@@ -1991,7 +1991,15 @@ fn new_conn(cfg: &Config, psk: &Psk, peer: SocketAddr, now: Instant) -> Connecti
 }
 
 /// Runs the whole job. Never panics on I/O trouble: everything ends up in the report.
+/// Returns once the writes and resume states of files it let go are in place (see
+/// [`writeback::settle_all`](crate::writeback::settle_all)).
 pub fn run(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Report {
+    let report = run_job(opts, job, stop, ui);
+    crate::writeback::settle_all();
+    report
+}
+
+fn run_job(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Report {
     let start = Instant::now();
     let mut s = Session::new(&job, opts.flags, opts.recursive);
     s.stdin = opts.stdin;

@@ -334,7 +334,10 @@ pub fn serve_with(
         sock.recv_buffer_size() / 1024
     ));
     let links = Links::new(Some(sock), None);
-    srv.run(links, &opts)
+    let r = srv.run(links, &opts);
+    // Uploads let go at the end are written, and their resume states saved, before exit.
+    crate::writeback::settle_all();
+    r
 }
 
 /// The far side of an ssh copy: binds a UDP port from `ports`, prints the banner with a fresh
@@ -386,7 +389,9 @@ pub fn serve_stdio(
     let stream = StreamLink::new(chan.0, chan.1, Vec::new())?;
     // A client that never connects is given up on after a while.
     srv.unconnected_until = Some(Instant::now() + Duration::from_secs(120));
-    srv.run(Links::new(Some(sock), Some(stream)), &opts)
+    let r = srv.run(Links::new(Some(sock), Some(stream)), &opts);
+    crate::writeback::settle_all();
+    r
 }
 
 /// The server's policy on the driver's loop (`engine`): each session's files, events,
