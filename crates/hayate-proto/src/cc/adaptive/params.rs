@@ -162,6 +162,25 @@ pub struct Params {
     /// A buffer learnt short is forgotten this long after it last overflowed, µs: Up finds
     /// it again only by overflowing it, which costs megabytes on a long fast path.
     pub shallow_memory_us: u64,
+    /// The path's own delay variation counts past this, µs: a host's timers and the
+    /// pacer's bursts make samples stray by tens to a couple of hundred µs on a clean path
+    /// (and another flow's bursts into a shared queue as much), which the target needs no
+    /// room for ...
+    pub spread_floor_us: u64,
+    /// ... and the queue target is raised by this many times the rest of it (the
+    /// median distance of an RTT sample from the line through its neighbours, see
+    /// `queue::DelaySpread`): about twice the deviation of the variation, so that samples
+    /// of a path that varies by itself seldom stray over the target when no queue stands ...
+    pub spread_gain: f64,
+    /// ... by at most `1/spread_max_rtt_div` of the minimum RTT (a queue that costs more is
+    /// not worth the share it saves) ...
+    pub spread_max_rtt_div: u64,
+    /// ... measured over this many latest RTT samples (a few round trips of feedback at
+    /// 300 Mbit/s, one ACK every 32 datagrams) ...
+    pub spread_samples: usize,
+    /// ... once at least this many came (a few samples tell a host's stall no better than
+    /// the path's variation).
+    pub spread_min_samples: usize,
 
     // ---- ProbeBw: Down (yield) ----------------------------------------------------------
     /// The estimate after a queue was found: this much of the share found. The room left is
@@ -337,11 +356,13 @@ pub enum Rule {
     BlindPastCap,
     /// Down goes on while a queue still stands (up to `max_drain_rounds`).
     DownWhileStanding,
+    /// The queue target allows for the path's own delay variation (`spread_gain`).
+    SpreadAllowance,
 }
 
 impl Rule {
     /// Every rule, with its name in the ablation table.
-    pub const ALL: [(Rule, &'static str); 14] = [
+    pub const ALL: [(Rule, &'static str); 15] = [
         (Rule::StartupHold, "startup-hold"),
         (Rule::StartupQueueExit, "startup-queue-exit"),
         (Rule::StartupLossExit, "startup-loss-exit"),
@@ -356,6 +377,7 @@ impl Rule {
         (Rule::BigQueueGain, "big-queue-gain"),
         (Rule::BlindPastCap, "blind-past-cap"),
         (Rule::DownWhileStanding, "down-while-standing"),
+        (Rule::SpreadAllowance, "spread-allowance"),
     ];
 }
 
@@ -434,6 +456,11 @@ impl Default for Params {
             shallow_targets: 3,
             min_shallow_target_us: 450,
             shallow_memory_us: 20_000_000,
+            spread_floor_us: 250,
+            spread_gain: 3.0,
+            spread_max_rtt_div: 2,
+            spread_samples: 64,
+            spread_min_samples: 16,
 
             share_gain: 0.99,
             share_moving: 0.9,

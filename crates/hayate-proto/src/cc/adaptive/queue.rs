@@ -3,7 +3,7 @@
 
 use std::collections::VecDeque;
 
-use super::params::Params;
+use super::params::{Params, Rule};
 use super::{Adaptive, Feedback};
 
 /// The queue signal's state: queueing delay on the path and at the receiver, per round and standing, and the bottleneck buffer learnt short.
@@ -45,6 +45,8 @@ pub(super) struct QueueSignal {
     pub(super) path_queue_us: u64,
     /// What the receiver's socket buffer holds of data, bytes (0: unknown).
     pub(super) rx_room: u64,
+    /// The path's own delay variation, which the queue target allows for.
+    pub(super) spread: DelaySpread,
 }
 
 impl QueueSignal {
@@ -70,6 +72,58 @@ impl QueueSignal {
             queue_delay_us: 0,
             path_queue_us: 0,
             rx_room: 0,
+            spread: DelaySpread::default(),
+        }
+    }
+}
+
+/// The path's own delay variation: how far RTT samples stray from one another beyond a
+/// trend. A queue at the bottleneck changes smoothly (at the rate the pace differs from the
+/// bottleneck's), so three consecutive samples of it, growing or draining, lie on a line
+/// (by their send times); delay the path adds by itself (a radio's retries, a scheduler, a
+/// shared medium) varies from one datagram to the next. Each sample's distance from the line
+/// through its neighbours, as a median over the latest `Params::spread_samples`, measures
+/// that variation; ACKs that bunch (a reverse path that holds them) fall on lines too
+/// (samples taken in one release fall evenly) and barely count. The queue target is raised
+/// by a multiple of it (`Params::spread_gain`): read as a queue, a few ms of variation on a
+/// short path made the controller yield round after round (53-76 % of the link at 10 ms).
+#[derive(Debug, Clone, Default)]
+pub(super) struct DelaySpread {
+    /// The last two samples, (sent at, RTT) µs, oldest first.
+    last: [Option<(u64, u64)>; 2],
+    /// The latest distances from the line, µs, oldest first.
+    recent: VecDeque<u64>,
+    /// Their median, µs.
+    median_us: u64,
+}
+
+impl DelaySpread {
+    /// Takes in an RTT sample of a datagram sent at `sent_us`; keeps the latest `keep`
+    /// distances.
+    pub(super) fn push(&mut self, sent_us: u64, rtt_us: u64, keep: usize) {
+        if let [Some((t0, x0)), Some((t1, x1))] = self.last {
+            if sent_us > t0 && t1 >= t0 && t1 <= sent_us {
+                let w = (t1 - t0) as f64 / (sent_us - t0) as f64;
+                let line = x0 as f64 + (rtt_us as f64 - x0 as f64) * w;
+                self.recent.push_back((x1 as f64 - line).abs() as u64);
+                while self.recent.len() > keep {
+                    self.recent.pop_front();
+                }
+                let mut v: Vec<u64> = self.recent.iter().copied().collect();
+                let mid = v.len() / 2;
+                self.median_us = *v.select_nth_unstable(mid).1;
+            }
+        }
+        self.last = [self.last[1], Some((sent_us, rtt_us))];
+    }
+
+    /// The median distance from the line, µs, once `least` distances were measured (0
+    /// before: a few samples are a host's stall as likely as the path's variation).
+    pub(super) fn median_us(&self, least: usize) -> u64 {
+        if self.recent.len() >= least {
+            self.median_us
+        } else {
+            0
         }
     }
 }
@@ -138,7 +192,22 @@ impl Adaptive {
     pub(super) fn queue_target_us(&self) -> u64 {
         let shallow = (self.queue.shallow_buffer_us / self.p.shallow_targets)
             .max(self.p.min_shallow_target_us);
-        self.deep_target_us().min(shallow)
+        self.deep_target_us().min(shallow) + self.spread_allowance_us()
+    }
+
+    /// What the queue target allows for the path's own delay variation (see
+    /// `DelaySpread`), µs.
+    pub(super) fn spread_allowance_us(&self) -> u64 {
+        if !self.p.ablation.on(Rule::SpreadAllowance) {
+            return 0;
+        }
+        let spread = self
+            .queue
+            .spread
+            .median_us(self.p.spread_min_samples)
+            .saturating_sub(self.p.spread_floor_us);
+        ((spread as f64 * self.p.spread_gain) as u64)
+            .min(self.min_rtt_us / self.p.spread_max_rtt_div)
     }
 
     pub(super) fn deep_target_us(&self) -> u64 {
@@ -204,6 +273,9 @@ impl Adaptive {
     /// samples over the queue target and over the limit of ProbeBw's Up phase.
     pub(super) fn on_rtt_sample(&mut self, fb: &Feedback, rtt: u64) {
         self.queue.path_queue_us = rtt.saturating_sub(fb.min_rtt_us);
+        self.queue
+            .spread
+            .push(fb.now_us.saturating_sub(rtt), rtt, self.p.spread_samples);
         let calm = if self.queue.rx_room >= self.congestion_cap {
             self.p.rx_buffer_calm_roomy
         } else {
