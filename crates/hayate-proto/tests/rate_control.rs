@@ -1412,6 +1412,25 @@ fn delay_that_varies_by_itself_is_not_read_as_a_queue() {
     }
 }
 
+/// Startup's drain ends only on a sample of what was sent since it began. On a long path
+/// that reorders (uniform jitter of 0-1 ms each way), a sample of what was sent before read
+/// the queue gone while the search's last burst was still on its way to the bottleneck; the
+/// queue it then put up was yielded to with a deep cut, and growing back at 250 ms took
+/// seconds (86.8 % of the link in `bench/sim-matrix`).
+#[test]
+fn startups_drain_waits_for_what_was_sent_since() {
+    for seed in [96, 97] {
+        shaped_upload(250, 0.01, seed, 0.95, |fwd, rev| {
+            let j = JitterParams {
+                mean_us: 500,
+                dist: JitterDist::Uniform,
+                reorder: true,
+            };
+            (fwd.jitter, rev.jitter) = (Some(j), Some(j));
+        });
+    }
+}
+
 /// Loss in bursts (Gilbert-Elliott, 1 % in runs of 4 datagrams, each way) is random loss
 /// too. On calm rounds a burst used to read as another flow overflowing a short buffer, and
 /// the yield to it cost 87-96 % in `bench/sim-matrix`.

@@ -18,8 +18,8 @@
 //!   +---------+                                                    +-------+
 //!   pace 2 x bw, in flight <= 1.5 BDP                          pace 0.75 x bw
 //!                                                                  |
-//!                   queue gone (an RTT sample), no queue most of   |
-//!                   a round, or 3 rounds                           |
+//!        queue gone (an RTT sample of what was sent since), no     |
+//!        queue most of a round, or 3 rounds                        |
 //!   +-------------------------- ProbeBw ---------------------------|------+
 //!   |                                                              v      |
 //!   |   +---------+  queue gone, or no queue / 3 rounds      +--------+   |
@@ -40,7 +40,7 @@
 //! | Startup | `startup_exit_samples` RTT samples over the queue target, standing `grow_queue_persist`, and deliveries no longer growing | Drain | estimate = deliveries of the latest quarter round, or since the queue began if more (`leave_startup`) |
 //! | Startup | round end: `startup_full_rounds` rounds without `startup_full_growth`, or the round lost over `startup_exit_loss` | Drain | as above |
 //! | Startup | the receiver's OS dropped datagrams | Drain | estimate = what the receiver took in |
-//! | Drain | an RTT sample shows the queue gone (`drain_floor` of the target) | ProbeBw(Refill) | a new round starts |
+//! | Drain | an RTT sample of what was sent since the drain began shows the queue gone (`drain_floor` of the target) | ProbeBw(Refill) | a new round starts |
 //! | Drain | round end: most RTT samples under the target, or `max_drain_rounds` rounds | ProbeBw(Refill) | |
 //! | ProbeBw(Refill) | round end: a queue stood all round, or the round lost more than random loss | ProbeBw(Down(1)) | estimate = the share found × gain (`queue_found`); an overflow learns the buffer's depth |
 //! | ProbeBw(Refill) | round end, otherwise | ProbeBw(Up(1)) | the increment starts doubling |
@@ -212,6 +212,9 @@ pub struct Adaptive {
     /// then (see `pacing_rate_with`).
     drained_in_flight: u64,
     drained_rate: u64,
+    /// When Startup's drain began, µs (`None` outside it): only what was sent since can
+    /// show its queue gone (see `exit_drain_when_queue_gone`).
+    drain_from_us: Option<u64>,
     /// Startup: RTT samples in a row showing our queue begin (see `Params::startup_hold_queue_us`),
     /// and what was in flight when it showed (the cap while it does).
     hold_samples: u32,
@@ -258,6 +261,7 @@ impl Adaptive {
             drained_rate: p.initial_rate,
             hold_samples: 0,
             hold_in_flight: None,
+            drain_from_us: None,
             startup_rounds: 0,
             est: Estimator::new(),
             queue: QueueSignal::new(),

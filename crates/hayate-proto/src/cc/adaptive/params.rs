@@ -338,7 +338,8 @@ pub enum Rule {
     StartupStillGrowing,
     /// Startup's drain paces at the estimate once a BDP or less is in flight.
     DrainAtEstimate,
-    /// Drain and Down end on the first RTT sample that shows the queue gone.
+    /// Drain and Down end on the first RTT sample that shows the queue gone (Startup's
+    /// drain: of what was sent since it began).
     EarlyDrainExit,
     /// Refill or Up yield at round end when a queue stood all round.
     StandingQueueYield,

@@ -536,8 +536,22 @@ impl Adaptive {
 
     /// Drain, and ProbeBw's Down phase, end as soon as an RTT sample shows the queue gone.
     pub(super) fn exit_drain_when_queue_gone(&mut self, fb: &Feedback) {
+        // Startup's drain: a sample of what was sent before it began tells nothing of the
+        // queue the last round of the search is still putting up at the bottleneck (on a
+        // path whose delay varies, such a sample read the queue gone before the search's
+        // last burst arrived: a 25 ms queue then stood at 250 ms, the yield to it cut the
+        // estimate to 0.67 of the link, and growing back took 3 s).
+        let fresh = if self.state == State::Drain {
+            let since = *self.drain_from_us.get_or_insert(fb.now_us);
+            fb.rtt_us
+                .is_some_and(|rtt| fb.now_us.saturating_sub(rtt) >= since)
+        } else {
+            self.drain_from_us = None;
+            true
+        };
         let any_drain = self.draining() || self.state == State::Drain;
         if any_drain
+            && fresh
             && fb.rtt_us.is_some()
             && self.queue_gone(self.queue.queue_delay_us)
             && self.p.ablation.on(Rule::EarlyDrainExit)

@@ -35,9 +35,10 @@ fn startup_grows_then_settles_on_the_bottleneck() {
     );
 }
 
-/// Startup's drain ends as soon as an RTT sample shows the queue gone, as the grow
-/// phase's does, not at the end of a round (the rest of which ran at three quarters of
-/// the link).
+/// Startup's drain ends as soon as an RTT sample of what was sent since it began shows
+/// the queue gone, as the grow phase's does, not at the end of a round (the rest of which
+/// ran at three quarters of the link). A sample of what was sent before it began does not
+/// end it: the search's last burst may still be on its way to the bottleneck.
 #[test]
 fn startup_drain_ends_when_the_queue_is_gone() {
     let cap = 50_000_000u64;
@@ -48,10 +49,21 @@ fn startup_drain_ends_when_the_queue_is_gone() {
         assert!(now < 5_000_000, "startup never ended");
     }
     assert_eq!(a.mode(), Mode::Drain);
+    let from = now;
     now += 5_000;
     a.on_feedback(&fb(now, 80_000, 50_000, cap));
     assert_eq!(a.mode(), Mode::Drain, "left with the queue still there");
-    now += 5_000;
+    // 50 ms path: until `from` + 50 ms every sample is of what was sent before.
+    while now + 5_000 < from + 50_000 {
+        now += 5_000;
+        a.on_feedback(&fb(now, 50_000, 50_000, cap));
+        assert_eq!(
+            a.mode(),
+            Mode::Drain,
+            "left on a sample sent before the drain"
+        );
+    }
+    now = from + 50_000;
     a.on_feedback(&fb(now, 50_000, 50_000, cap));
     assert_eq!(a.mode(), Mode::ProbeBw);
 }
