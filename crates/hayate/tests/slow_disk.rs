@@ -334,3 +334,77 @@ fn an_upload_to_a_disk_with_slow_writes_does_not_hold_up_another_client() {
     );
     assert_eq!(hash_file(&disk.root().join("big.bin")), want);
 }
+
+/// A client cancels its upload to a disk with slow writes (10 MiB/s, the file's 16 MiB of
+/// queued writes full): the server lets the file go without waiting for what is still
+/// queued for it (1.6 s of writing), and another client's small uploads, back to back across
+/// the cancel, are served at once. The server's loop waited for those writes when it let a
+/// file go.
+#[test]
+fn a_cancelled_upload_to_a_disk_with_slow_writes_does_not_hold_up_another_client() {
+    let disk = match SlowDisk::with(
+        "hayate-slow-disk-cancel",
+        1 << 30,
+        Some(10 << 20),
+        600 << 20,
+    ) {
+        Ok(d) => d,
+        Err(why) => {
+            common::sshd::skip_unless_ci(&format!("cannot build a throttled disk: {why}"));
+            return;
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let key = keygen(dir.path(), "k");
+    let src = dir.path().join("big.bin");
+    write_random(&src, 256 << 20, 11);
+    let small = dir.path().join("small.bin");
+    write_random(&small, 1 << 20, 12);
+
+    let port = free_udp_port();
+    let (mut server, log) = disk.serve(port, &key);
+    let url = |p: &str| format!("hayate://127.0.0.1:{port}/{p}");
+    let mut cmd = hayate();
+    cmd.args(["cp", "--json", "--key-file"])
+        .arg(&key)
+        .arg(&src)
+        .arg(url("big.bin"));
+    let big = spawn_cmd(&mut cmd);
+    // The disk falls 16 MiB behind within a second or two.
+    std::thread::sleep(Duration::from_secs(3));
+    let pid = big.pid();
+    let cancel = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        signal(pid, libc::SIGINT);
+        Instant::now()
+    });
+    let started = Instant::now();
+    let mut took = Vec::new();
+    let mut i = 0;
+    while started.elapsed() < Duration::from_secs(4) {
+        let t = Instant::now();
+        let r = cp(
+            &key,
+            &[small.display().to_string(), url(&format!("small{i}.bin"))],
+        );
+        took.push(t.elapsed());
+        r.assert_ok();
+        i += 1;
+    }
+    let cancelled = cancel.join().unwrap();
+    let run = big.wait(Duration::from_secs(30));
+    let _ = server.kill();
+    let _ = server.wait();
+    let log = log.join().unwrap_or_default();
+    println!(
+        "cancelled 0.3 s in, after {:.2} s; small uploads back to back: {took:?}",
+        cancelled.duration_since(started).as_secs_f64()
+    );
+    assert!(!run.status.success(), "the cancelled upload succeeded");
+    let worst = took.iter().max().copied().unwrap_or_default();
+    assert!(
+        worst < Duration::from_millis(800),
+        "a small upload took {worst:?} beside a cancelled one to a disk with slow writes: \
+         {took:?}\n{log}"
+    );
+}
