@@ -222,19 +222,24 @@ impl Queue {
     /// this file has more than [`MAX_QUEUED`] bytes waiting (see [`has_room`](Self::has_room)
     /// to avoid that). Returns an earlier write's error, if one failed.
     pub fn write(&self, at: u64, buf: Vec<u8>) -> io::Result<()> {
+        self.queue_write(at, buf, true)
+    }
+
+    /// Queues `buf` as [`write`](Self::write) does, but never waits: past [`MAX_QUEUED`]
+    /// too (a file let go, whose last run must not hold up the protocol loop).
+    pub fn write_now(&self, at: u64, buf: Vec<u8>) -> io::Result<()> {
+        self.queue_write(at, buf, false)
+    }
+
+    fn queue_write(&self, at: u64, buf: Vec<u8>, wait: bool) -> io::Result<()> {
         let mut s = self.shared.state.lock().expect("write state");
-        while s.queued > 0 && s.queued + buf.len() > MAX_QUEUED && s.error.is_none() {
+        while wait && s.queued > 0 && s.queued + buf.len() > MAX_QUEUED && s.error.is_none() {
             s = self.shared.written.wait(s).expect("write state");
         }
         error(&s)?;
         s.queued += buf.len();
         self.shared.queued.store(s.queued, Ordering::Release);
         drop(s);
-        self.send_write(at, buf)
-    }
-
-    /// Hands a write, already counted in `queued`, to the writer thread.
-    fn send_write(&self, at: u64, buf: Vec<u8>) -> io::Result<()> {
         let pooled = match self.thread {
             Thread::Pooled(i) => Some(i),
             Thread::Own(_) => None,
@@ -250,17 +255,6 @@ impl Queue {
             observer: self.observer.clone(),
             pooled,
         })
-    }
-
-    /// Queues `buf` as [`write`](Self::write) does, but never waits: past [`MAX_QUEUED`]
-    /// too (a file let go, whose last run must not hold up the protocol loop).
-    pub fn write_now(&self, at: u64, buf: Vec<u8>) -> io::Result<()> {
-        let mut s = self.shared.state.lock().expect("write state");
-        error(&s)?;
-        s.queued += buf.len();
-        self.shared.queued.store(s.queued, Ordering::Release);
-        drop(s);
-        self.send_write(at, buf)
     }
 
     /// Runs `f` on the writer thread once every write queued so far is done.

@@ -95,6 +95,8 @@ pub(super) struct DelaySpread {
     recent: VecDeque<u64>,
     /// Their median, µs.
     median_us: u64,
+    /// Room to find the median in, kept between samples (one comes per ACK).
+    scratch: Vec<u64>,
 }
 
 impl DelaySpread {
@@ -109,9 +111,10 @@ impl DelaySpread {
                 while self.recent.len() > keep {
                     self.recent.pop_front();
                 }
-                let mut v: Vec<u64> = self.recent.iter().copied().collect();
-                let mid = v.len() / 2;
-                self.median_us = *v.select_nth_unstable(mid).1;
+                self.scratch.clear();
+                self.scratch.extend(self.recent.iter().copied());
+                let mid = self.scratch.len() / 2;
+                self.median_us = *self.scratch.select_nth_unstable(mid).1;
             }
         }
         self.last = [self.last[1], Some((sent_us, rtt_us))];
