@@ -741,18 +741,23 @@ fn part_file_lock_is_exclusive_until_dropped() {
 /// The resume state is saved behind the file's queued writes, without waiting for them (a
 /// disk that is behind does not hold up the protocol loop, which saves every half second);
 /// a save still queued when the file is discarded writes nothing.
+/// Holds up `part`'s writer (a slow disk) until the returned sender is used (or 10 s).
+fn hold_writer(part: &mut PartFile) -> std::sync::mpsc::Sender<()> {
+    let (go, gate) = std::sync::mpsc::channel::<()>();
+    part.after_writes(move || {
+        let _ = gate.recv_timeout(Duration::from_secs(10));
+    })
+    .unwrap();
+    go
+}
+
 #[test]
 fn resume_state_saves_do_not_wait_for_the_writer() {
     let (dir, root) = setup();
     let state = dir.path().join(".w.bin.hayate-state");
     for discard in [false, true] {
         let mut part = root.create_part("w.bin", 4 << 20).unwrap();
-        // The writer is held up (a slow disk) until `go` is sent.
-        let (go, gate) = std::sync::mpsc::channel::<()>();
-        part.after_writes(move || {
-            let _ = gate.recv_timeout(Duration::from_secs(10));
-        })
-        .unwrap();
+        let go = hold_writer(&mut part);
         part.write_at(0, &vec![7u8; 1 << 20]).unwrap();
         let t = std::time::Instant::now();
         part.save_state(b"half").unwrap();
@@ -785,12 +790,7 @@ fn resume_state_saves_do_not_wait_for_the_writer() {
 fn a_part_file_let_go_does_not_wait_for_its_writes() {
     let (dir, root) = setup();
     let mut part = root.create_part("g.bin", 4 << 20).unwrap();
-    // The writer is held up (a slow disk) until `go` is sent.
-    let (go, gate) = std::sync::mpsc::channel::<()>();
-    part.after_writes(move || {
-        let _ = gate.recv_timeout(Duration::from_secs(10));
-    })
-    .unwrap();
+    let go = hold_writer(&mut part);
     part.write_at(0, &vec![5u8; 3 << 20]).unwrap();
     part.save_state(b"three").unwrap();
     // Gathered, not yet handed to the writer: dropping the file hands it over.

@@ -1370,6 +1370,22 @@ fn a_thin_reverse_path_is_enough() {
     }
 }
 
+/// The same jitter on both directions of the path (see `shaped_upload`).
+fn jitter_both_ways(
+    mean_us: u64,
+    dist: JitterDist,
+    reorder: bool,
+) -> impl FnOnce(&mut LinkParams, &mut LinkParams) {
+    move |fwd, rev| {
+        let j = JitterParams {
+            mean_us,
+            dist,
+            reorder,
+        };
+        (fwd.jitter, rev.jitter) = (Some(j), Some(j));
+    }
+}
+
 /// A path that reorders (uniform jitter of 0-1 ms each way, 25 packets' worth at 300
 /// Mbit/s): the first losses declared wrongly teach the loss rule how much reordering to
 /// allow, and little more is sent again than is lost. With a fixed 16-packet rule, 1.6 % was
@@ -1377,14 +1393,13 @@ fn a_thin_reverse_path_is_enough() {
 #[test]
 fn reordering_is_not_read_as_loss() {
     for (rtt, loss, seed) in [(10, 0.0, 91), (100, 0.01, 92)] {
-        let r = shaped_upload(rtt, loss, seed, 0.95, |fwd, rev| {
-            let j = JitterParams {
-                mean_us: 500,
-                dist: JitterDist::Uniform,
-                reorder: true,
-            };
-            (fwd.jitter, rev.jitter) = (Some(j), Some(j));
-        });
+        let r = shaped_upload(
+            rtt,
+            loss,
+            seed,
+            0.95,
+            jitter_both_ways(500, JitterDist::Uniform, true),
+        );
         let retx = r.client.data_packets_retransmitted as f64 / r.client.data_packets_sent as f64;
         assert!(retx < loss + 0.003, "{rtt} ms: retransmitted {retx:.4}");
         assert!(
@@ -1401,14 +1416,13 @@ fn reordering_is_not_read_as_loss() {
 #[test]
 fn delay_that_varies_by_itself_is_not_read_as_a_queue() {
     for (rtt, loss, seed) in [(10, 0.0, 93), (10, 0.01, 94), (50, 0.0, 95)] {
-        shaped_upload(rtt, loss, seed, 0.93, |fwd, rev| {
-            let j = JitterParams {
-                mean_us: 1_000,
-                dist: JitterDist::Exponential,
-                reorder: false,
-            };
-            (fwd.jitter, rev.jitter) = (Some(j), Some(j));
-        });
+        shaped_upload(
+            rtt,
+            loss,
+            seed,
+            0.93,
+            jitter_both_ways(1_000, JitterDist::Exponential, false),
+        );
     }
 }
 
@@ -1420,14 +1434,13 @@ fn delay_that_varies_by_itself_is_not_read_as_a_queue() {
 #[test]
 fn startups_drain_waits_for_what_was_sent_since() {
     for seed in [96, 97] {
-        shaped_upload(250, 0.01, seed, 0.95, |fwd, rev| {
-            let j = JitterParams {
-                mean_us: 500,
-                dist: JitterDist::Uniform,
-                reorder: true,
-            };
-            (fwd.jitter, rev.jitter) = (Some(j), Some(j));
-        });
+        shaped_upload(
+            250,
+            0.01,
+            seed,
+            0.95,
+            jitter_both_ways(500, JitterDist::Uniform, true),
+        );
     }
 }
 
