@@ -37,7 +37,7 @@ fn sh(cmd: &mut Command) -> Result<String, String> {
 struct SlowDisk {
     loopdev: String,
     mnt: PathBuf,
-    /// The cgroups' name (one per test: the tests of this file run at once).
+    /// The cgroups' name (one per test).
     cg: &'static str,
     _dir: tempfile::TempDir,
 }
@@ -167,8 +167,68 @@ impl Drop for SlowDisk {
     }
 }
 
+/// Held by every test of this file: each times another client beside a big transfer, and
+/// run at once on 2 cores, one's big transfer and burst of small uploads slowed another's
+/// past its bound (3 of 6 small uploads over 0.5 s in the slow-writes test).
+static TIMED: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A server on a slow disk and a client uploading `size` random bytes (from `seed`) to it as
+/// `big.bin`, with a 1 MiB file beside it for another client to send meanwhile.
+struct BigUpload {
+    dir: tempfile::TempDir,
+    key: PathBuf,
+    port: u16,
+    server: std::process::Child,
+    log: std::thread::JoinHandle<String>,
+    big: Running,
+    want: blake3::Hash,
+}
+
+impl BigUpload {
+    fn start(disk: &SlowDisk, size: u64, seed: u64) -> BigUpload {
+        let dir = tempfile::tempdir().unwrap();
+        let key = keygen(dir.path(), "k");
+        let src = dir.path().join("big.bin");
+        let want = write_random(&src, size, seed);
+        write_random(&dir.path().join("small.bin"), 1 << 20, seed + 1);
+        let port = free_udp_port();
+        let (server, log) = disk.serve(port, &key);
+        let mut cmd = hayate();
+        cmd.args(["cp", "--json", "--key-file"])
+            .arg(&key)
+            .arg(&src)
+            .arg(format!("hayate://127.0.0.1:{port}/big.bin"));
+        let big = spawn_cmd(&mut cmd);
+        BigUpload {
+            dir,
+            key,
+            port,
+            server,
+            log,
+            big,
+            want,
+        }
+    }
+
+    /// Another client uploads the small file as `name`.
+    fn send_small(&self, name: &str) -> Run {
+        let small = self.dir.path().join("small.bin");
+        let url = format!("hayate://127.0.0.1:{}/{name}", self.port);
+        cp(&self.key, &[small.display().to_string(), url])
+    }
+
+    /// Waits for the big upload, stops the server; the upload's run and the server's log.
+    fn finish(mut self, timeout: Duration) -> (Run, String) {
+        let run = self.big.wait(timeout);
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        (run, self.log.join().unwrap_or_default())
+    }
+}
+
 #[test]
 fn an_upload_to_a_disk_slower_than_its_cache_completes_and_others_are_served() {
+    let _timed = TIMED.lock().unwrap_or_else(|e| e.into_inner());
     let disk = match SlowDisk::new("hayate-slow-disk-up", 40 << 20, 600 << 20) {
         Ok(d) => d,
         Err(why) => {
@@ -176,33 +236,14 @@ fn an_upload_to_a_disk_slower_than_its_cache_completes_and_others_are_served() {
             return;
         }
     };
-    let dir = tempfile::tempdir().unwrap();
-    let key = keygen(dir.path(), "k");
-    let size: u64 = 1536 << 20;
-    let src = dir.path().join("big.bin");
-    let want = write_random(&src, size, 5);
-    let small = dir.path().join("small.bin");
-    write_random(&small, 1 << 20, 6);
-
-    let port = free_udp_port();
-    let (mut server, log) = disk.serve(port, &key);
-    let url = |p: &str| format!("hayate://127.0.0.1:{port}/{p}");
-
-    let mut cmd = hayate();
-    cmd.args(["cp", "--json", "--key-file"])
-        .arg(&key)
-        .arg(&src)
-        .arg(url("big.bin"));
-    let big = spawn_cmd(&mut cmd);
+    let up = BigUpload::start(&disk, 1536 << 20, 5);
+    let want = up.want;
     // Once most of the data is in, another client comes with a small file.
     std::thread::sleep(Duration::from_secs(2));
     let started = Instant::now();
-    let second = cp(&key, &[small.display().to_string(), url("small.bin")]);
+    let second = up.send_small("small.bin");
     let second_took = started.elapsed();
-    let run = big.wait(Duration::from_secs(120));
-    let _ = server.kill();
-    let _ = server.wait();
-    let log = log.join().unwrap_or_default();
+    let (run, log) = up.finish(Duration::from_secs(120));
     println!(
         "slow disk: 1.5 GiB upload {:.2} s; second client {:.2} s",
         run.elapsed.as_secs_f64(),
@@ -220,6 +261,7 @@ fn an_upload_to_a_disk_slower_than_its_cache_completes_and_others_are_served() {
 
 #[test]
 fn a_download_from_a_slow_disk_does_not_hold_up_another_client() {
+    let _timed = TIMED.lock().unwrap_or_else(|e| e.into_inner());
     let disk = match SlowDisk::new("hayate-slow-disk-down", 4 << 20, 600 << 20) {
         Ok(d) => d,
         Err(why) => {
@@ -277,6 +319,7 @@ fn a_download_from_a_slow_disk_does_not_hold_up_another_client() {
 /// behind the slow file's on a shared writer thread (round robin).
 #[test]
 fn an_upload_to_a_disk_with_slow_writes_does_not_hold_up_another_client() {
+    let _timed = TIMED.lock().unwrap_or_else(|e| e.into_inner());
     let disk = match SlowDisk::with("hayate-slow-disk-write", 1 << 30, Some(20 << 20), 600 << 20) {
         Ok(d) => d,
         Err(why) => {
@@ -284,40 +327,19 @@ fn an_upload_to_a_disk_with_slow_writes_does_not_hold_up_another_client() {
             return;
         }
     };
-    let dir = tempfile::tempdir().unwrap();
-    let key = keygen(dir.path(), "k");
     // About 13 s of writing.
-    let size: u64 = 256 << 20;
-    let src = dir.path().join("big.bin");
-    let want = write_random(&src, size, 9);
-    let small = dir.path().join("small.bin");
-    write_random(&small, 1 << 20, 10);
-
-    let port = free_udp_port();
-    let (mut server, log) = disk.serve(port, &key);
-    let url = |p: &str| format!("hayate://127.0.0.1:{port}/{p}");
-    let mut cmd = hayate();
-    cmd.args(["cp", "--json", "--key-file"])
-        .arg(&key)
-        .arg(&src)
-        .arg(url("big.bin"));
-    let big = spawn_cmd(&mut cmd);
+    let up = BigUpload::start(&disk, 256 << 20, 9);
+    let want = up.want;
     std::thread::sleep(Duration::from_secs(2));
     let mut took = Vec::new();
     for i in 0..6 {
         let started = Instant::now();
-        let r = cp(
-            &key,
-            &[small.display().to_string(), url(&format!("small{i}.bin"))],
-        );
+        let r = up.send_small(&format!("small{i}.bin"));
         took.push(started.elapsed());
         r.assert_ok();
         std::thread::sleep(Duration::from_millis(300));
     }
-    let run = big.wait(Duration::from_secs(120));
-    let _ = server.kill();
-    let _ = server.wait();
-    let log = log.join().unwrap_or_default();
+    let (run, log) = up.finish(Duration::from_secs(120));
     println!(
         "slow writes: 256 MiB upload {:.2} s; small uploads meanwhile {took:?}",
         run.elapsed.as_secs_f64()
@@ -342,6 +364,7 @@ fn an_upload_to_a_disk_with_slow_writes_does_not_hold_up_another_client() {
 /// file go.
 #[test]
 fn a_cancelled_upload_to_a_disk_with_slow_writes_does_not_hold_up_another_client() {
+    let _timed = TIMED.lock().unwrap_or_else(|e| e.into_inner());
     let disk = match SlowDisk::with(
         "hayate-slow-disk-cancel",
         1 << 30,
@@ -354,25 +377,10 @@ fn a_cancelled_upload_to_a_disk_with_slow_writes_does_not_hold_up_another_client
             return;
         }
     };
-    let dir = tempfile::tempdir().unwrap();
-    let key = keygen(dir.path(), "k");
-    let src = dir.path().join("big.bin");
-    write_random(&src, 256 << 20, 11);
-    let small = dir.path().join("small.bin");
-    write_random(&small, 1 << 20, 12);
-
-    let port = free_udp_port();
-    let (mut server, log) = disk.serve(port, &key);
-    let url = |p: &str| format!("hayate://127.0.0.1:{port}/{p}");
-    let mut cmd = hayate();
-    cmd.args(["cp", "--json", "--key-file"])
-        .arg(&key)
-        .arg(&src)
-        .arg(url("big.bin"));
-    let big = spawn_cmd(&mut cmd);
+    let up = BigUpload::start(&disk, 256 << 20, 11);
     // The disk falls 16 MiB behind within a second or two.
     std::thread::sleep(Duration::from_secs(3));
-    let pid = big.pid();
+    let pid = up.big.pid();
     let cancel = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(300));
         signal(pid, libc::SIGINT);
@@ -383,19 +391,13 @@ fn a_cancelled_upload_to_a_disk_with_slow_writes_does_not_hold_up_another_client
     let mut i = 0;
     while started.elapsed() < Duration::from_secs(4) {
         let t = Instant::now();
-        let r = cp(
-            &key,
-            &[small.display().to_string(), url(&format!("small{i}.bin"))],
-        );
+        let r = up.send_small(&format!("small{i}.bin"));
         took.push(t.elapsed());
         r.assert_ok();
         i += 1;
     }
     let cancelled = cancel.join().unwrap();
-    let run = big.wait(Duration::from_secs(30));
-    let _ = server.kill();
-    let _ = server.wait();
-    let log = log.join().unwrap_or_default();
+    let (run, log) = up.finish(Duration::from_secs(30));
     println!(
         "cancelled 0.3 s in, after {:.2} s; small uploads back to back: {took:?}",
         cancelled.duration_since(started).as_secs_f64()
