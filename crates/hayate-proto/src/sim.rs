@@ -367,6 +367,10 @@ pub struct SimResult {
     pub fwd_aqm_drops: u64,
     /// Forward link: datagrams the policer dropped ([`LinkParams::policer`]).
     pub fwd_policer_drops: u64,
+    /// Reverse link (the server's datagrams: its ACKs): bytes delivered.
+    pub rev_delivered_bytes: u64,
+    /// Reverse link: datagrams its full queue dropped.
+    pub rev_queue_drops: u64,
     /// Forward link: how long the datagrams it delivered waited in the bottleneck's queue,
     /// a histogram of 100 µs buckets (the last bucket holds all longer waits).
     pub fwd_queue_delay_hist: Vec<u64>,
@@ -457,6 +461,7 @@ struct Link {
     /// The latest arrival time handed out (a burst after a stall keeps FIFO order).
     last_at: u64,
     delivered: u64,
+    delivered_bytes: u64,
     queue_drops: u64,
     random_losses: u64,
     aqm_drops: u64,
@@ -488,6 +493,7 @@ impl Link {
             busy_until: 0,
             last_at: 0,
             delivered: 0,
+            delivered_bytes: 0,
             queue_drops: 0,
             random_losses: 0,
             aqm_drops: 0,
@@ -553,6 +559,7 @@ impl Link {
             }
         }
         self.delivered += 1;
+        self.delivered_bytes += len as u64;
         let mut at = self.busy_until + self.p.delay_us;
         if let Some(j) = &mut self.jitter {
             at = j.arrival(at, &mut self.model_rng);
@@ -1421,6 +1428,8 @@ pub fn run(sc: &Scenario) -> SimResult {
     res.elapsed_us = end_us.unwrap_or(now);
     res.fwd_delivered = net.links[0].delivered;
     res.fwd_queue_drops = net.links[0].queue_drops;
+    res.rev_delivered_bytes = net.links[1].delivered_bytes;
+    res.rev_queue_drops = net.links[1].queue_drops;
     res.fwd_random_losses = net.links[0].random_losses;
     res.fwd_aqm_drops = net.links[0].aqm_drops;
     res.fwd_policer_drops = net.links[0].policer_drops;

@@ -1359,14 +1359,37 @@ fn ack_aggregation_costs_little() {
     }
 }
 
-/// The feedback through a 1 Mbit/s reverse path (64 KB of buffer).
+/// The feedback through a 1 Mbit/s reverse path (64 KB of buffer). On the long lossy path
+/// an ACK every 32 packets, each with the loss map of a round trip's losses, took 1.3
+/// Mbit/s: the reverse queue filled, read as a queue of ours, and the upload got 55 %.
 #[test]
 fn a_thin_reverse_path_is_enough() {
-    for (rtt, loss, seed) in [(10, 0.01, 87), (100, 0.0, 88)] {
-        shaped_upload(rtt, loss, seed, 0.95, |_, rev| {
+    for (rtt, loss, seed) in [(10, 0.01, 87), (100, 0.0, 88), (250, 0.01, 89)] {
+        let r = shaped_upload(rtt, loss, seed, 0.95, |_, rev| {
             rev.rate = Some(MBIT);
             rev.queue_bytes = 64_000;
         });
+        assert_eq!(r.rev_queue_drops, 0, "{rtt} ms: feedback dropped");
+    }
+}
+
+/// On a long path the receiver acknowledges a few times a round trip, not every 32
+/// packets: at 300 Mbit/s and 250 ms that was 800 ACKs and 1.3 Mbit/s of feedback a second
+/// (with 1 % loss), now about 120 and 0.25 Mbit/s. A short path keeps its cadence.
+#[test]
+fn feedback_on_a_long_path_is_a_few_acks_a_round_trip() {
+    for (rtt, acks_per_s) in [(10, 600.0..900.0), (250, 80.0..160.0)] {
+        let r = shaped_upload(rtt, 0.01, 90, 0.95, |_, _| {});
+        let secs = r.elapsed_us as f64 / 1e6;
+        let acks = r.server.packets_sent as f64 / secs;
+        let kbit = r.rev_delivered_bytes as f64 * 8.0 / secs / 1e3;
+        assert!(
+            acks_per_s.contains(&acks),
+            "{rtt} ms: {acks:.0} ACKs a second"
+        );
+        if rtt == 250 {
+            assert!(kbit < 400.0, "{rtt} ms: {kbit:.0} kbit/s of feedback");
+        }
     }
 }
 

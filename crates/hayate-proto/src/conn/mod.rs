@@ -169,6 +169,7 @@ impl Connection {
                 largest_rx: None,
                 ack_pending: 0,
                 ack_deadline: None,
+                last_ack_us: 0,
                 ack_now: false,
                 rx_bytes: 0,
                 rx_bytes_at_us: 0,
@@ -472,7 +473,8 @@ impl Connection {
             self.finish_hashes(src);
         }
         let ack_due = self.space.ack_now
-            || self.space.ack_pending >= ACK_EVERY
+            || (self.space.ack_pending >= ACK_EVERY
+                && now_us >= self.space.last_ack_us + self.ack_spacing_us())
             || self.space.ack_deadline.is_some_and(|d| now_us >= d);
         if ack_due
             || self.ctrl_urgent()

@@ -70,9 +70,10 @@ impl Connection {
     }
 
     /// The probe timeout, before backing off. The peer runs this code: it holds an ACK of
-    /// data at most `ACK_DELAY_US`.
+    /// data at most `ACK_DELAY_US`, or its spacing on a long path (its minimum RTT is
+    /// about ours).
     pub(super) fn pto_us(&self) -> u64 {
-        self.path.rtt.pto(ACK_DELAY_US)
+        self.path.rtt.pto(ACK_DELAY_US.max(self.ack_spacing_us()))
     }
 
     /// When the next probe is due: a probe timeout after the last ACK, the last probe, or
