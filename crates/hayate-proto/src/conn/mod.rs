@@ -39,7 +39,7 @@ pub use storage::{BlockSink, BlockSource, NoFiles, StorageError};
 pub use transfers::{FileOffer, MAX_INCOMING_BLOCKS, MAX_OPEN_INCOMING};
 
 use paths::PathData;
-use spaces::{PacketSpace, ACK_EVERY};
+use spaces::PacketSpace;
 use state::{Hello, State};
 use streams::ControlStream;
 use timers::Timers;
@@ -472,10 +472,7 @@ impl Connection {
         if std::mem::take(&mut self.xfers.hash_work) {
             self.finish_hashes(src);
         }
-        let ack_due = self.space.ack_now
-            || (self.space.ack_pending >= ACK_EVERY
-                && now_us >= self.space.last_ack_us + self.ack_spacing_us())
-            || self.space.ack_deadline.is_some_and(|d| now_us >= d);
+        let ack_due = self.space.ack_now || self.space.ack_deadline.is_some_and(|d| now_us >= d);
         if ack_due
             || self.ctrl_urgent()
             || self.timers.ping_pending

@@ -358,6 +358,7 @@ impl Connection {
                 self.space.ack_deadline = Some(now_us + ACK_DELAY_US.max(spacing));
             }
             if self.space.ack_pending == ACK_EVERY {
+                // A batch is due, once the spacing since the last ACK is over.
                 let spaced = self.space.last_ack_us + spacing;
                 self.space.ack_deadline = self.space.ack_deadline.map(|d| d.min(spaced));
             }
