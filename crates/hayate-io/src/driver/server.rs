@@ -646,6 +646,11 @@ impl Policy for Server<'_> {
     }
 
     fn end(&mut self, now: Instant, net: &mut Net<SessionFiles>) -> Flow {
+        // The ssh channel closed in this turn: the client is done with us, so leave now
+        // rather than after the idle wait (it is waiting for ssh, and so for us, to exit).
+        if net.links.stream_eof() {
+            return Flow::Stop;
+        }
         self.retry_waiting(net, now);
         for (cid, ev) in std::mem::take(&mut self.busy_offers) {
             self.supersede(net, cid, ev, now);
