@@ -25,6 +25,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
+use crate::pagebuf::PageBuf;
 use rustix::fs::{
     self as rfs, AtFlags, FallocateFlags, FileType, FlockOperation, Mode, OFlags, ResolveFlags,
     Stat, Timespec, Timestamps,
@@ -2170,18 +2171,18 @@ pub struct SourceFile {
     waker: Option<Arc<crate::readahead::Waker>>,
     /// The file is in memory: read on the loop, nothing read ahead.
     in_memory: bool,
-    ahead: Arc<Vec<u8>>,
+    ahead: Arc<PageBuf>,
     /// File offset of `ahead[0]`, and how many bytes of `ahead` hold the file's.
     start: u64,
     len: usize,
     keep_chunks: bool,
     /// Chunks read whole, for [`take_chunks`](Self::take_chunks).
-    chunks: Vec<(u64, Arc<Vec<u8>>)>,
+    chunks: Vec<(u64, Arc<PageBuf>)>,
     /// Chunks read earlier that a hash job may still hold: reused once it let go (a fresh
     /// 1 MiB buffer per chunk costs page faults).
-    lent: Vec<Arc<Vec<u8>>>,
+    lent: Vec<Arc<PageBuf>>,
     /// Chunk buffers nothing holds, ready for the next read.
-    free: Vec<Vec<u8>>,
+    free: Vec<PageBuf>,
     /// The file as it was opened.
     was: Ident,
     locate: Option<Locate>,
@@ -2244,7 +2245,7 @@ impl SourceFile {
             run_end: 0,
             waker: crate::readahead::current_waker(),
             in_memory: false,
-            ahead: Arc::new(Vec::new()),
+            ahead: Arc::new(PageBuf::zeroed(0)),
             start: 0,
             len: 0,
             keep_chunks: false,
@@ -2428,7 +2429,7 @@ impl SourceFile {
             if self.back.len() >= Self::BACK_MAX {
                 self.back.pop_front();
             }
-            let buf = vec![0; out.len()];
+            let buf = PageBuf::zeroed(out.len());
             let p = crate::readahead::submit(self.reader, &self.file, pos, buf, self.waker.clone());
             self.back.push_back(p);
             return Err(SourceError::NotReady);
@@ -2541,7 +2542,7 @@ impl SourceFile {
 
     /// A chunk buffer done with is kept for reuse: at once if nothing else holds it, else
     /// among the lent ones until the hash job holding it lets go.
-    fn lend(&mut self, old: Arc<Vec<u8>>) {
+    fn lend(&mut self, old: Arc<PageBuf>) {
         if old.is_empty() {
             return;
         }
@@ -2555,7 +2556,7 @@ impl SourceFile {
 
     /// A buffer of `want` bytes: a free one, or one a hash job has let go of, else a fresh
     /// one (a fresh 1 MiB buffer costs page faults wherever it is first written).
-    fn spare(&mut self, want: usize) -> Vec<u8> {
+    fn spare(&mut self, want: usize) -> PageBuf {
         if let Some(i) = self.free.iter().position(|b| b.len() == want) {
             return self.free.swap_remove(i);
         }
@@ -2564,15 +2565,17 @@ impl SourceFile {
             .iter_mut()
             .position(|c| Arc::get_mut(c).is_some_and(|b| b.len() == want));
         match free {
-            Some(i) => Arc::try_unwrap(self.lent.swap_remove(i)).unwrap_or_else(|_| vec![0; want]),
-            None => vec![0; want],
+            Some(i) => {
+                Arc::try_unwrap(self.lent.swap_remove(i)).unwrap_or_else(|_| PageBuf::zeroed(want))
+            }
+            None => PageBuf::zeroed(want),
         }
     }
 
     /// The whole chunks read since the last call, with their offsets (only with
     /// [`keep_chunks`](Self::keep_chunks)): the sender's hash is taken from them, not by
     /// reading the file a second time.
-    pub fn take_chunks(&mut self) -> Vec<(u64, Arc<Vec<u8>>)> {
+    pub fn take_chunks(&mut self) -> Vec<(u64, Arc<PageBuf>)> {
         std::mem::take(&mut self.chunks)
     }
 

@@ -9,6 +9,7 @@ pub mod driver;
 pub mod fs;
 pub mod glob;
 pub mod keyfile;
+pub mod pagebuf;
 pub mod pathcache;
 pub(crate) mod readahead;
 pub mod ssh;

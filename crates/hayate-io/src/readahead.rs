@@ -15,11 +15,12 @@ use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use crate::pagebuf::PageBuf;
 use crate::threads::Pool;
 
 /// Where a reader thread leaves a chunk: its buffer and how many bytes of the file it
 /// holds, or why it could not be read.
-type Slot = Arc<Mutex<Option<io::Result<(Vec<u8>, usize)>>>>;
+type Slot = Arc<Mutex<Option<io::Result<(PageBuf, usize)>>>>;
 
 /// A chunk being read ahead, or a block being read again (a retransmission).
 #[derive(Debug)]
@@ -42,7 +43,7 @@ impl Pending {
     }
 
     /// The chunk and how many of its bytes the file had, once read (or why it could not be).
-    pub fn take(&self) -> Option<io::Result<(Vec<u8>, usize)>> {
+    pub fn take(&self) -> Option<io::Result<(PageBuf, usize)>> {
         self.slot.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 }
@@ -50,7 +51,7 @@ impl Pending {
 struct Job {
     file: Arc<File>,
     start: u64,
-    buf: Vec<u8>,
+    buf: PageBuf,
     slot: Slot,
     waker: Option<Arc<Waker>>,
 }
@@ -157,7 +158,7 @@ pub(crate) fn submit(
     thread: usize,
     file: &Arc<File>,
     start: u64,
-    buf: Vec<u8>,
+    buf: PageBuf,
     waker: Option<Arc<Waker>>,
 ) -> Pending {
     let slot: Slot = Arc::new(Mutex::new(None));

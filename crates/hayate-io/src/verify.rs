@@ -22,6 +22,7 @@ use blake3::hazmat::{
 };
 
 use crate::fs::SourceError;
+use crate::pagebuf::PageBuf;
 
 /// Bytes per subtree hashed as one job: big enough that BLAKE3 runs its widest SIMD path
 /// and a job's overhead is noise, small enough that a subtree completes soon after its
@@ -409,7 +410,7 @@ impl StreamHash {
     /// Hands subtree `index` to the workers with its bytes, already read (`data`, at least
     /// the subtree's length). False if too many bytes are held so already: the caller
     /// submits the subtree later, to be read back.
-    pub fn submit_read(&self, index: usize, data: Arc<Vec<u8>>) -> bool {
+    pub fn submit_read(&self, index: usize, data: Arc<PageBuf>) -> bool {
         let len = self.subtree_len(index) as usize;
         let Some(held) = Held::new(data, len) else {
             return false;
@@ -473,10 +474,10 @@ static HELD: AtomicUsize = AtomicUsize::new(0);
 const MAX_HELD: usize = 64 << 20;
 
 /// A subtree's bytes with the workers, counted in [`HELD`] until dropped.
-struct Held(Arc<Vec<u8>>);
+struct Held(Arc<PageBuf>);
 
 impl Held {
-    fn new(data: Arc<Vec<u8>>, len: usize) -> Option<Held> {
+    fn new(data: Arc<PageBuf>, len: usize) -> Option<Held> {
         if data.len() < len {
             return None;
         }
