@@ -2607,7 +2607,7 @@ pub fn hash_file(file: &File) -> io::Result<blake3::Hash> {
     const CHUNK: u64 = 4 << 20;
     let len = file.metadata()?.len();
     let mut hasher = blake3::Hasher::new();
-    let mut buf = vec![0u8; len.min(CHUNK) as usize];
+    let mut buf = PageBuf::zeroed(len.min(CHUNK) as usize);
     let mut off = 0u64;
     while off < len {
         let want = (len - off).min(CHUNK) as usize;

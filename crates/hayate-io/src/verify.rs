@@ -237,7 +237,7 @@ fn pool() -> &'static Pool {
 }
 
 fn worker(rx: &Mutex<Receiver<Job>>) {
-    let mut buf = vec![0u8; SUBTREE_LEN as usize];
+    let mut buf = PageBuf::zeroed(SUBTREE_LEN as usize);
     loop {
         let job = match rx.lock().expect("job queue").recv() {
             Ok(j) => j,
