@@ -100,6 +100,44 @@ fn upload_and_download_one_file() {
     );
 }
 
+/// `hayate cp` over ssh waits for ssh, and so for the far side, to exit: the far side leaves
+/// as soon as ssh closes its input, not after an idle wait. A copy of one byte costs what
+/// an ssh login that runs `true` costs, plus the transfer's round trips (under 150 ms more;
+/// the far side lingered 200 ms after the copy when it slept out its idle wait first).
+/// Best of three each, taken alternately, so a loaded host slows both the same way.
+#[test]
+fn a_small_copy_costs_about_one_ssh_login() {
+    let fx = fx!();
+    write(&fx.p("one"), 1, 3);
+    fs::create_dir(fx.p("far")).unwrap();
+    let (mut login, mut copy) = (Duration::MAX, Duration::MAX);
+    for _ in 0..3 {
+        let t = Instant::now();
+        let st = fx
+            .sshd
+            .command()
+            .arg(fx.sshd.target())
+            .arg("true")
+            .stdin(Stdio::null())
+            .status()
+            .unwrap();
+        assert!(st.success());
+        login = login.min(t.elapsed());
+        let t = Instant::now();
+        fx.cp(&["-q", fx.p("one").to_str().unwrap(), &fx.remote("far/one")])
+            .assert_ok();
+        copy = copy.min(t.elapsed());
+    }
+    assert_eq!(
+        fs::read(fx.p("far/one")).unwrap(),
+        fs::read(fx.p("one")).unwrap()
+    );
+    assert!(
+        copy < login + Duration::from_millis(150),
+        "a one-byte copy took {copy:?}, an ssh login {login:?}"
+    );
+}
+
 #[test]
 fn several_files_to_a_directory_and_back() {
     let fx = fx!();
