@@ -1351,10 +1351,14 @@ fn a_policer_is_kept_full() {
 }
 
 /// ACKs released in bursts every 8 ms (Wi-Fi, cable): the receiver's clock dates the
-/// deliveries, so bunched feedback does not read as a faster path.
+/// deliveries, so bunched feedback does not read as a faster path. Seed 2110 at 10 ms and
+/// 1 %: its first calm rounds lost nothing, a loss-free path was assumed, and the first
+/// round at the path's 1 % (2.8 % of 378 datagrams) read as an overflow; the buffer learnt
+/// from it as short held the upload at 72 %. The loss test allows for the random loss a few
+/// calm rounds cannot rule out (`Params::random_loss_floor_datagrams`).
 #[test]
 fn ack_aggregation_costs_little() {
-    for (rtt, loss, seed) in [(10, 0.0, 85), (100, 0.01, 86)] {
+    for (rtt, loss, seed) in [(10, 0.0, 85), (100, 0.01, 86), (10, 0.01, 2110)] {
         shaped_upload(rtt, loss, seed, 0.95, |_, rev| rev.aggregate_us = 8_000);
     }
 }

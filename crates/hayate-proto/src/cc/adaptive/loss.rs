@@ -77,6 +77,8 @@ impl Adaptive {
         let Some(p) = self.random_loss() else {
             return false;
         };
+        let p =
+            p.max(self.p.random_loss_floor_datagrams * self.p.grow_step / self.loss.random_settled);
         if !enough_datagrams(&self.p, settled) {
             return false;
         }

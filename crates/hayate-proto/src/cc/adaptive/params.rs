@@ -255,6 +255,12 @@ pub struct Params {
     pub overflow_margin: f64,
     /// A loss ratio says something only over this many datagrams (`grow_step` bytes each).
     pub overflow_min_datagrams: f64,
+    /// The loss test takes the random loss as at least this many datagrams of what the calm
+    /// rounds settled: no loss in n datagrams rules out only a rate over about 3/n (the rule
+    /// of three, 95 %). A round or two of calm with no loss in them read as a loss-free path
+    /// made the first loss-rate round of a 1 %-loss path an overflow (2.8 % of 378
+    /// datagrams), and the buffer it learnt short held the flow at 60 % of the link.
+    pub random_loss_floor_datagrams: f64,
 
     // ---- The receiver -------------------------------------------------------------------
     /// The receiver's lag (its backlog plus deliberate ACK delay, up to 5 ms by design)
@@ -491,6 +497,7 @@ impl Default for Params {
             overflow_sigmas: 4.0,
             overflow_margin: 0.002,
             overflow_min_datagrams: 50.0,
+            random_loss_floor_datagrams: 3.0,
 
             rx_lag_allowance_us: 5_000,
             rx_buffer_calm: 0.25,
