@@ -91,9 +91,10 @@ mod tests {
             assert!(b.iter().all(|&x| x == 0));
             if len > 0 {
                 assert_eq!(b.as_ptr() as usize % PAGE, 0, "len {len}");
-                b[len - 1] = 7;
                 b[0] = 9;
-                assert_eq!((b[0], b[len - 1]), (9, 7));
+                b[len - 1] = 7;
+                assert_eq!(b[len - 1], 7);
+                assert!(len == 1 || b[0] == 9);
             }
             let data: Vec<u8> = (0..len).map(|i| i as u8).collect();
             let c = PageBuf::copy_of(&data);

@@ -1606,7 +1606,7 @@ fn a_source_read_in_scattered_stretches_reads_no_whole_chunks() {
     src.keep_chunks(true);
     let block = 8936;
     let mut buf = vec![0u8; block];
-    let starts = |v: Vec<(u64, std::sync::Arc<Vec<u8>>)>| -> Vec<u64> {
+    let starts = |v: Vec<(u64, std::sync::Arc<hayate_io::pagebuf::PageBuf>)>| -> Vec<u64> {
         v.into_iter().map(|(s, _)| s).collect()
     };
     // From the start: in chunks.
