@@ -12,12 +12,10 @@ use std::ops::{Deref, DerefMut};
 /// Bytes per page: the alignment of every [`PageBuf`].
 pub const PAGE: usize = 4096;
 
-#[derive(Clone, Copy)]
 #[repr(C, align(4096))]
 struct Page([u8; PAGE]);
 
 /// A zero-initialised heap buffer of `len` bytes that starts on a page boundary.
-#[derive(Clone)]
 pub struct PageBuf {
     pages: Vec<Page>,
     len: usize,
@@ -46,13 +44,6 @@ impl PageBuf {
             Vec::from_raw_parts(ptr.cast::<Page>(), n, n)
         };
         PageBuf { pages, len }
-    }
-
-    /// A buffer holding a copy of `data`.
-    pub fn copy_of(data: &[u8]) -> PageBuf {
-        let mut b = PageBuf::zeroed(data.len());
-        b.copy_from_slice(data);
-        b
     }
 }
 
@@ -97,10 +88,8 @@ mod tests {
                 assert!(len == 1 || b[0] == 9);
             }
             let data: Vec<u8> = (0..len).map(|i| i as u8).collect();
-            let c = PageBuf::copy_of(&data);
-            assert_eq!(&c[..], &data[..]);
-            assert_eq!(c.as_ptr() as usize % PAGE, 0);
-            assert_eq!(&c.clone()[..], &data[..]);
+            b.copy_from_slice(&data);
+            assert_eq!(&b[..], &data[..]);
         }
     }
 }

@@ -259,7 +259,7 @@ pub struct Params {
     /// rounds settled: no loss in n datagrams rules out only a rate over about 3/n (the rule
     /// of three, 95 %). A round or two of calm with no loss in them read as a loss-free path
     /// made the first loss-rate round of a 1 %-loss path an overflow (2.8 % of 378
-    /// datagrams), and the buffer it learnt short held the flow at 60 % of the link.
+    /// datagrams), and the buffer it learnt short held the flow at 72 % of the link.
     pub random_loss_floor_datagrams: f64,
 
     // ---- The receiver -------------------------------------------------------------------
