@@ -1333,12 +1333,15 @@ fn codel_keeps_the_link_full() {
 }
 
 /// A token-bucket policer at 300 Mbit/s (10 ms of burst) on a 900 Mbit/s link: the goal is
-/// 90 % of the policed rate. What it loses is not asserted: 10-30 % of what is sent is
-/// dropped by the policer (see `bench/sim-matrix`).
+/// 90 % of the policed rate, and not much more sent than gets through. Its drops come
+/// without a queue, and learnt as the path's random loss from rounds at the compensated
+/// pace they made that pace 1.3-1.4 times the policed rate: 30 % of what was sent was
+/// dropped at 10 ms, 4-9 % at 50-250 ms. Refill now paces at what gets through, where a
+/// policer drops nothing and random loss is what it is.
 #[test]
 fn a_policer_is_kept_full() {
-    for (rtt, loss, seed) in [(50, 0.0, 83), (100, 0.01, 84)] {
-        shaped_upload(rtt, loss, seed, 0.90, |fwd, _| {
+    for (rtt, loss, seed) in [(10, 0.0, 80), (50, 0.0, 83), (100, 0.01, 84)] {
+        let r = shaped_upload(rtt, loss, seed, 0.90, |fwd, _| {
             let rate = fwd.rate.unwrap();
             fwd.rate = Some(3 * rate);
             fwd.queue_bytes *= 3;
@@ -1347,6 +1350,13 @@ fn a_policer_is_kept_full() {
                 burst_bytes: rate / 100,
             });
         });
+        let c = &r.client;
+        let retx = c.data_packets_retransmitted as f64 / c.data_packets_sent as f64;
+        assert!(
+            retx < loss + 0.08,
+            "{rtt} ms, loss {loss}: {:.1} % of what was sent retransmitted",
+            100.0 * retx
+        );
     }
 }
 

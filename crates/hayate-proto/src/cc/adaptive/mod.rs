@@ -25,7 +25,7 @@
 //!   |   +---------+  queue gone, or no queue / 3 rounds      +--------+   |
 //!   |   | Down(n) | ---------------------------------------> | Refill |   |
 //!   |   +---------+                                          +--------+   |
-//!   |   pace share x gain   ^    ^                      round end |  ^    |
+//!   |   pace share x gain   ^    ^ pace bw(1 - random), round end |  ^    |
 //!   |                       |    |   sent 1.1 x what arrived,     v  |    |
 //!   |   queue over 1.5      |    |   no queue (round end, k>=2) +-------+ |
 //!   |   targets stood, or   |    |  <-------------------------- | Up(k) | |
@@ -131,18 +131,23 @@
 //! queue the flows already there keep: while its deliveries still grow by a quarter per round
 //! trip the path is taking more, and it keeps doubling.
 //!
-//! **Loss.** Random loss is taken out of the delivery rate (scaled back up by the recent loss
-//! ratio, at most the random loss) and never shrinks the estimate by itself. The random loss
-//! is learnt from calm rounds (those that sent at most the estimate); loss over it after a
-//! round that grew is a buffer overflowing (a buffer shorter than the queue target overflows
-//! before any delay shows), and ends Up as a queue does. Loss over it in a calm round on a
-//! buffer known to be short is another flow overflowing that buffer: it stays out of the
-//! random loss, and is not answered by itself (a yield to it misread bursty loss and a
-//! policer's drops as such, and cost up to 13 points of the link in `bench/sim-matrix`;
-//! sharing did not need it). What the pacer sent catching up
-//! after its host held it is left out of both ratios (the pacer, `pacer.rs`, has its own test
-//! of those bursts' losses, `Pacer::on_fates`). The receiver's OS dropping datagrams means
-//! the receiver (disk, CPU) is the bottleneck: the estimate is cut to what it took in.
+//! **Loss.** Random loss is taken out of the delivery rate (scaled back up by the recent
+//! loss ratio, at most the random loss) and never shrinks the estimate by itself. The
+//! random loss is learnt from calm rounds (those that sent at most the estimate). Refill
+//! paces at the estimate less the random loss, at what gets through: random loss stays the
+//! same there, while loss that a pace over the bottleneck causes stops. Without that round,
+//! a policer's drops (no queue shows them) read as random loss, and the compensation kept
+//! the pace at 1/(1 − l) of the policed rate, losing l, whatever l was (the simulator: 30 %
+//! at 10 ms). Loss over random loss after a round that grew is a buffer overflowing (a
+//! buffer shorter than the queue target overflows before any delay shows), and ends Up as a
+//! queue does. Loss over it in a calm round on a buffer known to be short is another flow
+//! overflowing that buffer: it stays out of the random loss, and is not answered by itself
+//! (a yield to it misread bursty loss and a policer's drops as such, and cost up to 13
+//! points of the link in `bench/sim-matrix`; sharing did not need it). What the pacer sent
+//! catching up after its host held it is left out of both ratios (the pacer, `pacer.rs`,
+//! has its own test of those bursts' losses, `Pacer::on_fates`). The receiver's OS dropping
+//! datagrams means the receiver (disk, CPU) is the bottleneck: the estimate is cut to what
+//! it took in.
 
 mod estimator;
 mod loss;

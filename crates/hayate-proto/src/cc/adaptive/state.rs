@@ -323,8 +323,18 @@ impl Adaptive {
             State::Startup => bw * self.p.startup_gain,
             State::Drain => bw * self.p.drain_gain,
             State::ProbeBw(Phase::Down(_)) => bw * self.drain_gain,
-            // No increment: `bw + 0.0`.
-            State::ProbeBw(Phase::Refill) => bw,
+            // No increment, and less the random loss known: a round at what gets through,
+            // where the random loss it loses stays what it is, and a policer's drops (which
+            // the calm rounds at the compensated pace learn as random loss as well: a pace
+            // 1/(1 - l) over the policed rate loses l) stop, so the estimate of random loss
+            // comes down (see `classify_round_loss`).
+            State::ProbeBw(Phase::Refill) => {
+                bw * (1.0
+                    - self
+                        .random_loss()
+                        .unwrap_or(0.0)
+                        .min(self.p.max_loss_compensation))
+            }
             State::ProbeBw(Phase::Up(k)) => {
                 if self.competing() && self.contention.searching {
                     bw * self.p.contend_search_gain
