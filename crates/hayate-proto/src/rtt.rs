@@ -8,12 +8,62 @@ pub struct RttEstimator {
     srtt: Option<u64>,
     rttvar: u64,
     latest: u64,
+    min: WindowedMin,
+}
+
+/// The least of the samples of the last [`MIN_RTT_WINDOW_US`] (as the RTT's minimum keeps
+/// it), forgotten in [`MIN_RTT_BUCKETS`] steps.
+#[derive(Debug, Clone)]
+pub struct WindowedMin {
     /// The least sample of each stretch of `MIN_RTT_WINDOW_US / MIN_RTT_BUCKETS` (when it
     /// began, the least sample), oldest first, covering the last window.
     buckets: [(u64, u64); MIN_RTT_BUCKETS],
     n_buckets: usize,
     /// The least of those: the windowed minimum.
     min: u64,
+}
+
+impl Default for WindowedMin {
+    fn default() -> Self {
+        WindowedMin {
+            buckets: [(0, u64::MAX); MIN_RTT_BUCKETS],
+            n_buckets: 0,
+            min: u64::MAX,
+        }
+    }
+}
+
+impl WindowedMin {
+    /// Takes in a sample `v` at `now_us`; returns the windowed minimum.
+    pub fn push(&mut self, now_us: u64, v: u64) -> u64 {
+        const SPAN: u64 = MIN_RTT_WINDOW_US / MIN_RTT_BUCKETS as u64;
+        let n = self.n_buckets;
+        match self.buckets[..n].last_mut() {
+            Some((start, m)) if now_us.saturating_sub(*start) < SPAN => *m = (*m).min(v),
+            _ => {
+                // A new stretch; the oldest falls out of the window once all are in use.
+                if n == MIN_RTT_BUCKETS {
+                    self.buckets.rotate_left(1);
+                    self.buckets[n - 1] = (now_us, v);
+                } else {
+                    self.buckets[n] = (now_us, v);
+                    self.n_buckets += 1;
+                }
+            }
+        }
+        let n = self.n_buckets;
+        self.min = self.buckets[..n]
+            .iter()
+            .map(|&(_, m)| m)
+            .min()
+            .unwrap_or(u64::MAX);
+        self.min
+    }
+
+    /// The windowed minimum, `None` before any sample.
+    pub fn get(&self) -> Option<u64> {
+        (self.min != u64::MAX).then_some(self.min)
+    }
 }
 
 /// The least variation a probe timeout allows for (RFC 9002's kGranularity): timers
@@ -37,9 +87,7 @@ impl Default for RttEstimator {
             srtt: None,
             rttvar: INITIAL_RTT_US / 2,
             latest: INITIAL_RTT_US,
-            buckets: [(0, u64::MAX); MIN_RTT_BUCKETS],
-            n_buckets: 0,
-            min: u64::MAX,
+            min: WindowedMin::default(),
         }
     }
 }
@@ -49,7 +97,7 @@ impl RttEstimator {
     pub fn on_sample(&mut self, now_us: u64, rtt_us: u64) {
         let rtt = rtt_us.max(1);
         self.latest = rtt;
-        self.track_min(now_us, rtt);
+        self.min.push(now_us, rtt);
         match self.srtt {
             None => {
                 self.srtt = Some(rtt);
@@ -61,30 +109,6 @@ impl RttEstimator {
                 self.srtt = Some((7 * s + rtt) / 8);
             }
         }
-    }
-
-    fn track_min(&mut self, now_us: u64, rtt: u64) {
-        const SPAN: u64 = MIN_RTT_WINDOW_US / MIN_RTT_BUCKETS as u64;
-        let n = self.n_buckets;
-        match self.buckets[..n].last_mut() {
-            Some((start, m)) if now_us.saturating_sub(*start) < SPAN => *m = (*m).min(rtt),
-            _ => {
-                // A new stretch; the oldest falls out of the window once all are in use.
-                if n == MIN_RTT_BUCKETS {
-                    self.buckets.rotate_left(1);
-                    self.buckets[n - 1] = (now_us, rtt);
-                } else {
-                    self.buckets[n] = (now_us, rtt);
-                    self.n_buckets += 1;
-                }
-            }
-        }
-        let n = self.n_buckets;
-        self.min = self.buckets[..n]
-            .iter()
-            .map(|&(_, m)| m)
-            .min()
-            .unwrap_or(u64::MAX);
     }
 
     /// Whether any sample came in (before it, the figures are [`INITIAL_RTT_US`] guesses).
@@ -109,11 +133,7 @@ impl RttEstimator {
 
     /// Minimum RTT seen (the path's propagation delay), or the smoothed RTT before samples.
     pub fn min(&self) -> u64 {
-        if self.min == u64::MAX {
-            self.srtt()
-        } else {
-            self.min
-        }
+        self.min.get().unwrap_or_else(|| self.srtt())
     }
 
     /// Probe timeout (RFC 9002 §6.2.1): how long an answer to a packet may take before we

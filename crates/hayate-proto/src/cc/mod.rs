@@ -20,6 +20,11 @@ pub struct Feedback {
     /// The receiver's delay between the arrival of the newest datagram it acknowledges and
     /// the ACK (its backlog plus deliberate ACK delay), µs; not part of `rtt_us`.
     pub rx_lag_us: u64,
+    /// What this ACK waited behind on the way back, µs, if it dates a data packet's
+    /// arrival: the RTT less that packet's one-way delay, over the least of that in the RTT's
+    /// window (the two hosts' clocks differ by a constant, which the difference takes out).
+    /// Part of `rtt_us`, and not a queue the sender's pace makes.
+    pub back_queue_us: Option<u64>,
     /// Smoothed RTT so far, µs.
     pub srtt_us: u64,
     /// Minimum RTT in the estimator's window, µs.

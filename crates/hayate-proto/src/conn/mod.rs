@@ -13,7 +13,7 @@ use crate::control::{Ctrl, CtrlRecv, CtrlSend};
 use crate::crypto::{Psk, ReplayWindow};
 use crate::pacer::Pacer;
 use crate::rng::Rng;
-use crate::rtt::RttEstimator;
+use crate::rtt::{RttEstimator, WindowedMin};
 use crate::stream::CONTROL_STREAM_ID;
 use crate::wire::{self, AddrFamily, Cid, Frame};
 
@@ -148,6 +148,8 @@ impl Connection {
                 block_size: wire::block_size(mtu, fam),
                 payload_limit: wire::udp_payload_limit(mtu, fam),
                 rtt: RttEstimator::default(),
+                back_min: WindowedMin::default(),
+                rx_last_counted: (0, 0),
                 pacer,
                 cc,
                 response_due: None,

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use crate::cc::{Adaptive, AdaptiveParams, Feedback, RateConfig, RateControl};
 use crate::pacer::Pacer;
-use crate::rtt::RttEstimator;
+use crate::rtt::{RttEstimator, WindowedMin};
 use crate::wire::{self, AddrFamily, Frame};
 
 use super::{CcTraceRow, Connection, State};
@@ -18,6 +18,11 @@ pub(super) struct PathData {
     pub(super) block_size: usize,
     pub(super) payload_limit: usize,
     pub(super) rtt: RttEstimator,
+    /// The least delay on the way back (the RTT less a data packet's one-way delay, up to
+    /// the clocks' offset; see `Connection::on_ack`) in the RTT's window.
+    pub(super) back_min: WindowedMin,
+    /// The receiver's byte count and its time in the last ACK that counted new bytes.
+    pub(super) rx_last_counted: (u64, u64),
     pub(super) cc: Box<dyn RateControl>,
     pub(super) pacer: Pacer,
     /// A PATH_CHALLENGE's token to echo in our next packet.

@@ -45,6 +45,8 @@ pub(super) struct SentRecord {
     pub(super) app_idle: u64,
     /// Sent as part of the pacer's catch-up (see `Pacer::catching_up`).
     pub(super) catch_up: bool,
+    /// Carried DATA or tunnel stream bytes (what the receiver counts in `rx_bytes`).
+    pub(super) data: bool,
 }
 
 /// The packet number space: keys, what was received and is to be acknowledged, and what
@@ -128,6 +130,10 @@ impl Reordering {
     }
 }
 
+/// Keeps the differences between the receiver's clock and ours positive: the two start at
+/// different moments (each at its own session start), by up to about a round trip.
+const CLOCK_BIAS_US: u64 = 1 << 40;
+
 impl Connection {
     pub(super) fn on_ack(&mut self, now_us: u64, rx_at_us: u64, a: &AckFrame) -> Feedback {
         let mut fb = Feedback {
@@ -154,6 +160,21 @@ impl Connection {
                 self.path.rtt.on_sample(now_us, rtt);
                 fb.rtt_us = Some(rtt);
                 fb.rx_lag_us = a.ack_delay_us;
+                // A data packet whose bytes the ACK newly counts was dated on arrival by the
+                // receiver (`rx_time_us`): the RTT less that one-way delay is the way back,
+                // up to the offset between the two hosts' clocks, and its rise over its
+                // least is what the ACKs waited behind on the way back.
+                let (b0, t0) = self.path.rx_last_counted;
+                let fresh = a.rx_bytes > b0 && a.rx_time_us > t0;
+                if fresh {
+                    self.path.rx_last_counted = (a.rx_bytes, a.rx_time_us);
+                }
+                if sent.data && fresh {
+                    let owd = (a.rx_time_us + CLOCK_BIAS_US).saturating_sub(sent.at_us);
+                    let back = (rtt + 2 * CLOCK_BIAS_US).saturating_sub(owd);
+                    let least = self.path.back_min.push(now_us, back);
+                    fb.back_queue_us = Some(back - least);
+                }
             }
             // Forget send times nobody will ask for again.
             let keep_from = a.largest_pn.saturating_sub(4 * REORDER_PACKETS.max(1024));
@@ -278,13 +299,14 @@ impl Connection {
         self.space.last_ack_us = now_us;
     }
 
-    pub(super) fn record_sent(&mut self, now_us: u64) {
+    pub(super) fn record_sent(&mut self, now_us: u64, data: bool) {
         self.space.sent_times.push_back(SentRecord {
             at_us: now_us,
             stalled: self.path.pacer.lost_bytes(),
             idle: self.path.pacer.idle_bytes(),
             app_idle: self.path.pacer.app_idle_bytes(),
             catch_up: self.path.pacer.catching_up(),
+            data,
         });
         if self.space.sent_times.len() > MAX_SENT_HISTORY {
             self.space.sent_times.pop_front();

@@ -187,7 +187,7 @@ impl Connection {
         let keys = self.space.keys.as_ref().expect("established");
         let total = keys.send.seal(buf, wire::DATA_HEADER_LEN + len, pn);
         self.space.next_pn += 1;
-        self.record_sent(now_us);
+        self.record_sent(now_us, true);
         self.stats.data_packets_sent += 1;
         self.stats.data_bytes_sent += len as u64;
         if retx {
@@ -216,7 +216,7 @@ impl Connection {
         let n = w.pos();
         let total = keys.send.seal(buf, n, pn);
         self.space.next_pn += 1;
-        self.record_sent(now_us);
+        self.record_sent(now_us, false);
         Some(total)
     }
 }

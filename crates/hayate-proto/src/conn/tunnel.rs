@@ -257,7 +257,7 @@ impl Connection {
         wire::write_sealed_header(buf, self.peer_cid, pn);
         let total = keys.send.seal(buf, h + c.len, pn);
         self.space.next_pn += 1;
-        self.record_sent(now_us);
+        self.record_sent(now_us, true);
         self.stats.data_packets_sent += 1;
         self.stats.data_bytes_sent += c.len as u64;
         if c.retx {

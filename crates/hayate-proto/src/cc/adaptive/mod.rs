@@ -2,14 +2,15 @@
 //!
 //! **The model.** The path is a bottleneck of rate `bw` behind a FIFO buffer, with a base
 //! round trip `min_rtt` and a delay that may vary by itself from one datagram to the next
-//! (a radio, a scheduler). The controller estimates `bw` from what the receiver says it took in
-//! (the `estimator`), watches the queue it keeps in front of the bottleneck as RTT over
-//! `min_rtt` plus the receiver's backlog, against a target that allows for the delay the
-//! path varies by itself (the `queue` signal), and tells random loss, which it
-//! compensates and otherwise ignores, from a buffer overflowing, which it treats like a queue
-//! (the `loss` classifier). The `state` machine paces at the estimate times a gain, searches
-//! upward by doubling (Startup) and then by an additive increment (ProbeBw's Up), and yields
-//! (Drain, ProbeBw's Down) when a queue stands. All tunables are in [`Params`].
+//! (a radio, a scheduler). The controller estimates `bw` from what the receiver says it
+//! took in (the `estimator`), watches the queue it keeps in front of the bottleneck as RTT
+//! over `min_rtt` (less what the ACKs waited behind on the way back, which the data's
+//! one-way delay tells apart) plus the receiver's backlog, against a target that allows for
+//! the delay the path varies by itself (the `queue` signal), and tells random loss, which
+//! it compensates and otherwise ignores, from a buffer overflowing, which it treats like a
+//! queue (the `loss` classifier). The `state` machine paces at the estimate times a gain,
+//! searches upward by doubling (Startup) and then by an additive increment (ProbeBw's Up),
+//! and yields (Drain, ProbeBw's Down) when a queue stands. All tunables are in [`Params`].
 //!
 //! ```text
 //!                   deliveries stop growing, a round loses a lot,

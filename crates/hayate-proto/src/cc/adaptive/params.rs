@@ -60,7 +60,10 @@ pub struct Params {
     /// the search: fewer are a host stall's late ACKs.
     pub startup_exit_samples: u32,
     /// Startup holds its flight once its own queue shows this much over the last round's
-    /// least, µs (over a real host's timestamp jitter) ...
+    /// least, µs (over a real host's timestamp jitter), plus what the queue target allows
+    /// for the path's own delay variation (`spread_allowance_us`: a delay that grows with
+    /// the packet rate as a jittery link's does, with the way back's jitter no longer in
+    /// the signal, held a 250 ms Startup at a third of the link) ...
     pub startup_hold_queue_us: u64,
     /// ... on this many RTT samples in a row ...
     pub startup_hold_samples: u32,

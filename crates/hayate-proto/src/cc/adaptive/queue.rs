@@ -1,5 +1,6 @@
-//! The queue signal: queueing delay on the path (RTT over the minimum) and at the receiver
-//! (its backlog and socket buffer), the queue target, and the bottleneck buffer learnt short.
+//! The queue signal: queueing delay on the path (RTT over the minimum, less what the ACKs
+//! waited behind on the way back) and at the receiver (its backlog and socket buffer), the
+//! queue target, and the bottleneck buffer learnt short.
 
 use std::collections::VecDeque;
 
@@ -275,7 +276,11 @@ impl Adaptive {
     /// least and largest, the standing queue, the buffer learnt short, and the runs of
     /// samples over the queue target and over the limit of ProbeBw's Up phase.
     pub(super) fn on_rtt_sample(&mut self, fb: &Feedback, rtt: u64) {
-        self.queue.path_queue_us = rtt.saturating_sub(fb.min_rtt_us);
+        // Less what the ACK waited behind on the way back (a thin or busy reverse path),
+        // which is not ours to drain.
+        self.queue.path_queue_us = rtt
+            .saturating_sub(fb.min_rtt_us)
+            .saturating_sub(fb.back_queue_us.unwrap_or(0));
         self.queue
             .spread
             .push(fb.now_us.saturating_sub(rtt), rtt, self.p.spread_samples);

@@ -282,9 +282,11 @@ impl Adaptive {
             .queue
             .path_queue_us
             .saturating_sub(self.queue.last_round_min_path_queue_us);
-        let over = q > self.p.startup_hold_queue_us
+        // Over what the path varies by itself, as the queue target allows for.
+        let beginning = self.p.startup_hold_queue_us + self.spread_allowance_us();
+        let over = q > beginning
             && (self.hold_in_flight.is_some() || q <= self.deep_target_us())
-            && self.queue.last_round_min_path_queue_us <= self.p.startup_hold_queue_us
+            && self.queue.last_round_min_path_queue_us <= beginning
             && self.startup_rounds >= self.p.startup_hold_rounds;
         if over == self.hold_in_flight.is_some() {
             self.hold_samples = 0;
