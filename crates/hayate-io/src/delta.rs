@@ -16,11 +16,12 @@
 use std::collections::VecDeque;
 use std::fs::File;
 
+use blake3::hazmat::ChainingValue;
 use hayate_proto::control::{basis, flags, BlockSpan, LeafHash};
 use hayate_proto::{Connection, XferId};
 
 use crate::driver::resume::MIN_RESUME_SIZE;
-use crate::fs::PartFile;
+use crate::fs::{FileIdentity, PartFile};
 use crate::verify::{leaf_hash, Known, LeafHash as Hasher, Leaves, Sending, LEAF_LEN, SUBTREE_LEN};
 
 /// Leaves per subtree.
@@ -96,21 +97,54 @@ pub struct Basis {
     leaves: u64,
     /// Next leaf to compare; the basis's and the sender's leaves from there, as arrived.
     at: u64,
-    mine: VecDeque<blake3::hazmat::ChainingValue>,
+    mine: VecDeque<ChainingValue>,
     theirs: VecDeque<LeafHash>,
     /// Matching leaf ranges, in order.
     matched: Vec<(u64, u64)>,
     /// The subtree being compared: its chaining value, and those of its matching leaves.
-    subtree: Option<blake3::hazmat::ChainingValue>,
-    subtree_leaves: Vec<Option<blake3::hazmat::ChainingValue>>,
+    subtree: Option<ChainingValue>,
+    subtree_leaves: Vec<Option<ChainingValue>>,
     /// What the temp file is known to hold, for the verification.
     known: Known,
+    /// A destination as long as the offer, read where it is while every leaf matches.
+    probe: Option<Probe>,
+    /// After a probe: the chaining values of the subtrees it read whole, each one's copy
+    /// compared whole with it (the sender's leaves of those were used up).
+    reread: Vec<ChainingValue>,
+    /// The probe read the whole file and every leaf matched: the destination is kept as it
+    /// is (this is what it was then).
+    unchanged: Option<FileIdentity>,
 }
 
-/// The basis for offered file of `size` bytes (with `flags`) being received into `part`,
-/// if there is one: the temp file an earlier copy left (checked leaf by leaf, whatever its
-/// resume state says), else the file at the destination unless `WHOLE_FILE`.
-pub fn basis_for(part: &mut PartFile, size: u64, fl: u32) -> Option<Basis> {
+/// A destination as long as the offered file is first read where it is, not copied: while
+/// every leaf matches, nothing is written, and a file found the same throughout is kept as
+/// it is (no copy, no rename: its inode, links and attributes stay, and a snapshot of the
+/// file system sees no change). At the first leaf that differs the basis starts over,
+/// copying the destination into the temp file as it hashes it; the subtrees read before
+/// then are compared whole with their copies (a copy that differs from what was read, the
+/// destination having changed meanwhile, is sent). What that costs is hashing those
+/// subtrees twice, which is why only a destination likely the same is probed (see
+/// [`basis_for`]): one of another length (an appended log, say) or older than the source
+/// (changed since it was copied) is copied from the start.
+struct Probe {
+    /// The destination and the temp file (handles of their own), for the start over.
+    dest: File,
+    temp: File,
+    /// The destination before it was read.
+    ident: FileIdentity,
+    /// Chaining values of the subtrees read so far, all of whose leaves matched.
+    subtrees: Vec<ChainingValue>,
+    /// The sender's leaves of the subtree being compared, up to the one being compared.
+    current: Vec<LeafHash>,
+}
+
+/// The basis for offered file of `size` bytes (with `flags`, last changed at `mtime`, in
+/// seconds) being received into `part`, if there is one: the temp file an earlier copy left
+/// (checked leaf by leaf, whatever its resume state says), else the file at the destination
+/// unless `WHOLE_FILE`. That one is read where it is first (see [`Probe`]) when it is
+/// likely the same: as long as the offer, and not older than it (as `-p` left it, or
+/// written after the source last changed); else it is copied as it is hashed.
+pub fn basis_for(part: &mut PartFile, size: u64, fl: u32, mtime: i64) -> Option<Basis> {
     if size == 0 || fl & flags::NO_RESUME != 0 || part.writes_in_order() {
         return None;
     }
@@ -132,6 +166,18 @@ pub fn basis_for(part: &mut PartFile, size: u64, fl: u32) -> Option<Basis> {
     }
     let (from, len) = part.open_existing().filter(|(_, len)| *len > 0)?;
     let file = part.file().ok()?.try_clone().ok()?;
+    let newer = || {
+        use std::os::unix::fs::MetadataExt;
+        from.metadata().is_ok_and(|m| m.mtime() >= mtime)
+    };
+    if len == size && size > SUBTREE_LEN && newer() {
+        if let Some(probe) = Basis::probe(file.try_clone().ok()?, from.try_clone().ok()?) {
+            // Nothing may be written yet: what is reserved for the temp file is not needed
+            // if the destination is kept, and a copy takes its space as it goes.
+            part.stop_reserving();
+            return Some(probe);
+        }
+    }
     Some(Basis::start(
         basis::DEST,
         file,
@@ -159,7 +205,76 @@ impl Basis {
             subtree: None,
             subtree_leaves: Vec::new(),
             known: Known::default(),
+            probe: None,
+            reread: Vec::new(),
+            unchanged: None,
         }
+    }
+
+    /// Starts reading the file at the destination, `dest`, as long as the offer, where it is
+    /// (see [`Probe`]); `temp` is the temp file, for a start over. `None` if `dest` cannot
+    /// be looked at.
+    fn probe(temp: File, dest: File) -> Option<Self> {
+        let ident = FileIdentity::of(&dest).ok()?;
+        let size = ident.size();
+        let mut b = Basis::start(basis::DEST, dest.try_clone().ok()?, None, size, size);
+        b.probe = Some(Probe {
+            dest,
+            temp,
+            ident,
+            subtrees: Vec::new(),
+            current: Vec::new(),
+        });
+        Some(b)
+    }
+
+    /// A leaf differed while probing: start over, copying the destination into the temp file
+    /// as it is hashed, from the first subtree; the subtrees read whole are compared with
+    /// their copies, the one being compared leaf by leaf again (the sender's leaves of it,
+    /// `current` and `differing`, go back in front of those still to compare).
+    fn start_over(&mut self, differing: LeafHash) {
+        let p = self.probe.take().expect("probing");
+        let first = self.at - self.at % SUBTREE_LEAVES;
+        for l in p.current.into_iter().chain([differing]).rev() {
+            self.theirs.push_front(l);
+        }
+        self.at = 0;
+        self.reread = p.subtrees;
+        debug_assert_eq!(self.reread.len() as u64 * SUBTREE_LEAVES, first);
+        self.hash = Hasher::start_copying(p.temp, Some(p.dest), self.size);
+        self.mine.clear();
+        self.matched.clear();
+        self.subtree = None;
+        self.subtree_leaves.clear();
+        self.known = Known::default();
+    }
+
+    /// A subtree of the file read before a start over: its copy, hashed, is held if it is
+    /// what was read then. False while the workers are on it.
+    fn compare_reread(&mut self) -> bool {
+        let index = (self.at / SUBTREE_LEAVES) as usize;
+        let n = match self.hash.take() {
+            None => return false,
+            Some(Ok(l)) => {
+                let n = l.cvs.len() as u64;
+                if let Some(cv) = l.subtree.filter(|cv| *cv == self.reread[index]) {
+                    self.matched.push((self.at, self.at + n));
+                    self.known.whole(index, cv);
+                }
+                n
+            }
+            // Not copied or not read: the rest of the basis is not trusted (sent).
+            Some(Err(_)) => {
+                let rest = self.reread.len() as u64 * SUBTREE_LEAVES;
+                self.basis_leaves = rest;
+                rest - self.at
+            }
+        };
+        self.at += n;
+        if self.at >= self.reread.len() as u64 * SUBTREE_LEAVES {
+            self.reread = Vec::new();
+        }
+        true
     }
 
     /// The sender's leaves `first..`, as they came (in order: the connection checks).
@@ -173,6 +288,12 @@ impl Basis {
     /// going on).
     pub fn poll(&mut self, block: u64) -> Option<Kept> {
         while self.at < self.leaves {
+            if !self.reread.is_empty() {
+                if self.compare_reread() {
+                    continue;
+                }
+                break;
+            }
             let Some(&theirs) = self.theirs.front() else {
                 break;
             };
@@ -203,6 +324,13 @@ impl Basis {
             };
             self.theirs.pop_front();
             let same = mine.filter(|cv| leaf_hash(cv) == theirs);
+            if let Some(p) = &mut self.probe {
+                if same.is_none() {
+                    self.start_over(theirs);
+                    continue;
+                }
+                p.current.push(theirs);
+            }
             if same.is_some() {
                 match self.matched.last_mut() {
                     Some(last) if last.1 == self.at => last.1 += 1,
@@ -213,6 +341,12 @@ impl Basis {
             self.at += 1;
             if self.at.is_multiple_of(SUBTREE_LEAVES) || self.at == self.leaves {
                 self.subtree_compared();
+            }
+        }
+        if self.at == self.leaves {
+            if let Some(p) = self.probe.take() {
+                // Every leaf matched, and the lengths are the same.
+                self.unchanged = Some(p.ident);
             }
         }
         // A copy that failed leaves later ones with the workers: they write into the temp
@@ -226,6 +360,13 @@ impl Basis {
         let index = ((self.at - 1) / SUBTREE_LEAVES) as usize;
         let leaves = std::mem::take(&mut self.subtree_leaves);
         let subtree = self.subtree.take();
+        if let Some(p) = &mut self.probe {
+            // Every leaf of it matched (else the probe ended); a file of more than one
+            // subtree (see `basis_for`) has each one's chaining value.
+            p.subtrees
+                .push(subtree.expect("a subtree's chaining value"));
+            p.current.clear();
+        }
         if leaves.iter().all(Option::is_some) {
             if let Some(cv) = subtree {
                 self.known.whole(index, cv);
@@ -238,9 +379,19 @@ impl Basis {
     }
 
     /// What the temp file holds (the chaining values of the matching leaves, hashed from
-    /// it), for the verification once the file is accepted.
-    pub fn into_known(self) -> Known {
+    /// it), for the verification once the file is accepted; and, when the destination
+    /// proved the same as the offer throughout, `part` keeps it instead of a copy (the
+    /// chaining values are then the destination's).
+    pub fn finish(self, part: &mut PartFile) -> Known {
+        if let Some(ident) = self.unchanged {
+            part.keep_destination(ident);
+        }
         self.known
+    }
+
+    /// The destination proved the same as the offer throughout (once compared).
+    pub fn unchanged(&self) -> bool {
+        self.unchanged.is_some()
     }
 }
 
@@ -366,32 +517,47 @@ mod tests {
             .collect()
     }
 
+    /// What [`rebuild`] found.
+    struct Rebuilt {
+        /// Bytes held (not sent).
+        held: u64,
+        /// Subtrees whose chaining values were known, whole or in part.
+        known: usize,
+        /// The destination was kept as it was (the same inode).
+        kept: bool,
+    }
+
     /// Copies `new` over a destination holding `old` as a receiver does: the basis hashed
     /// (`meanwhile` runs once it started), compared with `new`'s leaves, what was not kept
-    /// written as if it arrived, verified and committed. Returns the bytes kept and how
-    /// many subtrees were known.
-    fn rebuild(old: &[u8], new: &[u8], meanwhile: impl FnOnce(&std::path::Path)) -> (u64, usize) {
+    /// written as if it arrived, verified and committed.
+    fn rebuild(old: &[u8], new: &[u8], meanwhile: impl FnOnce(&std::path::Path)) -> Rebuilt {
+        rebuild_with(old, new, |b, dest, theirs| {
+            meanwhile(dest);
+            b.sums(0, theirs.to_vec());
+        })
+    }
+
+    /// [`rebuild`], the sender's leaves (`theirs`) given to the basis by `feed`.
+    fn rebuild_with(
+        old: &[u8],
+        new: &[u8],
+        feed: impl FnOnce(&mut Basis, &std::path::Path, &[LeafHash]),
+    ) -> Rebuilt {
+        use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
         let root = crate::fs::Root::open(dir.path()).unwrap();
         let len = new.len() as u64;
         let dest = dir.path().join("f");
         std::fs::write(&dest, old).unwrap();
+        let ino = std::fs::metadata(&dest).unwrap().ino();
         let mut part = root.create_part("f", len).unwrap();
-        let mut b = basis_for(&mut part, len, 0).expect("a basis");
+        let mut b = basis_for(&mut part, len, 0, 0).expect("a basis");
         assert_eq!(b.kind, basis::DEST);
-        meanwhile(&dest);
-        b.sums(0, leaf_hashes(new));
+        feed(&mut b, &dest, &leaf_hashes(new));
         let block = 8952;
-        let until = Instant::now() + Duration::from_secs(30);
-        let kept = loop {
-            if let Some(k) = b.poll(block) {
-                break k;
-            }
-            assert!(Instant::now() < until, "never compared");
-            std::thread::sleep(Duration::from_millis(1));
-        };
+        let kept = poll_until(&mut b, block);
         let ranges = kept.byte_ranges(block, len);
-        let known = b.into_known();
+        let known = b.finish(&mut part);
         let n_known = known.len();
         let mut landing = Landing::start_known(&mut part, len, &ranges, known).unwrap();
         let mut at = 0;
@@ -414,7 +580,143 @@ mod tests {
         assert_eq!(v.unwrap(), *blake3::hash(new).as_bytes());
         part.commit(None, None).unwrap();
         assert!(std::fs::read(&dest).unwrap() == new, "the result differs");
-        (ranges.iter().map(|&(a, b)| b - a).sum(), n_known)
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["f"], "a temp file is left");
+        Rebuilt {
+            held: ranges.iter().map(|&(a, b)| b - a).sum(),
+            known: n_known,
+            kept: std::fs::metadata(&dest).unwrap().ino() == ino,
+        }
+    }
+
+    fn poll_until(b: &mut Basis, block: u64) -> Kept {
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(k) = b.poll(block) {
+                return k;
+            }
+            assert!(Instant::now() < until, "never compared");
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// A destination the same as the offer throughout is read where it is, never copied:
+    /// it is kept (the same inode), and verified from what was read.
+    #[test]
+    fn a_destination_found_the_same_is_kept_not_copied() {
+        let len = 3 * SUBTREE_LEN as usize + 5000;
+        let old = data(len, 11);
+        let r = rebuild(&old, &old, |_| {});
+        assert_eq!(r.held, len as u64);
+        assert_eq!(r.known, 4);
+        assert!(r.kept, "the destination was replaced");
+        // One byte different, at the very end: copied and replaced.
+        let mut new = old.clone();
+        new[len - 1] ^= 1;
+        let r = rebuild(&old, &new, |_| {});
+        assert_eq!(r.held, (len - (5000 - 4096)) as u64);
+        assert!(!r.kept);
+    }
+
+    /// A difference past the first subtrees: the basis starts over copying, the subtrees
+    /// read before are held whole (their copies are what was read), the rest leaf by leaf.
+    #[test]
+    fn a_late_difference_starts_over_copying_and_holds_what_was_read() {
+        let len = 6 * SUBTREE_LEN as usize;
+        let old = data(len, 12);
+        let mut new = old.clone();
+        let l = LEAF_LEN as usize;
+        let leaf = 4 * SUBTREE_LEAVES as usize + 17;
+        new[leaf * l..(leaf + 1) * l].copy_from_slice(&data(l, 13));
+        let r = rebuild(&old, &new, |_| {});
+        assert_eq!(r.held, (len - l) as u64);
+        assert_eq!(r.known, 6);
+        assert!(!r.kept);
+    }
+
+    /// The destination changes after its first subtrees were read (all matching) and
+    /// before a difference further on starts the copy: the copy of a changed subtree is not
+    /// what was read, so that subtree is sent whole, and the result is exact.
+    #[test]
+    fn a_destination_changed_after_it_was_read_is_sent_where_it_changed() {
+        let m = SUBTREE_LEN as usize;
+        let len = 5 * m;
+        let old = data(len, 14);
+        let mut new = old.clone();
+        let l = LEAF_LEN as usize;
+        let leaf = 3 * SUBTREE_LEAVES as usize + 5;
+        new[leaf * l..(leaf + 1) * l].copy_from_slice(&data(l, 15));
+        let r = rebuild_with(&old, &new, |b, dest, theirs| {
+            let first = (2 * SUBTREE_LEAVES) as usize;
+            b.sums(0, theirs[..first].to_vec());
+            let until = Instant::now() + Duration::from_secs(30);
+            while b.at < first as u64 {
+                assert!(b.poll(8952).is_none());
+                assert!(Instant::now() < until, "never compared");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert!(b.probe.is_some(), "still reading where it is");
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::OpenOptions::new().write(true).open(dest).unwrap();
+            f.write_all_at(&[0x5a; 100], 1000).unwrap();
+            b.sums(first as u64, theirs[first..].to_vec());
+        });
+        assert_eq!(r.held, (len - m - l) as u64);
+        assert!(!r.kept);
+    }
+
+    /// Only a destination likely the same is read where it is first: as long as the offer
+    /// and not older than the source; one changed since (older) or of another length is
+    /// copied as it is hashed from the start.
+    #[test]
+    fn only_a_destination_likely_the_same_is_probed() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = crate::fs::Root::open(dir.path()).unwrap();
+        let len = 2 * SUBTREE_LEN;
+        std::fs::write(dir.path().join("f"), data(len as usize, 17)).unwrap();
+        let probed = |size: u64, mtime: i64| {
+            let mut part = root.create_part("f", size).unwrap();
+            let b = basis_for(&mut part, size, 0, mtime).expect("a basis");
+            part.discard();
+            b.probe.is_some()
+        };
+        assert!(probed(len, 0));
+        assert!(
+            !probed(len, i64::MAX),
+            "the source changed after the destination"
+        );
+        assert!(!probed(len + 1, 0), "another length");
+        assert!(!probed(len - 1, 0), "another length");
+    }
+
+    /// A destination kept as it is, replaced by another file before the commit: the commit
+    /// fails and says so, the file there stays, and no temp file is left.
+    #[test]
+    fn a_kept_destination_replaced_before_the_commit_fails_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = crate::fs::Root::open(dir.path()).unwrap();
+        let len = 2 * SUBTREE_LEN as usize;
+        let old = data(len, 16);
+        let dest = dir.path().join("f");
+        std::fs::write(&dest, &old).unwrap();
+        let mut part = root.create_part("f", len as u64).unwrap();
+        let mut b = basis_for(&mut part, len as u64, 0, 0).expect("a basis");
+        b.sums(0, leaf_hashes(&old));
+        poll_until(&mut b, 8952);
+        assert!(b.unchanged());
+        let _ = b.finish(&mut part);
+        std::fs::write(dir.path().join("g"), b"another").unwrap();
+        std::fs::rename(dir.path().join("g"), &dest).unwrap();
+        let e = part.commit(None, None).unwrap_err();
+        assert!(
+            e.to_string().contains("changed while it was compared"),
+            "{e}"
+        );
+        assert_eq!(std::fs::read(&dest).unwrap(), b"another");
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
     /// A destination with a few changed leaves: the basis is copied into the temp file as
@@ -429,10 +731,11 @@ mod tests {
         for leaf in [2, 300, 301, 1100] {
             new[leaf * l..(leaf + 1) * l].copy_from_slice(&data(l, leaf as u64 + 9));
         }
-        let (held, known) = rebuild(&old, &new, |_| {});
-        assert_eq!(held, (len - 4 * l) as u64);
+        let r = rebuild(&old, &new, |_| {});
+        assert_eq!(r.held, (len - 4 * l) as u64);
         // Subtrees 0, 1 and 4 in part, the others whole.
-        assert_eq!(known, 6);
+        assert_eq!(r.known, 6);
+        assert!(!r.kept);
     }
 
     /// A destination changed and cut short while it is hashed (past the first window of
@@ -443,14 +746,15 @@ mod tests {
         let m = SUBTREE_LEN as usize;
         let len = (crate::verify::WHOLE_WINDOW + 16) * m;
         let old = data(len, 3);
-        let (held, _) = rebuild(&old, &old, |dest| {
+        let r = rebuild(&old, &old, |dest| {
             use std::os::unix::fs::FileExt;
             let f = std::fs::OpenOptions::new().write(true).open(dest).unwrap();
             let at = crate::verify::WHOLE_WINDOW * m + m / 2;
             f.write_all_at(&[0x5a; 100], at as u64).unwrap();
             f.set_len((len - 5 * m) as u64).unwrap();
         });
-        let held = held as usize;
+        let held = r.held as usize;
+        assert!(!r.kept);
         // The changed leaf and what is gone are not kept; the subtrees hashed before the
         // cut are (the cut subtree goes to the workers only once 12 are taken).
         assert!(held <= len - 5 * m - LEAF_LEN as usize, "{held}");

@@ -858,6 +858,42 @@ pub struct PartFile {
     /// `--inplace`: `file` is the destination itself (it was a regular file of this
     /// length), written where it is: no temp file, no rename, no resume state.
     inplace: Option<u64>,
+    /// The file at the destination already holds what was offered (see
+    /// [`keep_destination`](Self::keep_destination)): the commit keeps it, if it is still
+    /// the file that was compared.
+    keep: Option<FileIdentity>,
+}
+
+/// What tells a file apart from itself after a change: device and inode, size, and the
+/// modification and status-change times (every write moves them; no user can set the
+/// latter).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileIdentity {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl FileIdentity {
+    /// The identity of the open file `f`.
+    pub fn of(f: &File) -> io::Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let m = f.metadata()?;
+        Ok(FileIdentity {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.len(),
+            mtime: (m.mtime(), m.mtime_nsec()),
+            ctime: (m.ctime(), m.ctime_nsec()),
+        })
+    }
+
+    /// The file's size then.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
 }
 
 /// Reserves a file's space (`fallocate`) in the background, a chunk at a time, so a disk
@@ -1074,6 +1110,7 @@ impl PartFile {
             stream: None,
             link,
             inplace: None,
+            keep: None,
         })
     }
 
@@ -1130,6 +1167,7 @@ impl PartFile {
             stream: None,
             link: None,
             inplace: Some(old),
+            keep: None,
         }))
     }
 
@@ -1184,6 +1222,7 @@ impl PartFile {
             })),
             link,
             inplace: None,
+            keep: None,
         })
     }
 
@@ -1240,7 +1279,7 @@ impl PartFile {
     /// second, and each save waited for up to 16 MiB of queued writes). The state is a hint
     /// (a resume compares every byte it keeps), so a save that fails there is let go.
     pub fn save_state(&mut self, data: &[u8]) -> io::Result<()> {
-        if self.stream.is_some() || self.inplace.is_some() {
+        if self.stream.is_some() || self.inplace.is_some() || self.keep.is_some() {
             return Ok(());
         }
         self.push_run()?;
@@ -1501,6 +1540,9 @@ impl PartFile {
         if let Some(s) = &self.stream {
             return s.complete(self.size);
         }
+        if let Some(id) = self.keep {
+            return self.commit_kept(id, mode, mtime);
+        }
         if let Some(mode) = mode {
             self.file
                 .set_permissions(Permissions::from_mode(mode & 0o777))?;
@@ -1524,6 +1566,70 @@ impl PartFile {
             )
         })?;
         self.remove_state()
+    }
+
+    /// Stops reserving the temp file's space (see `Reserve`): what is reserved stays.
+    pub fn stop_reserving(&mut self) {
+        self.space = None;
+    }
+
+    /// The file at the destination holds what was offered already, every byte (`ident`: as
+    /// it was when it was compared): nothing is written into the temp file, which gives back
+    /// what was reserved for it, and the commit keeps the destination, its inode, links and
+    /// attributes, instead of renaming a copy over it. No resume state is kept.
+    pub fn keep_destination(&mut self, ident: FileIdentity) {
+        if self.stream.is_some() || self.inplace.is_some() {
+            return;
+        }
+        self.keep = Some(ident);
+        self.space = None;
+        let _ = self.file.set_len(0);
+        let _ = self.remove_state();
+    }
+
+    /// The commit of a destination kept (see [`keep_destination`](Self::keep_destination)):
+    /// an error, and nothing changed but the temp file removed, if it is no longer the file
+    /// that was compared.
+    fn commit_kept(
+        self,
+        id: FileIdentity,
+        mode: Option<u32>,
+        mtime: Option<SystemTime>,
+    ) -> io::Result<()> {
+        let _ = rfs::unlinkat(&self.dir, self.part_name.as_str(), AtFlags::empty());
+        let dest = rfs::openat(
+            &self.dir,
+            self.final_name.as_str(),
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map(File::from)
+        .map_err(io::Error::from);
+        let same = dest
+            .as_ref()
+            .ok()
+            .and_then(|f| FileIdentity::of(f).ok())
+            .is_some_and(|now| now == id);
+        let dest = match dest {
+            Ok(f) if same => f,
+            _ => {
+                return Err(io::Error::other(format!(
+                    "{}: the file there changed while it was compared with the source; \
+                     nothing was written: run the copy again",
+                    self.shown
+                )))
+            }
+        };
+        if let Some(mode) = mode {
+            let now = dest.metadata()?.permissions().mode() & 0o7777;
+            if now != mode & 0o777 {
+                dest.set_permissions(Permissions::from_mode(mode & 0o777))?;
+            }
+        }
+        if let Some(mtime) = mtime {
+            dest.set_times(FileTimes::new().set_modified(mtime))?;
+        }
+        Ok(())
     }
 
     /// Closes the temp file and leaves it (and its resume state) in place for a later resume.

@@ -5,7 +5,7 @@
 mod common;
 
 use std::fs;
-use std::os::unix::fs::{symlink, PermissionsExt};
+use std::os::unix::fs::{symlink, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -2247,9 +2247,53 @@ fn delta_cases(upload: bool) {
     let moved = f["moved_bytes"].as_u64().unwrap();
     assert_eq!(moved, 20 * 4096, "{f}");
 
-    // Unchanged: nothing but the tail block is sent.
+    // Unchanged: nothing is sent, and the file there is kept as it is (the same inode,
+    // not a copy renamed over it).
+    let dst = |name: &str| {
+        if upload {
+            fx.root.join(name)
+        } else {
+            fx.local.join(name)
+        }
+    };
+    fs::write(dst("same.bin"), &old).unwrap();
+    let ino = fs::metadata(dst("same.bin")).unwrap().ino();
     let f = delta_copy(&fx, "same.bin", &old, &old, upload, &[]);
-    assert!(f["moved_bytes"].as_u64().unwrap() <= 4096, "{f}");
+    assert_eq!(f["moved_bytes"].as_u64(), Some(0), "{f}");
+    assert_eq!(
+        fs::metadata(dst("same.bin")).unwrap().ino(),
+        ino,
+        "replaced"
+    );
+    // -p still gives it the source's mtime.
+    let (src, to) = if upload {
+        (fx.local.join("same-p.bin"), fx.url("same-p.bin"))
+    } else {
+        (fx.root.join("same-p.bin"), s(&fx.local.join("same-p.bin")))
+    };
+    fs::write(&src, &old).unwrap();
+    let then = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+    fs::File::options()
+        .write(true)
+        .open(&src)
+        .unwrap()
+        .set_times(fs::FileTimes::new().set_modified(then))
+        .unwrap();
+    fs::write(dst("same-p.bin"), &old).unwrap();
+    let ino = fs::metadata(dst("same-p.bin")).unwrap().ino();
+    let from = if upload {
+        s(&src)
+    } else {
+        fx.url("same-p.bin")
+    };
+    let r = fx.cp(&["-p".to_string(), "--json".into(), from, to]);
+    r.assert_ok();
+    let f = r.json()["files"][0].clone();
+    assert_eq!(f["moved_bytes"].as_u64(), Some(0), "{f}");
+    let meta = fs::metadata(dst("same-p.bin")).unwrap();
+    assert_eq!(meta.ino(), ino, "replaced");
+    assert_eq!(meta.modified().unwrap(), then);
+    assert_eq!(fs::read(dst("same-p.bin")).unwrap(), old);
 
     // Appended to (a growing log), by an amount that is no whole leaf.
     let mut new = old.clone();
@@ -2431,7 +2475,6 @@ fn a_tree_sends_only_the_changed_leaves_of_changed_files() {
 /// where it differs; shorter and longer sources too; both ways.
 #[test]
 fn inplace_writes_only_what_differs_into_the_destination_itself() {
-    use std::os::unix::fs::MetadataExt;
     let fx = Fx::new();
     let old = random_bytes(4 << 20, 20);
     for upload in [true, false] {

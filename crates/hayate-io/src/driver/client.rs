@@ -760,7 +760,11 @@ fn settle_bases(conn: &mut Connection, files: &mut Files, s: &mut Session<'_>) {
         let a = files.act.get_mut(&xfer).expect("listed");
         let b = a.basis.take().expect("listed");
         let kind = b.kind;
-        if !start_download(conn, s, xfer, a, &have, kind, b.into_known()) {
+        let known = match a.part.as_mut() {
+            Some(p) => b.finish(p),
+            None => Known::default(),
+        };
+        if !start_download(conn, s, xfer, a, &have, kind, known) {
             files.act.remove(&xfer);
         }
     }
@@ -794,7 +798,7 @@ fn accept_download(
         }
     };
     let fl = s.opts_flags & flags::WHOLE_FILE;
-    let basis = basis_for(&mut p, size, fl);
+    let basis = basis_for(&mut p, size, fl, a.mtime);
     a.part = Some(p);
     match basis {
         Some(b) => {

@@ -252,8 +252,9 @@ fn settle_bases(c: &mut Connection, f: &mut SessionFiles) {
         })
         .collect();
     for (xfer, have) in done {
-        let (up, part, b) = f.bases.remove(&xfer).expect("listed");
-        start_upload(c, f, xfer, part, up, &have, b.into_known());
+        let (up, mut part, b) = f.bases.remove(&xfer).expect("listed");
+        let known = b.finish(&mut part);
+        start_upload(c, f, xfer, part, up, &have, known);
     }
 }
 
@@ -1006,7 +1007,7 @@ fn accept_upload(
     mut part: PartFile,
     up: Upload,
 ) {
-    match basis_for(&mut part, up.size, up.flags) {
+    match basis_for(&mut part, up.size, up.flags, up.mtime) {
         Some(b) => {
             c.want_sums(xfer, b.kind);
             f.bases.insert(xfer, (up, part, b));
