@@ -142,8 +142,9 @@ struct Probe {
 /// seconds) being received into `part`, if there is one: the temp file an earlier copy left
 /// (checked leaf by leaf, whatever its resume state says), else the file at the destination
 /// unless `WHOLE_FILE`. That one is read where it is first (see [`Probe`]) when it is
-/// likely the same: as long as the offer, and not older than it (as `-p` left it, or
-/// written after the source last changed); else it is copied as it is hashed.
+/// likely the same and ours: as long as the offer, not older than it (as `-p` left it, or
+/// written after the source last changed), and owned by this user (or this is root); else
+/// it is copied as it is hashed.
 pub fn basis_for(part: &mut PartFile, size: u64, fl: u32, mtime: i64) -> Option<Basis> {
     if size == 0 || fl & flags::NO_RESUME != 0 || part.writes_in_order() {
         return None;
@@ -166,11 +167,14 @@ pub fn basis_for(part: &mut PartFile, size: u64, fl: u32, mtime: i64) -> Option<
     }
     let (from, len) = part.open_existing().filter(|(_, len)| *len > 0)?;
     let file = part.file().ok()?.try_clone().ok()?;
-    let newer = || {
+    // Kept, its mode and mtime may be set as a copy's would be: ours to change.
+    let likely_same = || {
         use std::os::unix::fs::MetadataExt;
-        from.metadata().is_ok_and(|m| m.mtime() >= mtime)
+        let me = rustix::process::geteuid();
+        from.metadata()
+            .is_ok_and(|m| m.mtime() >= mtime && (me.is_root() || m.uid() == me.as_raw()))
     };
-    if len == size && size > SUBTREE_LEN && newer() {
+    if len == size && size > SUBTREE_LEN && likely_same() {
         if let Some(probe) = Basis::probe(file.try_clone().ok()?, from.try_clone().ok()?) {
             // Nothing may be written yet: what is reserved for the temp file is not needed
             // if the destination is kept, and a copy takes its space as it goes.
