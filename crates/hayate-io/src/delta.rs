@@ -174,7 +174,7 @@ pub fn basis_for(part: &mut PartFile, size: u64, fl: u32, mtime: i64) -> Option<
         from.metadata()
             .is_ok_and(|m| m.mtime() >= mtime && (me.is_root() || m.uid() == me.as_raw()))
     };
-    if len == size && size > SUBTREE_LEN && likely_same() {
+    if len == size && likely_same() {
         if let Some(probe) = Basis::probe(file.try_clone().ok()?, from.try_clone().ok()?) {
             // Nothing may be written yet: what is reserved for the temp file is not needed
             // if the destination is kept, and a copy takes its space as it goes.
@@ -365,11 +365,14 @@ impl Basis {
         let leaves = std::mem::take(&mut self.subtree_leaves);
         let subtree = self.subtree.take();
         if let Some(p) = &mut self.probe {
-            // Every leaf of it matched (else the probe ended); a file of more than one
-            // subtree (see `basis_for`) has each one's chaining value.
-            p.subtrees
-                .push(subtree.expect("a subtree's chaining value"));
+            // Every leaf of it matched (else the probe ended). A file of one subtree has
+            // none to compare a copy with: a start over is then within it.
+            p.subtrees.extend(subtree);
             p.current.clear();
+        }
+        if self.leaves <= SUBTREE_LEAVES {
+            // A file of one subtree is verified from its root hash (see `finish`) or read.
+            return;
         }
         if leaves.iter().all(Option::is_some) {
             if let Some(cv) = subtree {
@@ -386,8 +389,15 @@ impl Basis {
     /// it), for the verification once the file is accepted; and, when the destination
     /// proved the same as the offer throughout, `part` keeps it instead of a copy (the
     /// chaining values are then the destination's).
-    pub fn finish(self, part: &mut PartFile) -> Known {
+    pub fn finish(mut self, part: &mut PartFile) -> Known {
         if let Some(ident) = self.unchanged {
+            if self.leaves <= SUBTREE_LEAVES {
+                // One subtree: what stands for it is the file's hash, as read.
+                match self.hash.result() {
+                    Some(Ok(h)) => self.known.root(h),
+                    _ => return Known::default(),
+                }
+            }
             part.keep_destination(ident);
         }
         self.known
@@ -622,6 +632,16 @@ mod tests {
         new[len - 1] ^= 1;
         let r = rebuild(&old, &new, |_| {});
         assert_eq!(r.held, (len - (5000 - 4096)) as u64);
+        assert!(!r.kept);
+        // A file of one subtree, the same: kept, verified from its hash as read.
+        let small = data(300_000, 18);
+        let r = rebuild(&small, &small, |_| {});
+        assert_eq!((r.held, r.known), (300_000, 1));
+        assert!(r.kept, "the destination was replaced");
+        let mut new = small.clone();
+        new[150_000] ^= 1;
+        let r = rebuild(&small, &new, |_| {});
+        assert_eq!(r.held, 300_000 - 4096);
         assert!(!r.kept);
     }
 

@@ -752,6 +752,8 @@ pub struct Leaves {
 #[derive(Default)]
 pub struct Known {
     subtrees: HashMap<usize, KnownSubtree>,
+    /// A file of one subtree known whole: its root hash.
+    root: Option<blake3::Hash>,
 }
 
 enum KnownSubtree {
@@ -807,14 +809,19 @@ impl Known {
         }
     }
 
+    /// A file of one subtree is known whole: this is its root hash.
+    pub fn root(&mut self, hash: blake3::Hash) {
+        self.root = Some(hash);
+    }
+
     /// Subtrees known, whole or in part.
     pub fn len(&self) -> usize {
-        self.subtrees.len()
+        self.subtrees.len() + usize::from(self.root.is_some())
     }
 
     /// Nothing is known.
     pub fn is_empty(&self) -> bool {
-        self.subtrees.is_empty()
+        self.len() == 0
     }
 }
 
@@ -888,6 +895,12 @@ impl Landing {
                     Some(last) if last.1 >= start => last.1 = last.1.max(end),
                     _ => ranges.push((start, end)),
                 }
+            }
+        }
+        if let Some(root) = known.root.filter(|_| hash.filled.len() == 1) {
+            if inside(&ranges, 0, size) {
+                hash.shared.lock().expect("hash state").single = Some(root);
+                whole.clear();
             }
         }
         if hash.filled.len() > 1 {

@@ -2256,15 +2256,17 @@ fn delta_cases(upload: bool) {
             fx.local.join(name)
         }
     };
-    fs::write(dst("same.bin"), &old).unwrap();
-    let ino = fs::metadata(dst("same.bin")).unwrap().ino();
-    let f = delta_copy(&fx, "same.bin", &old, &old, upload, &[]);
-    assert_eq!(f["moved_bytes"].as_u64(), Some(0), "{f}");
-    assert_eq!(
-        fs::metadata(dst("same.bin")).unwrap().ino(),
-        ino,
-        "replaced"
-    );
+    for (name, d) in [("same.bin", &old[..]), ("small-same.bin", &old[..300_000])] {
+        fs::write(dst(name), d).unwrap();
+        let ino = fs::metadata(dst(name)).unwrap().ino();
+        let f = delta_copy(&fx, name, d, d, upload, &[]);
+        assert_eq!(f["moved_bytes"].as_u64(), Some(0), "{f}");
+        assert_eq!(
+            fs::metadata(dst(name)).unwrap().ino(),
+            ino,
+            "{name} replaced"
+        );
+    }
     // -p still gives it the source's mtime.
     let (src, to) = if upload {
         (fx.local.join("same-p.bin"), fx.url("same-p.bin"))
