@@ -31,6 +31,13 @@ const SUBTREE_LEAVES: u64 = SUBTREE_LEN / LEAF_LEN;
 /// hashes costs more than the bytes.
 pub const DELTA_MIN: u64 = 64 << 10;
 
+/// A verified file sent whole for being small (under [`DELTA_MIN`]) whose destination
+/// already holds the same bytes: `part` keeps the destination instead of replacing it, as a
+/// delta does for a bigger one (see [`Probe`]).
+pub fn keep_small_if_same(part: &mut PartFile, hash: &[u8; 32]) {
+    part.keep_if_same(hash, DELTA_MIN - 1);
+}
+
 /// Most block ranges a receiver names in `Ready` (a message is at most 1 MiB, and these
 /// take up to 10 bytes each): past this, the shortest are sent instead.
 pub const MAX_HAVE_RANGES: usize = 40_000;

@@ -1587,6 +1587,45 @@ impl PartFile {
         let _ = self.remove_state();
     }
 
+    /// After the verification: if the destination (a regular file of at most `max` bytes,
+    /// this user's, or this is root) already holds exactly the bytes verified (`hash`, the
+    /// BLAKE3 of the whole file), keep it (see [`keep_destination`](Self::keep_destination))
+    /// instead of renaming the copy over it. Reads at most `max` bytes, on the caller's thread.
+    pub fn keep_if_same(&mut self, hash: &[u8; 32], max: u64) {
+        if self.keep.is_some() || self.stream.is_some() || self.inplace.is_some() {
+            return;
+        }
+        if self.size > max {
+            return;
+        }
+        let Ok(fd) = rfs::openat(
+            &self.dir,
+            self.final_name.as_str(),
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) else {
+            return;
+        };
+        let dest = File::from(fd);
+        let (Ok(meta), Ok(id)) = (dest.metadata(), FileIdentity::of(&dest)) else {
+            return;
+        };
+        let me = rustix::process::geteuid();
+        if !meta.is_file()
+            || meta.len() != self.size
+            || !(me.is_root() || std::os::unix::fs::MetadataExt::uid(&meta) == me.as_raw())
+        {
+            return;
+        }
+        let mut buf = vec![0; self.size as usize];
+        if dest.read_exact_at(&mut buf, 0).is_err() || blake3::hash(&buf).as_bytes() != hash {
+            return;
+        }
+        if FileIdentity::of(&dest).is_ok_and(|now| now == id) {
+            self.keep_destination(id);
+        }
+    }
+
     /// The commit of a destination kept (see [`keep_destination`](Self::keep_destination)):
     /// an error, and nothing changed but the temp file removed, if it is no longer the file
     /// that was compared.

@@ -2256,17 +2256,32 @@ fn delta_cases(upload: bool) {
             fx.local.join(name)
         }
     };
-    for (name, d) in [("same.bin", &old[..]), ("small-same.bin", &old[..300_000])] {
+    // One under 64 KiB is sent whole, and kept all the same.
+    let sizes = [
+        ("same.bin", len),
+        ("small-same.bin", 300_000),
+        ("tiny-same.bin", 10_000),
+    ];
+    for (name, n) in sizes {
+        let d = &old[..n];
         fs::write(dst(name), d).unwrap();
         let ino = fs::metadata(dst(name)).unwrap().ino();
         let f = delta_copy(&fx, name, d, d, upload, &[]);
-        assert_eq!(f["moved_bytes"].as_u64(), Some(0), "{f}");
+        let moved = if n < 64 << 10 { n as u64 } else { 0 };
+        assert_eq!(f["moved_bytes"].as_u64(), Some(moved), "{f}");
         assert_eq!(
             fs::metadata(dst(name)).unwrap().ino(),
             ino,
             "{name} replaced"
         );
     }
+    // Changed, it is replaced.
+    let mut tiny = old[..10_000].to_vec();
+    fs::write(dst("tiny.bin"), &tiny).unwrap();
+    let ino = fs::metadata(dst("tiny.bin")).unwrap().ino();
+    tiny[5000] ^= 1;
+    delta_copy(&fx, "tiny.bin", &old[..10_000], &tiny, upload, &[]);
+    assert_ne!(fs::metadata(dst("tiny.bin")).unwrap().ino(), ino);
     // -p still gives it the source's mtime.
     let (src, to) = if upload {
         (fx.local.join("same-p.bin"), fx.url("same-p.bin"))

@@ -23,7 +23,7 @@ use super::engine::{self, Flow, Net, Policy};
 use super::link::{Links, StreamLink, STREAM_PEER};
 use super::resume::save_progress;
 use super::{dest_mode, systime, StopFlag};
-use crate::delta::{basis_for, pump_sums, Basis, Kept};
+use crate::delta::{basis_for, keep_small_if_same, pump_sums, Basis, Kept};
 use crate::fs::{
     self, create_local_part, create_local_part_inplace, EntryKind, PartFile, Root, SourceError,
     SourceFile,
@@ -871,10 +871,11 @@ fn settle_downloads(conn: &mut Connection, files: &mut Files, s: &mut Session<'_
         .collect();
     for (xfer, verdict) in ready {
         let a = files.act.remove(&xfer).expect("listed");
-        let part = a.part.expect("accepted downloads have a part file");
+        let mut part = a.part.expect("accepted downloads have a part file");
         let preserve = s.opts_flags & flags::PRESERVE != 0;
         let verdict = match verdict {
             Ok(h) => {
+                keep_small_if_same(&mut part, &h);
                 let mode = dest_mode(a.mode, s.opts_flags);
                 part.commit(Some(mode), preserve.then(|| systime(a.mtime)))
                     .map(|_| h)

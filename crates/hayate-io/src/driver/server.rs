@@ -22,7 +22,7 @@ use super::link::{Links, StreamLink};
 use super::resume::save_progress;
 use super::tunnel::FarEnd;
 use super::{dest_mode, systime, StopFlag};
-use crate::delta::{basis_for, pump_sums, Basis, Kept};
+use crate::delta::{basis_for, keep_small_if_same, pump_sums, Basis, Kept};
 use crate::fs::{Entry, EntryKind, FsError, PartFile, Root, SourceError, SourceFile};
 use crate::udp::UdpSocket;
 use crate::verify::{HashError, Known, Landing, ReceiveError, Sending, WholeHash};
@@ -267,9 +267,10 @@ fn settle_verified(c: &mut Connection, f: &mut SessionFiles, addr: SocketAddr, l
         .filter_map(|(x, i)| Some((*x, i.landing.verdict(&mut i.part)?)))
         .collect();
     for (xfer, verdict) in ready {
-        let inc = f.inc.remove(&xfer).expect("listed");
+        let mut inc = f.inc.remove(&xfer).expect("listed");
         let result = match verdict {
             Ok(h) => {
+                keep_small_if_same(&mut inc.part, &h);
                 let mtime = (inc.flags & flags::PRESERVE != 0).then(|| systime(inc.mtime));
                 match inc.part.commit(Some(dest_mode(inc.mode, inc.flags)), mtime) {
                     Ok(()) => {
