@@ -21,7 +21,7 @@ use hayate_proto::control::{basis, flags, BlockSpan, LeafHash};
 use hayate_proto::{Connection, XferId};
 
 use crate::driver::resume::MIN_RESUME_SIZE;
-use crate::fs::{FileIdentity, PartFile};
+use crate::fs::{ours, FileIdentity, PartFile};
 use crate::verify::{leaf_hash, Known, LeafHash as Hasher, Leaves, Sending, LEAF_LEN, SUBTREE_LEN};
 
 /// Leaves per subtree.
@@ -177,9 +177,8 @@ pub fn basis_for(part: &mut PartFile, size: u64, fl: u32, mtime: i64) -> Option<
     // Kept, its mode and mtime may be set as a copy's would be: ours to change.
     let likely_same = || {
         use std::os::unix::fs::MetadataExt;
-        let me = rustix::process::geteuid();
         from.metadata()
-            .is_ok_and(|m| m.mtime() >= mtime && (me.is_root() || m.uid() == me.as_raw()))
+            .is_ok_and(|m| m.mtime() >= mtime && ours(&m))
     };
     if len == size && likely_same() {
         if let Some(probe) = Basis::probe(file.try_clone().ok()?, from.try_clone().ok()?) {
@@ -613,6 +612,16 @@ mod tests {
         }
     }
 
+    /// `old` with these leaves overwritten by fresh bytes.
+    fn leaves_changed(old: &[u8], leaves: &[usize]) -> Vec<u8> {
+        let mut new = old.to_vec();
+        let l = LEAF_LEN as usize;
+        for &leaf in leaves {
+            new[leaf * l..(leaf + 1) * l].copy_from_slice(&data(l, leaf as u64 + 9));
+        }
+        new
+    }
+
     fn poll_until(b: &mut Basis, block: u64) -> Kept {
         let until = Instant::now() + Duration::from_secs(30);
         loop {
@@ -658,12 +667,9 @@ mod tests {
     fn a_late_difference_starts_over_copying_and_holds_what_was_read() {
         let len = 6 * SUBTREE_LEN as usize;
         let old = data(len, 12);
-        let mut new = old.clone();
-        let l = LEAF_LEN as usize;
-        let leaf = 4 * SUBTREE_LEAVES as usize + 17;
-        new[leaf * l..(leaf + 1) * l].copy_from_slice(&data(l, 13));
+        let new = leaves_changed(&old, &[4 * SUBTREE_LEAVES as usize + 17]);
         let r = rebuild(&old, &new, |_| {});
-        assert_eq!(r.held, (len - l) as u64);
+        assert_eq!(r.held, len as u64 - LEAF_LEN);
         assert_eq!(r.known, 6);
         assert!(!r.kept);
     }
@@ -676,10 +682,8 @@ mod tests {
         let m = SUBTREE_LEN as usize;
         let len = 5 * m;
         let old = data(len, 14);
-        let mut new = old.clone();
         let l = LEAF_LEN as usize;
-        let leaf = 3 * SUBTREE_LEAVES as usize + 5;
-        new[leaf * l..(leaf + 1) * l].copy_from_slice(&data(l, 15));
+        let new = leaves_changed(&old, &[3 * SUBTREE_LEAVES as usize + 5]);
         let r = rebuild_with(&old, &new, |b, dest, theirs| {
             let first = (2 * SUBTREE_LEAVES) as usize;
             b.sums(0, theirs[..first].to_vec());
@@ -757,11 +761,8 @@ mod tests {
     fn a_basis_is_copied_as_it_is_hashed_and_its_leaves_verify_the_result() {
         let len = 5 * SUBTREE_LEN as usize + 3000;
         let old = data(len, 1);
-        let mut new = old.clone();
         let l = LEAF_LEN as usize;
-        for leaf in [2, 300, 301, 1100] {
-            new[leaf * l..(leaf + 1) * l].copy_from_slice(&data(l, leaf as u64 + 9));
-        }
+        let new = leaves_changed(&old, &[2, 300, 301, 1100]);
         let r = rebuild(&old, &new, |_| {});
         assert_eq!(r.held, (len - 4 * l) as u64);
         // Subtrees 0, 1 and 4 in part, the others whole.

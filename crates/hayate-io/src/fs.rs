@@ -896,6 +896,14 @@ impl FileIdentity {
     }
 }
 
+/// Whether this user may set a file's mode and times (`meta` is its): it owns the file,
+/// or this is root.
+pub fn ours(meta: &Metadata) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let me = rustix::process::geteuid();
+    me.is_root() || meta.uid() == me.as_raw()
+}
+
 /// Reserves a file's space (`fallocate`) in the background, a chunk at a time, so a disk
 /// too small for the file fails the transfer as it starts, not when it fills. On tmpfs that
 /// also takes the page allocation out of the receiver's write path (1 GiB: 0.2-0.3 s of
@@ -1316,19 +1324,23 @@ impl PartFile {
         }
     }
 
+    /// Whatever is at the destination's name, opened for reading (not through a link).
+    fn open_final(&self) -> io::Result<OwnedFd> {
+        Ok(rfs::openat(
+            &self.dir,
+            self.final_name.as_str(),
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )?)
+    }
+
     /// The regular file now at the destination, opened for reading (a delta transfer's
     /// basis), with its length; `None` if there is none (or a device, FIFO or link).
     pub fn open_existing(&self) -> Option<(File, u64)> {
         if self.stream.is_some() {
             return None;
         }
-        let fd = rfs::openat(
-            &self.dir,
-            self.final_name.as_str(),
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .ok()?;
+        let fd = self.open_final().ok()?;
         let st = rfs::fstat(&fd).ok()?;
         if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
             return None;
@@ -1598,23 +1610,13 @@ impl PartFile {
         if self.size > max {
             return;
         }
-        let Ok(fd) = rfs::openat(
-            &self.dir,
-            self.final_name.as_str(),
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
-            Mode::empty(),
-        ) else {
+        let Ok(dest) = self.open_final().map(File::from) else {
             return;
         };
-        let dest = File::from(fd);
         let (Ok(meta), Ok(id)) = (dest.metadata(), FileIdentity::of(&dest)) else {
             return;
         };
-        let me = rustix::process::geteuid();
-        if !meta.is_file()
-            || meta.len() != self.size
-            || !(me.is_root() || std::os::unix::fs::MetadataExt::uid(&meta) == me.as_raw())
-        {
+        if !meta.is_file() || meta.len() != self.size || !ours(&meta) {
             return;
         }
         let mut buf = vec![0; self.size as usize];
@@ -1636,14 +1638,7 @@ impl PartFile {
         mtime: Option<SystemTime>,
     ) -> io::Result<()> {
         let _ = rfs::unlinkat(&self.dir, self.part_name.as_str(), AtFlags::empty());
-        let dest = rfs::openat(
-            &self.dir,
-            self.final_name.as_str(),
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map(File::from)
-        .map_err(io::Error::from);
+        let dest = self.open_final().map(File::from);
         let same = dest
             .as_ref()
             .ok()
