@@ -182,10 +182,11 @@ pub fn basis_for(part: &mut PartFile, size: u64, fl: u32, mtime: i64) -> Option<
     };
     if len == size && likely_same() {
         if let Some(probe) = Basis::probe(file.try_clone().ok()?, from.try_clone().ok()?) {
-            // Nothing may be written yet: what is reserved for the temp file is not needed
-            // if the destination is kept, and a copy takes its space as it goes.
-            part.stop_reserving();
-            return Some(probe);
+            // Nothing is written yet: what is reserved for the temp file is not needed if
+            // the destination is kept, and a copy takes its space as it goes.
+            if part.empty_for_probe().is_ok() {
+                return Some(probe);
+            }
         }
     }
     Some(Basis::start(
@@ -251,6 +252,9 @@ impl Basis {
         self.at = 0;
         self.reread = p.subtrees;
         debug_assert_eq!(self.reread.len() as u64 * SUBTREE_LEAVES, first);
+        // Emptied for the probe (see `PartFile::empty_for_probe`): a failure here fails
+        // the copies, and nothing of the basis is then held.
+        let _ = p.temp.set_len(self.size);
         self.hash = Hasher::start_copying(p.temp, Some(p.dest), self.size);
         self.mine.clear();
         self.matched.clear();
@@ -725,6 +729,37 @@ mod tests {
         );
         assert!(!probed(len + 1, 0), "another length");
         assert!(!probed(len - 1, 0), "another length");
+    }
+
+    /// A run cut short while it probes leaves an empty temp file: the rerun probes the
+    /// destination again (it does not take the empty temp file for kept bytes).
+    #[test]
+    fn a_probe_cut_short_leaves_nothing_to_resume_from() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = crate::fs::Root::open(dir.path()).unwrap();
+        let len = 2 * SUBTREE_LEN;
+        std::fs::write(dir.path().join("f"), data(len as usize, 19)).unwrap();
+        let mut part = root.create_part("f", len).unwrap();
+        let b = basis_for(&mut part, len, 0, 0).expect("a basis");
+        assert!(b.probe.is_some());
+        drop(b);
+        part.abandon();
+        let temp = dir.path().join(".f.hayate-part");
+        assert_eq!(std::fs::metadata(&temp).unwrap().len(), 0);
+        // The rerun: once the background threads let go of the temp file (its lock).
+        let until = Instant::now() + Duration::from_secs(10);
+        let mut part = loop {
+            match root.create_part("f", len) {
+                Err(crate::fs::FsError::Busy(_)) if Instant::now() < until => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                r => break r.unwrap(),
+            }
+        };
+        let b = basis_for(&mut part, len, 0, 0).expect("a basis");
+        assert_eq!(b.kind, basis::DEST);
+        assert!(b.probe.is_some());
+        part.discard();
     }
 
     /// A destination kept as it is, replaced by another file before the commit: the commit

@@ -1580,9 +1580,13 @@ impl PartFile {
         self.remove_state()
     }
 
-    /// Stops reserving the temp file's space (see `Reserve`): what is reserved stays.
-    pub fn stop_reserving(&mut self) {
+    /// Empties the temp file and stops reserving its space (see `Reserve`), while the file
+    /// at the destination is read where it is (a delta's probe): nothing is in the temp file
+    /// until the basis is copied into it, and an interrupted run leaves nothing a rerun
+    /// would resume from. Whoever then copies into it sizes it again.
+    pub fn empty_for_probe(&mut self) -> io::Result<()> {
         self.space = None;
+        self.file.set_len(0)
     }
 
     /// The file at the destination holds what was offered already, every byte (`ident`: as
