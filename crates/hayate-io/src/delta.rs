@@ -147,8 +147,9 @@ struct Probe {
 
 /// The basis for offered file of `size` bytes (with `flags`, last changed at `mtime`, in
 /// seconds) being received into `part`, if there is one: the temp file an earlier copy left
-/// (checked leaf by leaf, whatever its resume state says), else the file at the destination
-/// unless `WHOLE_FILE`. That one is read where it is first (see [`Probe`]) when it is
+/// (checked leaf by leaf, whatever its resume state says; unless it has none and there is a
+/// file at the destination to compare with), else the file at the destination unless
+/// `WHOLE_FILE`. That one is read where it is first (see [`Probe`]) when it is
 /// likely the same and ours: as long as the offer, not older than it (as `-p` left it, or
 /// written after the source last changed), and owned by this user (or this is root); else
 /// it is copied as it is hashed.
@@ -164,7 +165,16 @@ pub fn basis_for(part: &mut PartFile, size: u64, fl: u32, mtime: i64) -> Option<
         let file = part.file().ok()?.try_clone().ok()?;
         return Some(Basis::start(basis::DEST, file, None, old.min(size), size));
     }
-    if part.existing_len() > 0 && size >= MIN_RESUME_SIZE {
+    // A temp file with no resume state beside it was left by a run that stopped before
+    // its transfer was accepted (a delta still comparing: the destination copied into it
+    // up to where the copy got, and nothing after): the destination is the better basis.
+    let cut_short = || {
+        !part.has_state()
+            && fl & flags::WHOLE_FILE == 0
+            && size >= DELTA_MIN
+            && part.open_existing().is_some_and(|(_, len)| len > 0)
+    };
+    if part.existing_len() > 0 && size >= MIN_RESUME_SIZE && !cut_short() {
         let len = part.existing_len().min(size);
         let file = part.file().ok()?.try_clone().ok()?;
         return Some(Basis::start(basis::RESUME, file, None, len, size));
@@ -626,6 +636,20 @@ mod tests {
         new
     }
 
+    /// A temp file for `name`, as a rerun gets it: once the background threads of the run
+    /// before let go of it (its lock).
+    fn part_when_free(root: &crate::fs::Root, name: &str, len: u64) -> PartFile {
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            match root.create_part(name, len) {
+                Err(crate::fs::FsError::Busy(_)) if Instant::now() < until => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                r => return r.unwrap(),
+            }
+        }
+    }
+
     fn poll_until(b: &mut Basis, block: u64) -> Kept {
         let until = Instant::now() + Duration::from_secs(30);
         loop {
@@ -746,20 +770,41 @@ mod tests {
         part.abandon();
         let temp = dir.path().join(".f.hayate-part");
         assert_eq!(std::fs::metadata(&temp).unwrap().len(), 0);
-        // The rerun: once the background threads let go of the temp file (its lock).
-        let until = Instant::now() + Duration::from_secs(10);
-        let mut part = loop {
-            match root.create_part("f", len) {
-                Err(crate::fs::FsError::Busy(_)) if Instant::now() < until => {
-                    std::thread::sleep(Duration::from_millis(5))
-                }
-                r => break r.unwrap(),
-            }
-        };
+        let mut part = part_when_free(&root, "f", len);
         let b = basis_for(&mut part, len, 0, 0).expect("a basis");
         assert_eq!(b.kind, basis::DEST);
         assert!(b.probe.is_some());
         part.discard();
+    }
+
+    /// A temp file left with no resume state (a run that crashed while it compared, the
+    /// destination copied into it part of the way) is not resumed from when there is a
+    /// destination to compare with; with a state beside it, it is.
+    #[test]
+    fn a_temp_file_without_a_state_gives_way_to_the_destination() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = crate::fs::Root::open(dir.path()).unwrap();
+        let len = 2 * SUBTREE_LEN;
+        let old = data(len as usize, 20);
+        std::fs::write(dir.path().join("f"), &old).unwrap();
+        let temp = dir.path().join(".f.hayate-part");
+        std::fs::write(&temp, &old[..SUBTREE_LEN as usize / 2]).unwrap();
+        let kind = || {
+            let mut part = part_when_free(&root, "f", len);
+            let b = basis_for(&mut part, len, 0, i64::MAX).expect("a basis");
+            // Its copies into the temp file done, before the temp file is written again.
+            let until = Instant::now() + Duration::from_secs(10);
+            while b.hash.outstanding() > 0 {
+                assert!(Instant::now() < until, "never copied");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            part.abandon();
+            b.kind
+        };
+        assert_eq!(kind(), basis::DEST);
+        std::fs::write(&temp, &old[..SUBTREE_LEN as usize / 2]).unwrap();
+        std::fs::write(dir.path().join(".f.hayate-state"), b"hayate-resume-v1").unwrap();
+        assert_eq!(kind(), basis::RESUME);
     }
 
     /// A destination kept as it is, replaced by another file before the commit: the commit

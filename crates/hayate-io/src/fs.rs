@@ -1348,6 +1348,19 @@ impl PartFile {
         Some((File::from(fd), st.st_size as u64))
     }
 
+    /// Whether a resume state is saved next to the temp file (see
+    /// [`save_state`](Self::save_state)): a transfer into it was accepted and ran a while.
+    pub fn has_state(&self) -> bool {
+        self.stream.is_none()
+            && self.inplace.is_none()
+            && rfs::statat(
+                &self.dir,
+                self.state_name.as_str(),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )
+            .is_ok_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::RegularFile)
+    }
+
     /// The resume state saved by [`save_state`](Self::save_state), if present and a regular
     /// file of at most 16 MiB.
     pub fn load_state(&self) -> Option<Vec<u8>> {
