@@ -1645,6 +1645,12 @@ impl PartFile {
         }
     }
 
+    /// The commit keeps the destination as it is (see
+    /// [`keep_destination`](Self::keep_destination)).
+    pub fn keeps_destination(&self) -> bool {
+        self.keep.is_some()
+    }
+
     /// The commit of a destination kept (see [`keep_destination`](Self::keep_destination)):
     /// an error, and nothing changed but the temp file removed, if it is no longer the file
     /// that was compared.

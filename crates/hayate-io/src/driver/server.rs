@@ -271,10 +271,15 @@ fn settle_verified(c: &mut Connection, f: &mut SessionFiles, addr: SocketAddr, l
         let result = match verdict {
             Ok(h) => {
                 keep_small_if_same(&mut inc.part, &h);
+                let kept = if inc.part.keeps_destination() {
+                    ", the same as the file there: kept"
+                } else {
+                    ""
+                };
                 let mtime = (inc.flags & flags::PRESERVE != 0).then(|| systime(inc.mtime));
                 match inc.part.commit(Some(dest_mode(inc.mode, inc.flags)), mtime) {
                     Ok(()) => {
-                        log(&format!("{addr}: received {} (verified)", inc.path));
+                        log(&format!("{addr}: received {} (verified{kept})", inc.path));
                         Ok(h)
                     }
                     Err(e) => Err(ReceiveError::Commit(e)),
