@@ -57,9 +57,10 @@
 //! **Sharing with traffic that does not yield** (`policy.rs`). Past Startup, a queue that
 //! stood all round for `contend_rounds` rounds through `contend_yields` of our yields, or
 //! was never gone for `contend_standing_rounds` rounds and `contend_standing_us` through as
-//! many, is another flow's, one that keeps the buffer full (TCP CUBIC): the flow is *contended*
-//! until the queue has been gone as many rounds. Contended, the [`Policy`] changes the
-//! table:
+//! many, is another flow's, one that keeps the buffer full (TCP CUBIC, or BBR): the flow is
+//! *contended* until the queue has been gone as many rounds. A flow whose falls from full
+//! come every few rounds (drains, not cuts) is rate-based (BBR, see `policy.rs`).
+//! Contended, the [`Policy`] changes the table:
 //!
 //! | policy | state | condition | next state | what changes |
 //! |---|---|---|---|---|
@@ -67,6 +68,9 @@
 //! | Fair | ProbeBw(Up(k)) | after a cut | | pace = the estimate or CUBIC's curve (RFC 9438) over the RTT, if more; a queue does not end Up |
 //! | Fair | ProbeBw(Refill, Up) | round end: the buffer overflowed (the RTT fell by `contend_drop` from full, or the round lost over random loss), once per overflow | ProbeBw(Down(1)) | estimate = share × `contend_beta`, no drain; a new curve from the share |
 //! | Fair | ProbeBw(Down(n)) | round end | ProbeBw(Refill) | (no draining a queue that is not ours) |
+//! | Fair, the other flow rate-based | ProbeBw(Up(k)) | k < `contend_cruise_rounds` | | pace = the estimate; neither a queue nor loss ends Up, nothing cuts |
+//! | Fair, the other flow rate-based | ProbeBw(Up(k)) | k = `contend_cruise_rounds`, + 1 | | pace = `contend_search_gain` × the estimate |
+//! | Fair, the other flow rate-based | ProbeBw(Up(k)) | round end, k > `contend_cruise_rounds` + 1 | ProbeBw(Down(1)) | pace = `drain_gain` × the estimate for a round |
 //! | Low | ProbeBw(any) | round end: a queue stood all round | ProbeBw(Down(1)) | estimate = share × `low_beta` (down to the rate floor) |
 //!
 //! **Careful resume** (RFC 9959). A session given a remembered path ([`RememberedPath`]:

@@ -319,6 +319,20 @@ pub struct Params {
     /// ... or when the RTT falls from full by this share of it (at least a queue target):
     /// the other flow lost what overflowed and cut ...
     pub contend_drop: f64,
+    /// ... unless the other flow is rate-based (`Contention::rate_based`). Then nothing
+    /// cuts: the estimate is held, and probed `contend_search_gain` over for two rounds
+    /// after this many at it, then `drain_gain` under it for one (BBR's cycle: 6 rounds at
+    /// its estimate, one over, one under; the second round over shows the first's
+    /// deliveries, which a round's mean smooths out).
+    pub contend_cruise_rounds: u32,
+    /// A fall from full counts as the other flow's cut only this many rounds or more after
+    /// the fall before: a loss-based flow takes longer to grow back and overflow again
+    /// (CUBIC's curve seconds, Reno's a segment a round trip), a rate-based one drains
+    /// every few rounds without cutting (BBR every 8).
+    pub contend_fall_spacing: u32,
+    /// This many such quick falls in a row make the other flow rate-based (one can be
+    /// a loss-based flow's burst right after a cut).
+    pub contend_quick_falls: u32,
     /// ... and between cuts its rate follows CUBIC's window curve with this constant
     /// (MSS/s³, RFC 9438's C).
     pub contend_cubic_c: f64,
@@ -368,11 +382,14 @@ pub enum Rule {
     DownWhileStanding,
     /// The queue target allows for the path's own delay variation (`spread_gain`).
     SpreadAllowance,
+    /// `Policy::Fair` competes as a rate-based flow does beside one whose falls from full
+    /// come every few rounds (`Contention::rate_based`).
+    RateBasedCompete,
 }
 
 impl Rule {
     /// Every rule, with its name in the ablation table.
-    pub const ALL: [(Rule, &'static str); 15] = [
+    pub const ALL: [(Rule, &'static str); 16] = [
         (Rule::StartupHold, "startup-hold"),
         (Rule::StartupQueueExit, "startup-queue-exit"),
         (Rule::StartupLossExit, "startup-loss-exit"),
@@ -388,6 +405,7 @@ impl Rule {
         (Rule::BlindPastCap, "blind-past-cap"),
         (Rule::DownWhileStanding, "down-while-standing"),
         (Rule::SpreadAllowance, "spread-allowance"),
+        (Rule::RateBasedCompete, "rate-based-compete"),
     ];
 }
 
@@ -519,6 +537,9 @@ impl Default for Params {
             contend_cubic_c: 0.4,
             contend_cut_rounds: 3,
             contend_drop: 0.08,
+            contend_cruise_rounds: 7,
+            contend_fall_spacing: 16,
+            contend_quick_falls: 2,
             low_beta: 0.5,
             ablation: Ablation::default(),
         }

@@ -30,6 +30,19 @@
 //!   beside a bursty one rarely loses at those moments (the bursts meet the full buffer),
 //!   and cutting only on its own losses it kept the buffer full and left CUBIC nothing.
 //!   Our own cut's fall does not count: after a cut the RTT must fall and fill again first.
+//!
+//!   A rate-based flow (BBR) keeps a queue standing too, but never cuts: it paces at the
+//!   largest delivery rate of its last round trips, probes over it a round in 8 and drains
+//!   the next. Its drains look like cuts, and cutting at each hands it our share a little
+//!   more every time, down to nothing. It shows itself by the spacing of its falls: a
+//!   loss-based flow takes seconds to grow back and overflow again (hundreds of round trips
+//!   at 10 ms, tens at 250 ms), a rate-based one drains every few round trips. Once
+//!   `Params::contend_quick_falls` falls in a row came within `Params::contend_fall_spacing`
+//!   rounds of the one before, the other flow is taken for rate-based until contention
+//!   ends, and `Fair` competes as it does: no cuts, the estimate held (the largest round of
+//!   the window), two rounds at `Params::contend_search_gain` over it after
+//!   `Params::contend_cruise_rounds` at it (the second's deliveries show the first's
+//!   probe), then a round at `Params::drain_gain`.
 //! - [`Policy::Low`] (a scavenger, as LEDBAT): every round the foreign queue stands, the
 //!   estimate is cut to `Params::low_beta` of the share, down to the rate floor.
 //!
@@ -38,14 +51,14 @@
 //! cut at an overflow, and the queue can be gone until they grow back): the other flow left,
 //! or was not elastic, and the delay signal is ours again.
 
-use super::params::Params;
+use super::params::{Params, Rule};
 
 /// How a flow shares a bottleneck with traffic that keeps a queue standing (see the module
 /// doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum Policy {
-    /// Hold a fair share: compete with loss-based flows as they do (the default); beside
-    /// other hayate flows, the controller's own rules.
+    /// Hold a fair share: compete with loss-based and rate-based flows as they do (the
+    /// default); beside other hayate flows, the controller's own rules.
     #[default]
     Fair,
     /// Stay out of the way: yield to any standing queue, down to the rate floor (for
@@ -107,8 +120,16 @@ pub(super) struct Contention {
     /// ... and this round the RTT fell from there by `Params::contend_drop` of it: the
     /// other flow lost what overflowed and cut.
     fell: bool,
+    /// Rounds since the RTT last fell from full: a fall that comes sooner than `Params::contend_fall_spacing` rounds after the
+    /// one before is not a loss-based flow's cut (its window takes seconds to grow back and
+    /// overflow again) but a rate-based flow's periodic drain (BBR's every 8 rounds).
+    since_fall: u32,
+    /// Falls in a row that came that soon.
+    quick_falls: u32,
     /// Rounds since the last cut.
     since_cut: u32,
+    /// The other flow is rate-based (see [`rate_based`](Self::rate_based)).
+    rate_based: bool,
     /// No cut since contention began: the flow searches (its pace `contend_search_gain`
     /// times what it gets through, per round) until the buffer overflows, as a TCP
     /// newcomer's slow start does: what our yields gave away while the detector made sure
@@ -136,6 +157,7 @@ impl Contention {
         yielded: bool,
     ) -> bool {
         self.since_cut = self.since_cut.saturating_add(1);
+        self.since_fall = self.since_fall.saturating_add(1);
         self.fell = false;
         let Some((least, most)) = queues_us else {
             return false;
@@ -178,6 +200,9 @@ impl Contention {
             return false;
         }
         if !was {
+            self.since_fall = u32::MAX;
+            self.quick_falls = 0;
+            self.rate_based = false;
             self.full_rtt_us = 0;
             self.low_since_cut = true;
             self.reached_full = false;
@@ -189,12 +214,25 @@ impl Contention {
             // at least a queue target (under it is the queue's jitter).
             let band = ((p.contend_drop * self.full_rtt_us as f64) as u64).max(target_us);
             let low = min_rtt_us + least + band <= self.full_rtt_us;
-            self.fell = self.reached_full && low;
+            let fall = self.reached_full && low;
+            if fall {
+                // Soon after the last fall: maybe a rate-based flow's drain (see
+                // `rate_based`); the buffer must be full again before the next fall counts.
+                let quick = self.since_fall < p.contend_fall_spacing;
+                self.since_fall = 0;
+                self.quick_falls = if quick { self.quick_falls + 1 } else { 0 };
+                // Until contention ends: a drain missed (the queue not quite full when it
+                // came, the minimum RTT moving) spaces the next fall out like a cut.
+                self.rate_based |= self.quick_falls >= p.contend_quick_falls
+                    && p.ablation.on(Rule::RateBasedCompete);
+                self.reached_full = false;
+            }
+            self.fell = fall && !self.rate_based;
             // After our own cut the queue falls first (if the cut was big enough to show):
             // that fall is ours, and the buffer must fill again before the next one counts.
             self.low_since_cut |= low;
             self.reached_full |=
-                self.low_since_cut && min_rtt_us + most + band / 2 >= self.full_rtt_us;
+                !fall && self.low_since_cut && min_rtt_us + most + band / 2 >= self.full_rtt_us;
         }
         !was
     }
@@ -206,6 +244,15 @@ impl Contention {
     /// cutting only on our own losses left that flow nothing.
     pub(super) fn overflowed(&self, p: &Params, lost: bool) -> bool {
         self.fell || (lost && self.since_cut >= p.contend_cut_rounds)
+    }
+
+    /// The other flow is rate-based (BBR): it paces at what it gets delivered, and drains
+    /// a round every few (the RTT falls from full sooner than `Params::contend_fall_spacing`
+    /// rounds after the fall before, `Params::contend_quick_falls` times in a row) instead
+    /// of cutting. Cutting at its drains would hand it our share, a little more each time:
+    /// compete as it does instead (see the module doc). Until contention ends.
+    pub(super) fn rate_based(&self) -> bool {
+        self.rate_based
     }
 
     /// A new epoch of the curve at `now_us`: `rate` (bytes/s) over `rtt_us` was the window

@@ -338,7 +338,14 @@ impl Adaptive {
                         .min(self.p.max_loss_compensation))
             }
             State::ProbeBw(Phase::Up(k)) => {
-                if self.competing() && self.contention.searching {
+                if self.competing() && self.contention.rate_based() {
+                    // A rate-based flow's cycle: cruise at the estimate, then probe a round.
+                    if k >= self.p.contend_cruise_rounds {
+                        bw * self.p.contend_search_gain
+                    } else {
+                        bw
+                    }
+                } else if self.competing() && self.contention.searching {
                     bw * self.p.contend_search_gain
                 } else if self.competing() {
                     // CUBIC's curve instead of the increment (see `policy.rs`).
@@ -436,8 +443,20 @@ impl Adaptive {
                         let _ = self.cut(self.least_queues(), Some(self.p.low_beta));
                         Phase::Down(1)
                     }
+                    Phase::Up(k)
+                        if competing
+                            && self.contention.rate_based()
+                            && k > self.p.contend_cruise_rounds + 1 =>
+                    {
+                        // Beside a rate-based flow: the probe's round and the round its
+                        // deliveries came back in are over, and a round under the estimate
+                        // lets its queue go (no cut: see `policy.rs`).
+                        self.drain_gain = self.p.drain_gain;
+                        Phase::Down(1)
+                    }
                     Phase::Refill | Phase::Up(_)
                         if competing
+                            && !self.contention.rate_based()
                             && self.contention.overflowed(
                                 &self.p,
                                 self.loss_over_random(self.loss.round_lost, self.round_settled()),
