@@ -53,9 +53,12 @@ enum Command {
     Tunnel(cmd::tunnel::TunnelArgs),
     /// Write a fresh random 256-bit key (mode 0600)
     Keygen {
+        /// Where to write the key (or as --out FILE)
+        #[arg(value_name = "FILE", required_unless_present = "out")]
+        file: Option<PathBuf>,
         /// Where to write the key
-        #[arg(long)]
-        out: PathBuf,
+        #[arg(long, short = 'o', value_name = "FILE", conflicts_with = "file")]
+        out: Option<PathBuf>,
         /// Overwrite an existing file
         #[arg(long)]
         force: bool,
@@ -132,7 +135,11 @@ fn main() -> ExitCode {
         .subcommand_matches("cp")
         .is_some_and(|m| m.value_source("key_file") == Some(ValueSource::EnvVariable));
     let result = match cli.cmd {
-        Command::Keygen { out, force } => cmd::keygen::run(&out, force),
+        Command::Keygen { file, out, force } => {
+            // clap requires one of them.
+            let out = file.or(out).unwrap_or_default();
+            cmd::keygen::run(&out, force)
+        }
         Command::Serve(a) => cmd::serve::run(a),
         Command::Cp(a) => cmd::cp::run(a, key_from_env),
         Command::Tunnel(a) => cmd::tunnel::run(a),

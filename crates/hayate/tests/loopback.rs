@@ -935,6 +935,24 @@ fn keygen_writes_mode_0600_and_refuses_to_overwrite() {
     // Two fresh keys differ.
     let other = keygen(tmp.path(), "k2");
     assert_ne!(fs::read(other).unwrap(), second);
+
+    // The file may be named as ssh-keygen's users expect: a plain argument, or -o; one
+    // place only, and some place.
+    let third = tmp.path().join("k3");
+    run(["keygen", &s(&third)]).assert_ok();
+    assert_eq!(fs::metadata(&third).unwrap().len(), first.len() as u64);
+    let fourth = tmp.path().join("k4");
+    run(["keygen", "-o", &s(&fourth)]).assert_ok();
+    assert!(fourth.exists());
+    let r = run([
+        "keygen",
+        &s(&tmp.path().join("k5")),
+        "--out",
+        &s(&tmp.path().join("k6")),
+    ]);
+    r.assert_failed();
+    assert!(!tmp.path().join("k5").exists() && !tmp.path().join("k6").exists());
+    run(["keygen"]).assert_failed();
 }
 
 #[test]
