@@ -41,7 +41,7 @@ run_share() { # RATE RTT LOSS BUF_BDP
     prof_start "$@"
     echo "== share test: rate=$1 rtt=$2 loss=$3 buffer=$4 BDP; base ping RTT $P_BASE_RTT ms" >&2
     hayate_key || die "hayate keygen failed"
-    warm_pages "$((2 * $(stat -c %s "$SRC_FILE")))" # two files arrive at once
+    warm_pages "$WORK/fs/dst" "$((2 * $(stat -c %s "$SRC_FILE")))" # two files arrive at once
     ip netns exec "$WAN_NS_S" "$HAYATE_BIN" serve --listen "$WAN_SERVER_IP:$HAYATE_PORT" --root "$WORK/fs/dst" \
         --key-file "$HAYATE_KEY" >"$WAN_LOG/share-serve.log" 2>&1 &
     local spid=$! t0 la lb pa pb
@@ -78,7 +78,7 @@ run_share() { # RATE RTT LOSS BUF_BDP
         c=c-$pol
         echo "   hayate --policy $pol next to a TCP CUBIC stream ..." >&2
         set_tcp_bufs raised
-        warm_pages "$(stat -c %s "$SRC_FILE")"
+        warm_pages "$WORK/fs/dst" "$(stat -c %s "$SRC_FILE")"
         ip netns exec "$WAN_NS_S" iperf3 -s -1 -p "$IPERF_PORT" -B "$WAN_SERVER_IP" >"$WAN_LOG/share-iperf3-server.log" 2>&1 &
         local ips=$! ipc
         sleep 0.3
