@@ -1116,16 +1116,21 @@ fn fair_holds_a_share_beside_bbr() {
 }
 
 /// `--policy low` gives way to the same CUBIC stream: at most a tenth of the link (as
-/// LEDBAT), down to its rate floor.
+/// LEDBAT), down to its rate floor. On the faster paths its search used to push on into
+/// CUBIC's queue as a newcomer's does, CUBIC lost and cut, and for the 20 s its curve took
+/// to grow back the scavenger held 30-40 % (measured: 0.7 and 2.4 of 300 Mbit/s now).
 #[test]
 fn low_gives_way_to_cubic() {
-    for (rtt, seed) in [(10, 32), (50, 33)] {
-        let (hayate, tcp) = beside_cubic(100, rtt, seed, Policy::Low);
+    for (rate, rtt, seed) in [(100, 10, 32), (100, 50, 33), (300, 50, 35), (300, 100, 37)] {
+        let (hayate, tcp) = beside_cubic(rate, rtt, seed, Policy::Low);
         assert!(
             hayate <= 0.1 * (hayate + tcp),
-            "{rtt} ms: hayate {hayate:.1}, CUBIC {tcp:.1}"
+            "{rate} Mbit/s, {rtt} ms: hayate {hayate:.1}, CUBIC {tcp:.1}"
         );
-        assert!(tcp >= 85.0, "{rtt} ms: CUBIC {tcp:.1}");
+        assert!(
+            tcp >= 0.85 * rate as f64,
+            "{rate} Mbit/s, {rtt} ms: CUBIC {tcp:.1}"
+        );
     }
 }
 

@@ -72,6 +72,7 @@
 //! | Fair, the other flow rate-based | ProbeBw(Up(k)) | k = `contend_cruise_rounds`, + 1 | | pace = `contend_search_gain` × the estimate |
 //! | Fair, the other flow rate-based | ProbeBw(Up(k)) | round end, k > `contend_cruise_rounds` + 1 | ProbeBw(Down(1)) | pace = `drain_gain` × the estimate for a round |
 //! | Low | ProbeBw(any) | round end: a queue stood all round | ProbeBw(Down(1)) | estimate = share × `low_beta` (down to the rate floor) |
+//! | Low | Startup | as Startup's queue exit, whether or not deliveries still grow | Drain | (a queue there as it starts is someone else's: no newcomer's claim) |
 //!
 //! **Careful resume** (RFC 9959). A session given a remembered path ([`RememberedPath`]:
 //! the rate and minimum RTT an earlier session to the same peer found, and its age) runs

@@ -44,7 +44,10 @@
 //!   `Params::contend_cruise_rounds` at it (the second's deliveries show the first's
 //!   probe), then a round at `Params::drain_gain`.
 //! - [`Policy::Low`] (a scavenger, as LEDBAT): every round the foreign queue stands, the
-//!   estimate is cut to `Params::low_beta` of the share, down to the rate floor.
+//!   estimate is cut to `Params::low_beta` of the share, down to the rate floor. It makes
+//!   no newcomer's claim either: its search ends at a standing queue even while what it
+//!   gets through still grows (a default flow searches on into another's queue, or it would
+//!   stay at a sliver), so it never pushes a loss-based flow into a cut.
 //!
 //! Contention ends once the queue was (nearly) gone `Params::contend_rounds` rounds in a
 //! row, counted only once the curve is back at the window before the last cut (both flows
