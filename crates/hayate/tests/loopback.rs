@@ -2600,3 +2600,72 @@ fn uploads_remember_the_path_unless_told_not_to() {
     fs::write(&file, b"\xff\x00 not a cache\n127.0.0.1 x y z\n").unwrap();
     cp(&["-q"]).assert_ok();
 }
+
+/// `hayate serve --port PORT` (`-p`) listens on every IPv4 address at PORT, as iperf's and
+/// ssh's users type it; it goes with neither `--listen` nor `--stdio`.
+#[test]
+fn serve_port_listens_on_every_address() {
+    let tmp = TempDir::new().unwrap();
+    let key = keygen(tmp.path(), "key");
+    let root = tmp.path().join("root");
+    fs::create_dir(&root).unwrap();
+    let src = tmp.path().join("f");
+    fs::write(&src, b"over --port").unwrap();
+
+    let r = run([
+        "serve",
+        "--port",
+        "5300",
+        "--listen",
+        "127.0.0.1:5300",
+        "--root",
+        &s(&root),
+    ]);
+    r.assert_failed();
+    assert!(r.stderr.contains("cannot be used with"), "{r:#?}");
+    run(["serve", "--stdio", "-p", "5300"]).assert_failed();
+
+    for _attempt in 0..5 {
+        let port = free_udp_port();
+        let log = tmp.path().join("serve.log");
+        let mut child = hayate()
+            .args([
+                "serve",
+                "-p",
+                &port.to_string(),
+                "--root",
+                &s(&root),
+                "--key-file",
+                &s(&key),
+            ])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let text = loop {
+            let text = fs::read_to_string(&log).unwrap_or_default();
+            if text.contains("listening on") || child.try_wait().unwrap().is_some() {
+                break text;
+            }
+            assert!(Instant::now() < deadline, "no \"listening on\": {text}");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        if !text.contains("listening on") {
+            assert!(text.contains("cannot listen"), "{text}");
+            continue; // the port was taken meanwhile
+        }
+        assert!(
+            text.contains(&format!("listening on 0.0.0.0:{port}")),
+            "{text}"
+        );
+        let url = format!("hayate://127.0.0.1:{port}/f");
+        run(["cp", "-q", "--key-file", &s(&key), &s(&src), &url]).assert_ok();
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(fs::read(root.join("f")).unwrap(), b"over --port");
+        return;
+    }
+    panic!("could not start hayate serve -p on a free port");
+}

@@ -23,6 +23,9 @@ pub struct ServeArgs {
     /// Address and UDP port to listen on
     #[arg(long, default_value = "0.0.0.0:5300", value_name = "ADDR:PORT")]
     pub listen: SocketAddr,
+    /// UDP port to listen on, on every IPv4 address (--listen 0.0.0.0:PORT)
+    #[arg(short, long, value_name = "PORT", conflicts_with_all = ["listen", "stdio"])]
+    pub port: Option<u16>,
     /// Directory to serve (required unless --stdio): uploads land beneath it, downloads come
     /// from it, nothing else
     #[arg(long, value_name = "DIR", required_unless_present = "stdio")]
@@ -91,7 +94,10 @@ pub fn run(a: ServeArgs) -> anyhow::Result<i32> {
     }
     let psk = super::load_key(a.key.key_file.as_deref())?;
     let opts = ServerOptions {
-        listen: a.listen,
+        listen: match a.port {
+            Some(port) => SocketAddr::from(([0, 0, 0, 0], port)),
+            None => a.listen,
+        },
         scope: Scope::Confined(a.root.clone().expect("clap requires --root")),
         psk,
         proto: proto(&a),
