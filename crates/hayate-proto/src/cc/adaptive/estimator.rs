@@ -75,15 +75,20 @@ impl Estimator {
 /// grew faster than its cap lets the queue grow, and lost twice as much on a short
 /// buffer).
 fn sender_limited(p: &Params, fb: &Feedback, rx: u64, gap: bool) -> bool {
-    let bytes = rx as f64 * fb.rx_interval_us as f64 / 1e6;
     let idle = if gap { fb.send_idle_bytes } else { 0 };
-    (fb.send_stall_bytes + idle) as f64 > p.sender_limited * bytes
+    a_good_part(p, fb, rx, fb.send_stall_bytes + idle)
+}
+
+/// `part` (bytes) is over `Params::sender_limited` of what the sample `rx` (bytes/s)
+/// measures over its interval.
+fn a_good_part(p: &Params, fb: &Feedback, rx: u64, part: u64) -> bool {
+    let bytes = rx as f64 * fb.rx_interval_us as f64 / 1e6;
+    part as f64 > p.sender_limited * bytes
 }
 
 /// The sender's host stalled it for a good part of the time it sent what `rx` measures.
 fn host_stalled(p: &Params, fb: &Feedback, rx: u64) -> bool {
-    let bytes = rx as f64 * fb.rx_interval_us as f64 / 1e6;
-    fb.send_stall_bytes as f64 > p.sender_limited * bytes
+    a_good_part(p, fb, rx, fb.send_stall_bytes)
 }
 
 /// What `rx` measures is mostly the burst that makes up for such a stall (the pacer's
@@ -94,8 +99,7 @@ fn host_stalled(p: &Params, fb: &Feedback, rx: u64) -> bool {
 /// of 88 Mbit/s; both held: Jain 0.56-1.00, mean 0.80 over 16 starts, 0.64-1.00 and 0.86
 /// with the catch-up left out too).
 fn catching_up(p: &Params, fb: &Feedback, rx: u64) -> bool {
-    let bytes = rx as f64 * fb.rx_interval_us as f64 / 1e6;
-    fb.catch_up_delivered as f64 > p.sender_limited * bytes
+    a_good_part(p, fb, rx, fb.catch_up_delivered)
 }
 
 /// The sender had nothing at all to send for a good part of the time it sent what `rx`
@@ -103,8 +107,7 @@ fn catching_up(p: &Params, fb: &Feedback, rx: u64) -> bool {
 /// tunnel: its handshake, the pauses between commands). Such a sample is a floor under the
 /// path's rate, never a measure of it (BBR's application-limited samples).
 fn app_limited(p: &Params, fb: &Feedback, rx: u64) -> bool {
-    let bytes = rx as f64 * fb.rx_interval_us as f64 / 1e6;
-    fb.send_app_idle_bytes as f64 > p.sender_limited * bytes
+    a_good_part(p, fb, rx, fb.send_app_idle_bytes)
 }
 
 /// Delivery samples over the latest stretch of receiver time: what the path carries now.
