@@ -22,7 +22,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::{FileExt, PermissionsExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, OnceLock};
+use std::sync::{mpsc, Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::pagebuf::PageBuf;
@@ -933,7 +933,7 @@ impl Reserve {
     /// Reserves `size` bytes of `file`: at once for a small file (running short of space
     /// then is the caller's error), else on the one background worker, files in the order
     /// they came.
-    fn start(file: &File, size: u64) -> io::Result<Option<Reserve>> {
+    fn start(file: &Arc<File>, size: u64) -> io::Result<Option<Reserve>> {
         if size == 0 {
             return Ok(None);
         }
@@ -943,7 +943,10 @@ impl Reserve {
                 _ => Ok(None),
             };
         }
-        type Work = (File, u64, Arc<ReserveJob>);
+        // The queue holds the file weakly: a file let go while it waits there is closed (and
+        // its lock, which keeps another transfer of it out, let go) as soon as its writes are
+        // in, not once the worker gets to it behind other files.
+        type Work = (Weak<File>, u64, Arc<ReserveJob>);
         static WORKER: OnceLock<Option<mpsc::Sender<Work>>> = OnceLock::new();
         let worker = WORKER.get_or_init(|| {
             let (tx, rx) = mpsc::channel::<Work>();
@@ -968,18 +971,21 @@ impl Reserve {
             stop: AtomicBool::new(false),
             short: AtomicI32::new(0),
         });
-        let work = (file.try_clone()?, size, job.clone());
+        let work = (Arc::downgrade(file), size, job.clone());
         match worker.send(work) {
             Ok(()) => Ok(Some(Reserve { job })),
             Err(_) => Ok(None),
         }
     }
 
-    fn run(file: File, size: u64, job: &ReserveJob) {
+    fn run(file: Weak<File>, size: u64, job: &ReserveJob) {
         let mut at = 0;
         while at < size && !job.stop.load(Ordering::Relaxed) {
             let len = Self::CHUNK.min(size - at);
-            match rfs::fallocate(&file, FallocateFlags::empty(), at, len) {
+            let Some(file) = file.upgrade() else {
+                return;
+            };
+            match rfs::fallocate(&*file, FallocateFlags::empty(), at, len) {
                 Ok(()) => at += len,
                 Err(e) => {
                     // Closed first: a file discarded for this error frees its space at once.
@@ -1084,6 +1090,7 @@ impl PartFile {
         file.set_permissions(Permissions::from_mode(0o600))
             .map_err(io_err)?;
         let existing_len = meta.len();
+        let file = Arc::new(file);
         let sized = file
             .set_len(size)
             .and_then(|()| Reserve::start(&file, size));
@@ -1100,7 +1107,6 @@ impl PartFile {
                 return Err(io_err(e));
             }
         };
-        let file = Arc::new(file);
         Ok(Self {
             behind: Some(crate::writeback::Queue::new(file.clone())),
             file,
@@ -1153,11 +1159,11 @@ impl PartFile {
             Err(e) => return Err(errno_error(e, shown)),
         }
         let old = meta.len();
+        let file = Arc::new(file);
         let space = file
             .set_len(size)
             .and_then(|()| Reserve::start(&file, size))
             .map_err(|e| FsError::Io(shown.to_string(), e))?;
-        let file = Arc::new(file);
         Ok(Ok(Self {
             behind: Some(crate::writeback::Queue::new(file.clone())),
             file,
