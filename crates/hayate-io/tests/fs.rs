@@ -808,9 +808,8 @@ fn a_part_file_let_go_does_not_wait_for_its_writes() {
     ));
     go.send(()).unwrap();
     hayate_io::writeback::settle_all();
-    // The space reservation's worker (one per process, files in order, at a low priority)
-    // holds its own handle of the file until it gets to it: under other tests' load that
-    // can be a while after the writes.
+    // The space reservation's worker (one per process, at a low priority) may be in the
+    // middle of one of the file's `fallocate` calls, holding it open for that long.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let part = loop {
         match root.create_part("g.bin", 4 << 20) {
