@@ -2625,47 +2625,19 @@ fn serve_port_listens_on_every_address() {
     assert!(r.stderr.contains("cannot be used with"), "{r:#?}");
     run(["serve", "--stdio", "-p", "5300"]).assert_failed();
 
-    for _attempt in 0..5 {
-        let port = free_udp_port();
-        let log = tmp.path().join("serve.log");
-        let mut child = hayate()
-            .args([
-                "serve",
-                "-p",
-                &port.to_string(),
-                "--root",
-                &s(&root),
-                "--key-file",
-                &s(&key),
-            ])
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let text = loop {
-            let text = fs::read_to_string(&log).unwrap_or_default();
-            if text.contains("listening on") || child.try_wait().unwrap().is_some() {
-                break text;
-            }
-            assert!(Instant::now() < deadline, "no \"listening on\": {text}");
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        if !text.contains("listening on") {
-            assert!(text.contains("cannot listen"), "{text}");
-            continue; // the port was taken meanwhile
-        }
-        assert!(
-            text.contains(&format!("listening on 0.0.0.0:{port}")),
-            "{text}"
-        );
-        let url = format!("hayate://127.0.0.1:{port}/f");
-        run(["cp", "-q", "--key-file", &s(&key), &s(&src), &url]).assert_ok();
-        let _ = child.kill();
-        let _ = child.wait();
-        assert_eq!(fs::read(root.join("f")).unwrap(), b"over --port");
-        return;
-    }
-    panic!("could not start hayate serve -p on a free port");
+    let server = Server::start_listening(&root, &key, &[], &[], |port| {
+        vec!["-p".into(), port.to_string()]
+    });
+    let addr = format!("listening on 0.0.0.0:{}", server.port);
+    assert!(server.log.contains(&addr), "{}", server.log.text());
+    run([
+        "cp",
+        "-q",
+        "--key-file",
+        &s(&key),
+        &s(&src),
+        &server.url("f"),
+    ])
+    .assert_ok();
+    assert_eq!(fs::read(root.join("f")).unwrap(), b"over --port");
 }

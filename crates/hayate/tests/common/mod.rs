@@ -101,12 +101,28 @@ impl Server {
 
     /// [`Server::start`] with these environment variables and options for the server.
     pub fn start_with(root: &Path, key: &Path, env: &[(&str, &Path)], args: &[&str]) -> Server {
+        Self::start_listening(root, key, env, args, |port| {
+            vec!["--listen".into(), format!("127.0.0.1:{port}")]
+        })
+    }
+
+    /// [`Server::start_with`], told where to listen by `listen(port)` instead of `--listen
+    /// 127.0.0.1:PORT` (it must still take loopback datagrams at that port).
+    pub fn start_listening(
+        root: &Path,
+        key: &Path,
+        env: &[(&str, &Path)],
+        args: &[&str],
+        listen: impl Fn(u16) -> Vec<String>,
+    ) -> Server {
         let mut last_log = String::new();
         for _attempt in 0..5 {
             let port = free_udp_port();
             let mut child = hayate()
                 .envs(env.iter().copied())
-                .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--root"])
+                .arg("serve")
+                .args(listen(port))
+                .arg("--root")
                 .arg(root)
                 .arg("--key-file")
                 .arg(key)
