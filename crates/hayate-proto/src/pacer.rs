@@ -1,9 +1,12 @@
 //! Pacing: a token bucket that releases datagrams in small bursts (a "quantum") so the I/O
 //! shell can hand them to the kernel in one batched call instead of waking per packet.
 //!
-//! Sending time a busy host takes away (the sender woken late, past the credit a burst may
-//! use) is owed and paid back a little faster than the rate, so the rate set is the rate
-//! sent on average; time the sender had nothing to send (or no room in flight) is not.
+//! A late wake-up's burst may use the credit built up meanwhile: 1 ms of sending, or twice
+//! how late the host usually wakes the sender (a host whose cores other work keeps busy is
+//! late at every wake-up, and could otherwise never send at the rate). Sending time a busy
+//! host takes away past that credit (a stall) is owed and paid back a little faster than
+//! the rate, so the rate set is the rate sent on average; time the sender had nothing to
+//! send (or no room in flight) is not.
 //! Such catch-ups go faster than the rate: where they lose more than the rest (a buffer
 //! too short for them) the pacer makes less of them (see [`Pacer::on_fates`]).
 
@@ -25,6 +28,12 @@ const LOSS_MARGIN: f64 = 0.002;
 const REST_KEPT: f64 = 0.9;
 /// The least share of a full catch-up kept (some, so that its fate keeps being judged).
 const MIN_ROOM: f64 = 1.0 / 16.0;
+/// A late wake-up's credit covers at least this long of sending, seconds ...
+const CREDIT_S: f64 = 1e-3;
+/// ... or this many times the host's usual lateness (see [`Pacer::lateness_us`]).
+const CREDIT_LATENESS: f64 = 2.0;
+/// Each wake-up for a burst moves the usual lateness this share of the way to its own.
+const LATENESS_GAIN: f64 = 1.0 / 16.0;
 
 /// The pacer: says when the next datagram may go at the rate set, in small bursts, and
 /// keeps the account of sending time lost to late wake-ups.
@@ -55,6 +64,11 @@ pub struct Pacer {
     /// Bytes (lost, settled) of catch-ups and of the rest since they were last judged.
     catch_up_fates: (f64, f64),
     paced_fates: (f64, f64),
+    /// The last call found too little credit: the sender waits for the next burst (see
+    /// [`Pacer::lateness_us`]).
+    held: bool,
+    /// How late the host usually wakes the sender for a burst, µs (a moving mean).
+    lateness_us: f64,
     /// bytes per second; `None` = unpaced
     rate: Option<u64>,
     mtu: usize,
@@ -77,6 +91,8 @@ impl Pacer {
             room: 1.0,
             catch_up_fates: (0.0, 0.0),
             paced_fates: (0.0, 0.0),
+            held: false,
+            lateness_us: 0.0,
             rate: None,
             mtu,
         }
@@ -99,14 +115,42 @@ impl Pacer {
         (r * 250e-6).clamp(2.0 * self.mtu as f64, 64.0 * self.mtu as f64)
     }
 
-    /// Credit kept across a late wake-up: up to 1 ms of sending. A loaded host often wakes
-    /// the sender a few hundred µs late; dropping that credit (as a cap of one quantum would)
+    /// Credit kept across a late wake-up: 1 ms of sending, or twice the host's usual
+    /// lateness if that is more (at most the debt's cap, 10 ms). A loaded host often wakes
+    /// the sender a few hundred µs late, one whose cores other work keeps busy (a build)
+    /// several ms late at every wake-up. Dropping that credit (as a cap of one quantum would)
     /// makes the real rate fall short of the set one, and the controller then reads its own
-    /// shortfall as the path's limit.
+    /// shortfall as the path's limit; the debt cannot make up for a lateness that comes at
+    /// every wake-up, as it is paid back only from wake-ups on time.
     fn credit_cap(&self) -> f64 {
         let r = self.rate.unwrap_or(u64::MAX) as f64;
         let q = self.quantum();
-        q + self.room * ((r * 1e-3).max(q) - q)
+        let span = (CREDIT_LATENESS * self.lateness_us * 1e-6).clamp(CREDIT_S, DEBT_CAP_S);
+        q + self.room * ((r * span).max(q) - q)
+    }
+
+    /// How late the host usually wakes the sender for a burst it waited for, µs: a moving
+    /// mean, so that a rare stall (paid back from the debt) hardly moves it, and a lateness
+    /// at every wake-up (cores busy with other work) sets it.
+    pub fn lateness_us(&self) -> u64 {
+        self.lateness_us as u64
+    }
+
+    /// When the burst the sender waits for is due, µs (the time [`Pacer::next_send_time`]
+    /// named after the last call found too little credit).
+    fn due_us(&self, r: f64) -> Option<f64> {
+        if !self.held || !self.backlogged {
+            return None;
+        }
+        let need = self.quantum().min(self.mtu as f64 * 8.0) - self.tokens;
+        Some(self.last_us as f64 + need.max(0.0) / r * 1e6)
+    }
+
+    /// The sender woke up for the burst it waited for (due at `due_us`) and sends: how late
+    /// it woke is taken in (a sender that something else woke early counts as on time).
+    fn note_wake_up(&mut self, now_us: u64, due_us: f64) {
+        let late_us = (now_us as f64 - due_us).clamp(0.0, DEBT_CAP_S * 1e6);
+        self.lateness_us += (late_us - self.lateness_us) * LATENESS_GAIN;
     }
 
     /// Debt kept: at most this long of sending (beyond it the host is not late but stopped,
@@ -201,6 +245,7 @@ impl Pacer {
 
     fn idle_lapse(&mut self, now_us: u64) {
         self.refill(now_us);
+        self.held = false;
         self.backlogged = false;
         self.debt = 0.0;
         self.catching_up = false;
@@ -243,15 +288,21 @@ impl Pacer {
                 self.app_idle_total += b;
             }
         }
+        let due_us = self.due_us(r as f64);
         self.refill(now_us);
         self.backlogged = true;
         if self.debt > 0.0 || self.tokens > self.quantum() + self.mtu as f64 {
             self.catching_up = true;
         }
         let ok = self.tokens >= len.min(self.mtu) as f64;
+        if let (true, Some(due_us)) = (ok, due_us) {
+            self.held = false;
+            self.note_wake_up(now_us, due_us);
+        }
         if !ok {
             // The burst is out.
             self.catching_up = self.debt > 0.0;
+            self.held = true;
         }
         ok
     }
@@ -349,6 +400,42 @@ mod tests {
         // Paid back over time, not in one burst: at most the credit (1 ms) at once.
         assert!(burst as f64 <= rate as f64 * 1e-3 + 1500.0, "burst {burst}");
         assert!(p.lost_bytes() > rate / 10, "lost {}", p.lost_bytes());
+    }
+
+    /// Sends what the pacer allows for a second, the host waking the sender `late_us` after
+    /// every time the pacer named; returns the bytes sent and the largest burst.
+    fn woken_late(p: &mut Pacer, late_us: u64, len: usize) -> (usize, usize) {
+        let (mut now, mut sent, mut burst_max) = (0u64, 0usize, 0usize);
+        while now < 1_000_000 {
+            let mut burst = 0;
+            while p.can_send(now, len) {
+                p.on_sent(len);
+                burst += len;
+            }
+            sent += burst;
+            burst_max = burst_max.max(burst);
+            now = p.next_send_time(now).unwrap().max(now + 1) + late_us;
+        }
+        (sent, burst_max)
+    }
+
+    #[test]
+    fn a_host_late_at_every_wake_up_still_sends_at_the_rate() {
+        // 100 Mbit/s in 8 952-byte datagrams; the host wakes the sender 3 ms late every time
+        // (its cores busy with a build). With a credit of 1 ms the sender got two datagrams
+        // out per wake-up: under a third of the rate, and the debt was never paid back.
+        let rate = 12_500_000u64;
+        let mut p = Pacer::new(8952);
+        p.set_rate(Some(rate));
+        let (sent, burst) = woken_late(&mut p, 3_000, 8952);
+        assert!(sent as f64 >= 0.95 * rate as f64, "sent {sent} of {rate}");
+        assert!(p.lateness_us().abs_diff(3_000) < 300, "{}", p.lateness_us());
+        // Bursts of what the lateness let build up, not more.
+        assert!(burst as f64 <= rate as f64 * 6e-3 + 8952.0, "burst {burst}");
+        // On time again: the lateness fades, and so does the burst.
+        let (sent, _) = woken_late(&mut p, 0, 8952);
+        assert!(sent as f64 >= 0.95 * rate as f64, "sent {sent} of {rate}");
+        assert!(p.lateness_us() < 100, "{}", p.lateness_us());
     }
 
     #[test]

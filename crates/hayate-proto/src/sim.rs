@@ -156,6 +156,10 @@ pub struct ClientSpec {
     pub stall_every_us: u64,
     /// How long each stall lasts, µs.
     pub stall_us: u64,
+    /// Its host wakes it this late on average (evenly between none and twice it) each time
+    /// it waited for a timer or a datagram (0: on time): a host whose cores other work keeps
+    /// busy, as a build does.
+    pub wake_late_us: u64,
     /// Its adaptive controller's tunables, if not the defaults.
     pub cc_params: Option<crate::cc::AdaptiveParams>,
 }
@@ -207,6 +211,8 @@ pub struct Scenario {
     pub client_stall_every_us: u64,
     /// How long each of those stalls lasts, µs.
     pub client_stall_us: u64,
+    /// Every client's host wakes it this late (see [`ClientSpec::wake_late_us`]).
+    pub client_wake_late_us: u64,
     /// TCP CUBIC bulk flows through the same forward link (cross traffic).
     pub tcp_flows: Vec<TcpSpec>,
     /// BBR-like bulk flows through the same forward link (cross traffic; `sim/bbr.rs`).
@@ -249,6 +255,7 @@ impl Scenario {
             cc_trace: false,
             client_stall_every_us: 0,
             client_stall_us: 0,
+            client_wake_late_us: 0,
             tcp_flows: Vec::new(),
             bbr_flows: Vec::new(),
             short_flows: None,
@@ -269,6 +276,7 @@ impl Scenario {
             cc_trace: self.cc_trace,
             stall_every_us: self.client_stall_every_us,
             stall_us: self.client_stall_us,
+            wake_late_us: self.client_wake_late_us,
             cc_params: self.client_cc_params.clone(),
         }
     }
@@ -839,6 +847,9 @@ struct Client {
     /// Its host's stalls, with their own random numbers (the network's stay as they were).
     stalls: Stalls,
     stall_rng: Rng,
+    /// Waiting for its host to wake it (see [`ClientSpec::wake_late_us`]): until when, and
+    /// how late this wake-up is.
+    asleep: Option<(u64, u64)>,
     addr: SocketAddr,
     /// `None` until its start time.
     conn: Option<Connection>,
@@ -887,11 +898,40 @@ impl Client {
         self.conn = Some(conn);
     }
 
-    /// The end of the host stall `now` falls in, if any.
+    /// The end of the host stall `now` falls in, or of the wait for the host to wake it,
+    /// if any.
     fn stalled(&mut self, now: u64) -> Option<u64> {
-        self.stalls
+        if let Some(end) = self
+            .stalls
             .stalled_in(now, &mut self.stall_rng)
             .map(|(_, end)| end)
+        {
+            return Some(end);
+        }
+        match self.asleep {
+            Some((end, _)) if now < end => Some(end),
+            _ => {
+                self.asleep = None;
+                None
+            }
+        }
+    }
+
+    /// Its turn is over: on a host that wakes it late, it sleeps until `deadline` (its next
+    /// timer, µs) or a datagram, and that much later.
+    fn sleep(&mut self, deadline: Option<u64>) {
+        if self.spec.wake_late_us == 0 {
+            return;
+        }
+        let late = self.stall_rng.next_u64() % (2 * self.spec.wake_late_us + 1);
+        self.asleep = Some((deadline.map_or(u64::MAX, |t| t.saturating_add(late)), late));
+    }
+
+    /// A datagram arrived at `now`: a sleeping client is woken, late.
+    fn woken(&mut self, now: u64) {
+        if let Some((end, late)) = &mut self.asleep {
+            *end = (*end).min(now + *late);
+        }
     }
 
     /// The connection, while it is being driven.
@@ -1088,6 +1128,7 @@ pub fn run(sc: &Scenario) -> SimResult {
             },
             stalls: Stalls::new(spec.stall_every_us, spec.stall_us),
             stall_rng: Rng::new(sc.seed ^ 0x5354_414c_4c00 ^ n as u64),
+            asleep: None,
             spec,
             conn: None,
             files: MemFiles::default(),
@@ -1218,6 +1259,7 @@ pub fn run(sc: &Scenario) -> SimResult {
                         _ => now,
                     };
                     let cl = &mut clients[n];
+                    cl.woken(now);
                     if let Some(end) = cl.stalled(now) {
                         // Read when the host runs again, in the order it arrived, stamped
                         // with its arrival as the kernel does (the I/O shell reads that).
@@ -1308,6 +1350,8 @@ pub fn run(sc: &Scenario) -> SimResult {
             while let Some(len) = conn.poll_transmit(at(now), &mut buf, &mut cl.files) {
                 net.put(Dest::Server(n), now, &buf[..len]);
             }
+            let deadline = conn.poll_timeout(at(now)).map(|t| us_of(t).max(now + 1));
+            cl.sleep(deadline);
         }
         for (n, t) in tcps.iter_mut().enumerate() {
             if t.next_timer().is_some_and(|at| at <= now) {

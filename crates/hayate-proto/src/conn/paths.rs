@@ -200,6 +200,7 @@ impl Connection {
                 cap: self.path.cc.in_flight_cap().unwrap_or(0),
                 pacer_lost: self.path.pacer.lost_bytes(),
                 catch_up_room: self.path.pacer.catch_up_room(),
+                wake_late_us: self.path.pacer.lateness_us(),
             });
         }
     }

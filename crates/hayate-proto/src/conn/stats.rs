@@ -85,12 +85,15 @@ pub struct CcTraceRow {
     /// The share of a full catch-up the pacer makes (see
     /// [`Pacer::catch_up_room`](crate::pacer::Pacer::catch_up_room)).
     pub catch_up_room: f64,
+    /// How late the host usually wakes the sender for a burst, µs (see
+    /// [`Pacer::lateness_us`](crate::pacer::Pacer::lateness_us)).
+    pub wake_late_us: u64,
 }
 
 impl CcTraceRow {
     /// The column names of [`tsv`](Self::tsv), tab-separated (the first line of a
     /// `HAYATE_CC_TRACE` file; `bench/wan` and the tests read the columns by name).
-    pub const TSV_HEADER: &'static str = "t_ms\trtt_us\tmin_rtt_us\tsrtt_us\trx_bps\tdelivered\tlost_bytes\trx_drops\tin_flight\trate_bps\tstate\tsent_bytes\trx_lag_us\trx_buffered\trx_buffer\tcap\tpacer_lost\tcatch_up_room";
+    pub const TSV_HEADER: &'static str = "t_ms\trtt_us\tmin_rtt_us\tsrtt_us\trx_bps\tdelivered\tlost_bytes\trx_drops\tin_flight\trate_bps\tstate\tsent_bytes\trx_lag_us\trx_buffered\trx_buffer\tcap\tpacer_lost\tcatch_up_room\twake_late_us";
 
     /// The row as one line of tab-separated values, without its newline (rates in bit/s,
     /// `-` where the feedback had no RTT or delivery-rate sample).
@@ -98,7 +101,7 @@ impl CcTraceRow {
         let f = &self.feedback;
         let opt = |v: Option<u64>| v.map_or("-".to_string(), |v| v.to_string());
         format!(
-            "{:.3}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{:.4}",
+            "{:.3}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{}\t{:.4}\t{}",
             f.now_us as f64 / 1e3,
             opt(f.rtt_us),
             f.min_rtt_us,
@@ -116,7 +119,8 @@ impl CcTraceRow {
             f.rx_buffer,
             self.cap,
             self.pacer_lost,
-            self.catch_up_room
+            self.catch_up_room,
+            self.wake_late_us
         )
     }
 }
