@@ -1227,13 +1227,7 @@ impl PartFile {
             shown: shown.to_string(),
             existing_len: 0,
             space: None,
-            stream: Some(Box::new(Stream {
-                out: crate::writeback::Queue::appending(Arc::new(out)),
-                gathered: Vec::new(),
-                next: 0,
-                held: BTreeMap::new(),
-                hasher: blake3::Hasher::new(),
-            })),
+            stream: Some(Box::new(Stream::new(out))),
             link,
             inplace: None,
             keep: None,
@@ -1555,7 +1549,10 @@ impl PartFile {
         self.flush()?;
         match &self.stream {
             // What went out to the device, in order: nothing else is left to read back.
-            Some(s) => s.complete(self.size).map(|()| s.hasher.finalize()),
+            // (`flush` drained the writer: every write is in, and hashed.)
+            Some(s) => s
+                .complete(self.size)
+                .map(|()| s.hasher.lock().expect("stream hash").finalize()),
             None => hash_file(&self.file),
         }
     }
@@ -2080,7 +2077,8 @@ struct Stream {
     next: u64,
     /// Ranges `[start, end)` held in the temp file, disjoint, none adjacent.
     held: BTreeMap<u64, u64>,
-    hasher: blake3::Hasher,
+    /// What the writer thread wrote so far, hashed there behind each write.
+    hasher: Arc<Mutex<blake3::Hasher>>,
 }
 
 impl Stream {
@@ -2088,6 +2086,22 @@ impl Stream {
     const CHUNK: usize = 1 << 20;
     /// In-order bytes gathered before they are handed to the writer.
     const GATHER: usize = 64 << 10;
+
+    fn new(out: File) -> Self {
+        let hasher = Arc::new(Mutex::new(blake3::Hasher::new()));
+        let mut queue = crate::writeback::Queue::appending(Arc::new(out));
+        let h = hasher.clone();
+        queue.observe(Arc::new(Mutex::new(move |_at: u64, data: &[u8]| {
+            h.lock().expect("stream hash").update(data);
+        })));
+        Stream {
+            out: queue,
+            gathered: Vec::new(),
+            next: 0,
+            held: BTreeMap::new(),
+            hasher,
+        }
+    }
 
     fn put(&mut self, spill: &File, offset: u64, data: &[u8]) -> io::Result<()> {
         let end = offset + data.len() as u64;
@@ -2151,7 +2165,6 @@ impl Stream {
     }
 
     fn emit(&mut self, data: &[u8]) -> io::Result<()> {
-        self.hasher.update(data);
         self.next += data.len() as u64;
         self.gathered.extend_from_slice(data);
         if self.gathered.len() >= Self::GATHER {
@@ -2164,14 +2177,16 @@ impl Stream {
         if self.gathered.is_empty() {
             return self.out.check();
         }
+        let at = self.next - self.gathered.len() as u64;
         let buf = std::mem::replace(&mut self.gathered, self.out.buffer(Self::GATHER));
-        self.out.write(0, buf)
+        self.out.write(at, buf)
     }
 
     /// Hands what was gathered to the writer without waiting for room (the file is let go).
     fn push_now(&mut self) {
         if !self.gathered.is_empty() {
-            let _ = self.out.write_now(0, std::mem::take(&mut self.gathered));
+            let at = self.next - self.gathered.len() as u64;
+            let _ = self.out.write_now(at, std::mem::take(&mut self.gathered));
         }
     }
 

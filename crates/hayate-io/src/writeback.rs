@@ -28,8 +28,11 @@ const SPARES: usize = 8;
 enum Job {
     Write {
         file: Arc<File>,
-        /// Where in the file; `None` appends (a FIFO, a device, standard output).
-        at: Option<u64>,
+        /// Where in the file, or for an appending queue where in the stream (the offset
+        /// its observer sees).
+        at: u64,
+        /// Written where the last write ended (a FIFO, a device, standard output).
+        append: bool,
         buf: Vec<u8>,
         state: Arc<Shared>,
         observer: Option<Observer>,
@@ -78,16 +81,18 @@ fn run(job: Job) {
         Job::Write {
             file,
             at,
+            append,
             mut buf,
             state,
             observer,
             pooled,
         } => {
-            let r = match at {
-                Some(at) => file.write_all_at(&buf, at),
-                None => (&*file).write_all(&buf),
+            let r = if append {
+                (&*file).write_all(&buf)
+            } else {
+                file.write_all_at(&buf, at)
             };
-            if let (Ok(()), Some(o), Some(at)) = (&r, observer, at) {
+            if let (Ok(()), Some(o)) = (&r, observer) {
                 (o.lock().expect("write observer"))(at, &buf);
             }
             // Before anyone learns the write is done: a drained file must be closable (its
@@ -188,9 +193,10 @@ impl Queue {
         }
     }
 
-    /// Has `f` see every positional write queued from now on, with its offset and bytes,
-    /// once it is in the file (on the writer thread, in order; not for appending queues):
-    /// the receiver's hash takes in-order data from there instead of reading it back.
+    /// Has `f` see every write queued from now on, with its offset (for an appending queue,
+    /// the one its caller gave) and bytes, once it is in the file (on the writer thread, in
+    /// order): the receiver's hash takes in-order data from there instead of reading it back
+    /// or hashing it on the protocol loop.
     pub fn observe(&mut self, f: Observer) {
         self.observer = Some(f);
     }
@@ -218,7 +224,8 @@ impl Queue {
         }
     }
 
-    /// Queues `buf` to be written at `at` (ignored when appending), after waiting while
+    /// Queues `buf` to be written at `at` (when appending: after the last write, `at` only
+    /// telling the observer where in the stream it is), after waiting while
     /// this file has more than [`MAX_QUEUED`] bytes waiting (see [`has_room`](Self::has_room)
     /// to avoid that). Returns an earlier write's error, if one failed.
     pub fn write(&self, at: u64, buf: Vec<u8>) -> io::Result<()> {
@@ -249,7 +256,8 @@ impl Queue {
         }
         self.send(Job::Write {
             file: self.file.clone(),
-            at: (!self.append).then_some(at),
+            at,
+            append: self.append,
             buf,
             state: self.shared.clone(),
             observer: self.observer.clone(),
