@@ -1569,11 +1569,13 @@ fn a_block_sent_again_that_left_the_page_cache_is_read_by_the_reader_thread() {
         &buf[..],
         &data[into_second as usize..into_second as usize + block]
     );
-    // The file leaves the page cache (the chunk held stays in memory).
-    // Twice, a moment apart: a page locked by I/O at the time may be passed over (a
-    // clean-clone CI run once read the block on the caller's thread after one).
+    let back = 7 * block as u64;
+    // The file leaves the page cache (the chunk held stays in memory). Until a read that
+    // must not wait says the block is gone: a page locked by I/O at the time may be passed
+    // over (a clean-clone CI run, and a local run beside the other tests, read the block
+    // on the caller's thread after two tries 20 ms apart).
     let evict = || {
-        for _ in 0..2 {
+        for _ in 0..100 {
             rustix::fs::fadvise(
                 &file,
                 0,
@@ -1581,11 +1583,21 @@ fn a_block_sent_again_that_left_the_page_cache_is_read_by_the_reader_thread() {
                 rustix::fs::Advice::DontNeed,
             )
             .unwrap();
+            let mut probe = [0u8; 1];
+            let cached = rustix::io::preadv2(
+                &file,
+                &mut [std::io::IoSliceMut::new(&mut probe)],
+                back,
+                rustix::io::ReadWriteFlags::NOWAIT,
+            );
+            if cached.is_err() {
+                return;
+            }
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
+        panic!("the block stays in the page cache");
     };
     evict();
-    let back = 7 * block as u64;
     let first = src.read_block(back, &mut buf);
     assert!(
         matches!(first, Err(SourceError::NotReady)),
