@@ -2066,7 +2066,9 @@ pub fn spill_file() -> io::Result<File> {
 /// A device or FIFO being written: the bytes go out strictly in order, as they would from
 /// scp, and are hashed as they go, so what is verified is exactly what was written. Blocks
 /// that arrive ahead of a missing one wait in an unnamed temp file (its space freed as they
-/// go out), so only what is in flight is held, not the whole file.
+/// go out), so only what is in flight is held, not the whole file. All of it (writes,
+/// hashing, the temp file's writes and reads) runs on the stream's writer thread; the
+/// protocol loop only keeps the account of what is held where.
 #[derive(Debug)]
 struct Stream {
     /// The destination, written in order by a writer thread.
@@ -2103,13 +2105,17 @@ impl Stream {
         }
     }
 
-    fn put(&mut self, spill: &File, offset: u64, data: &[u8]) -> io::Result<()> {
+    fn put(&mut self, spill: &Arc<File>, offset: u64, data: &[u8]) -> io::Result<()> {
         let end = offset + data.len() as u64;
         if end <= self.next {
             return Ok(());
         }
         if offset > self.next {
-            spill.write_all_at(data, offset)?;
+            // Into the holding file on the writer thread, in order with what goes out: the
+            // moves out of it are queued behind.
+            let mut buf = self.out.buffer(data.len());
+            buf.extend_from_slice(data);
+            self.out.write_into(spill, offset, buf)?;
             let (mut a, mut b) = (offset, end);
             let touching: Vec<u64> = self
                 .held
@@ -2130,36 +2136,42 @@ impl Stream {
         self.release(spill)
     }
 
-    /// Moves held bytes that now continue the output from the temp file to the writer, as
-    /// far as the writer has room (the rest goes on the next call: see `PartFile::pump`).
-    fn release(&mut self, spill: &File) -> io::Result<()> {
-        let mut buf = Vec::new();
+    /// Queues the held bytes that now continue the output to be moved from the temp file to
+    /// the destination (read, written and let go on the writer thread), as far as the
+    /// writer has room (the rest goes on the next call: see `PartFile::pump`).
+    fn release(&mut self, spill: &Arc<File>) -> io::Result<()> {
         while let Some((&s, &e)) = self.held.first_key_value() {
             if s > self.next {
                 break;
             }
-            if buf.is_empty() {
-                buf = vec![0; Self::CHUNK];
+            if s < self.next {
+                // Already out from a later copy of those bytes: let that part go.
+                let (spill, len) = (spill.clone(), self.next.min(e) - s);
+                self.out.then(move || {
+                    let _ = rfs::fallocate(
+                        &spill,
+                        FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+                        s,
+                        len,
+                    );
+                })?;
+            }
+            if self.next < e {
+                // What was gathered goes first: it comes before the held bytes.
+                self.push()?;
             }
             while self.next < e {
                 if !self.out.has_room(Self::GATHER + Self::CHUNK) {
+                    // Resumed from here on the next call.
+                    self.held.pop_first();
+                    self.held.insert(self.next, e);
                     return Ok(());
                 }
-                let n = (e - self.next).min(Self::CHUNK as u64) as usize;
-                let got = read_at(spill, self.next, &mut buf[..n])?;
-                if got < n {
-                    return Err(io::Error::other("temporary file lost data"));
-                }
-                self.emit(&buf[..n])?;
+                let n = (e - self.next).min(Self::CHUNK as u64);
+                self.out.move_from(spill, self.next, n as usize)?;
+                self.next += n;
             }
             self.held.pop_first();
-            // Gone out: its space is not needed any more.
-            let _ = rfs::fallocate(
-                spill,
-                FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
-                s,
-                e - s,
-            );
         }
         Ok(())
     }
@@ -2192,7 +2204,7 @@ impl Stream {
 
     /// Everything that can go out (the held bytes that continue the output) is written,
     /// waiting for the writer as long as that takes.
-    fn drain(&mut self, spill: &File) -> io::Result<()> {
+    fn drain(&mut self, spill: &Arc<File>) -> io::Result<()> {
         loop {
             self.release(spill)?;
             self.push()?;
@@ -2208,7 +2220,7 @@ impl Stream {
     }
 
     /// Moves on what can go out without waiting; whether nothing is left to write.
-    fn pump(&mut self, spill: &File) -> io::Result<bool> {
+    fn pump(&mut self, spill: &Arc<File>) -> io::Result<bool> {
         self.release(spill)?;
         if self.out.has_room(self.gathered.len()) {
             self.push()?;

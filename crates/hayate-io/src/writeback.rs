@@ -7,7 +7,9 @@
 //! so work queued after some writes (the hashing of a subtree they completed, see
 //! [`Queue::then`]) sees those bytes in the file. A file may have at most
 //! [`MAX_QUEUED`] bytes waiting; past that, [`Queue::write`] waits (backpressure on the
-//! writer of this file only). Errors are kept and returned by the next call.
+//! writer of this file only). Errors are kept and returned by the next call. A stream's
+//! queue also carries the writes into its holding file and the moves out of it
+//! ([`Queue::write_into`], [`Queue::move_from`]), in order with its own writes.
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -28,6 +30,9 @@ const SPARES: usize = 8;
 enum Job {
     Write {
         file: Arc<File>,
+        /// Where the bytes come from: `buf`, or `len` bytes read at `at` from another file
+        /// (which are then let go there, see [`Queue::move_from`]).
+        from: Option<(Arc<File>, usize)>,
         /// Where in the file, or for an appending queue where in the stream (the offset
         /// its observer sees).
         at: u64,
@@ -80,6 +85,7 @@ fn run(job: Job) {
         Job::Then(f) => f(),
         Job::Write {
             file,
+            from,
             at,
             append,
             mut buf,
@@ -87,11 +93,28 @@ fn run(job: Job) {
             observer,
             pooled,
         } => {
-            let r = if append {
-                (&*file).write_all(&buf)
-            } else {
-                file.write_all_at(&buf, at)
-            };
+            let mut r = Ok(());
+            if let Some((from, len)) = &from {
+                buf.resize(*len, 0);
+                r = read_exact_at(from, &mut buf, at);
+            }
+            if r.is_ok() {
+                r = if append {
+                    (&*file).write_all(&buf)
+                } else {
+                    file.write_all_at(&buf, at)
+                };
+            }
+            if let (Ok(()), Some((from, len))) = (&r, &from) {
+                // Gone on to the destination: its space in the holding file is not needed.
+                let _ = rustix::fs::fallocate(
+                    from,
+                    rustix::fs::FallocateFlags::PUNCH_HOLE | rustix::fs::FallocateFlags::KEEP_SIZE,
+                    at,
+                    *len as u64,
+                );
+            }
+            drop(from);
             if let (Ok(()), Some(o)) = (&r, observer) {
                 (o.lock().expect("write observer"))(at, &buf);
             }
@@ -117,6 +140,26 @@ fn run(job: Job) {
             }
         }
     }
+}
+
+/// Reads all of `buf` at `at` (restarting on short reads); running out is an error.
+fn read_exact_at(file: &File, buf: &mut [u8], at: u64) -> io::Result<()> {
+    file.read_exact_at(buf, at).map_err(|e| {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            io::Error::other("temporary file lost data")
+        } else {
+            e
+        }
+    })
+}
+
+/// Where a queued write goes, and where its bytes come from if not from its buffer.
+struct Target {
+    file: Arc<File>,
+    from: Option<(Arc<File>, usize)>,
+    at: u64,
+    append: bool,
+    observer: Option<Observer>,
 }
 
 /// The shared writer thread a new file is bound to: the least loaded.
@@ -239,12 +282,54 @@ impl Queue {
     }
 
     fn queue_write(&self, at: u64, buf: Vec<u8>, wait: bool) -> io::Result<()> {
+        let to = Target {
+            file: self.file.clone(),
+            from: None,
+            at,
+            append: self.append,
+            observer: self.observer.clone(),
+        };
+        self.queue(to, buf, wait)
+    }
+
+    /// Queues `buf` to be written at `at` into `other`, a file of this file's own (a stream's
+    /// holding file for bytes that came ahead of a gap), on this file's writer thread, in
+    /// order with its writes, without waiting; the observer does not see it. Counts
+    /// against [`MAX_QUEUED`] until it is written.
+    pub fn write_into(&self, other: &Arc<File>, at: u64, buf: Vec<u8>) -> io::Result<()> {
+        let to = Target {
+            file: other.clone(),
+            from: None,
+            at,
+            append: false,
+            observer: None,
+        };
+        self.queue(to, buf, false)
+    }
+
+    /// Queues the `len` bytes at `at` of `other` (written there by
+    /// [`write_into`](Self::write_into)) to be written to this file as [`write`](Self::write)
+    /// writes a buffer at `at`, without waiting, then let go in `other` (a hole punched): read
+    /// on the writer thread, not by the caller.
+    pub fn move_from(&self, other: &Arc<File>, at: u64, len: usize) -> io::Result<()> {
+        let to = Target {
+            file: self.file.clone(),
+            from: Some((other.clone(), len)),
+            at,
+            append: self.append,
+            observer: self.observer.clone(),
+        };
+        self.queue(to, Vec::new(), false)
+    }
+
+    fn queue(&self, to: Target, buf: Vec<u8>, wait: bool) -> io::Result<()> {
+        let len = to.from.as_ref().map_or(buf.len(), |&(_, len)| len);
         let mut s = self.shared.state.lock().expect("write state");
-        while wait && s.queued > 0 && s.queued + buf.len() > MAX_QUEUED && s.error.is_none() {
+        while wait && s.queued > 0 && s.queued + len > MAX_QUEUED && s.error.is_none() {
             s = self.shared.written.wait(s).expect("write state");
         }
         error(&s)?;
-        s.queued += buf.len();
+        s.queued += len;
         self.shared.queued.store(s.queued, Ordering::Release);
         drop(s);
         let pooled = match self.thread {
@@ -252,15 +337,16 @@ impl Queue {
             Thread::Own(_) => None,
         };
         if let Some(i) = pooled {
-            pool().add_load(i, buf.len() as isize);
+            pool().add_load(i, len as isize);
         }
         self.send(Job::Write {
-            file: self.file.clone(),
-            at,
-            append: self.append,
+            file: to.file,
+            from: to.from,
+            at: to.at,
+            append: to.append,
             buf,
             state: self.shared.clone(),
-            observer: self.observer.clone(),
+            observer: to.observer,
             pooled,
         })
     }

@@ -1265,6 +1265,57 @@ fn a_fifo_destination_is_written_in_order_and_never_replaced() {
     assert_eq!(reader.join().unwrap(), b"");
 }
 
+/// Blocks that come ahead of a gap wait in a holding file and move on to the FIFO once the
+/// gap is filled, read and written on the writer thread: here the whole file arrives last
+/// block first, more than the writer's queue holds, while the reader takes it slowly.
+#[test]
+fn a_fifo_destination_takes_a_file_that_arrives_backwards() {
+    let (dir, root) = setup();
+    let fifo = dir.path().join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    let data: Vec<u8> = (0..40_000_000u32).map(|i| (i % 251) as u8).collect();
+    let reader = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            let mut f = fs::File::open(fifo).unwrap();
+            let mut out = Vec::new();
+            let mut buf = vec![0u8; 1 << 16];
+            loop {
+                let n = std::io::Read::read(&mut f, &mut buf).unwrap();
+                if n == 0 {
+                    return out;
+                }
+                out.extend_from_slice(&buf[..n]);
+                if out.len() % (4 << 20) < n {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+            }
+        })
+    };
+    let mut part = create_when_read(&root, "fifo", data.len() as u64);
+    let block = 1_000_003;
+    let mut starts: Vec<usize> = (0..data.len()).step_by(block).collect();
+    starts.reverse();
+    for (i, &a) in starts.iter().enumerate() {
+        let b = (a + block).min(data.len());
+        part.write_at(a as u64, &data[a..b]).unwrap();
+        if i % 7 == 0 {
+            part.pump().unwrap();
+        }
+    }
+    // A duplicate of bytes already gone out, and one straddling the end of what went.
+    part.write_at(10, &data[10..5000]).unwrap();
+    assert_eq!(part.hash().unwrap(), blake3::hash(&data));
+    part.commit(Some(0o644), None).unwrap();
+    let got = reader.join().unwrap();
+    assert!(
+        got == data,
+        "the FIFO's reader got {} bytes, not the file",
+        got.len()
+    );
+}
+
 #[test]
 fn a_device_destination_is_written_and_never_replaced() {
     if !need_root("mknod of a test /dev/null") {
