@@ -81,6 +81,10 @@ const MODELS: &[(&str, &str)] = &[
         "ratestep",
         "1-BDP FIFO (of the full rate), the rate halves at 1/3 of --secs and recovers at 2/3",
     ),
+    (
+        "busyhost",
+        "1-BDP FIFO, the sender's host wakes it 0-4 ms late every time it waits (cores busy)",
+    ),
     ("cubic", "1-BDP FIFO, beside one TCP CUBIC bulk flow"),
     ("bbr", "1-BDP FIFO, beside one BBR-like bulk flow"),
     (
@@ -200,6 +204,7 @@ fn scenario(row: &Row) -> (Scenario, f64, f64) {
                 },
             ];
         }
+        "busyhost" => sc.client_wake_late_us = 2_000,
         "cubic" | "bbr" => {
             let flow = TcpSpec {
                 start_us: 0,
