@@ -29,18 +29,9 @@ const SPARES: usize = 8;
 
 enum Job {
     Write {
-        file: Arc<File>,
-        /// Where the bytes come from: `buf`, or `len` bytes read at `at` from another file
-        /// (which are then let go there, see [`Queue::move_from`]).
-        from: Option<(Arc<File>, usize)>,
-        /// Where in the file, or for an appending queue where in the stream (the offset
-        /// its observer sees).
-        at: u64,
-        /// Written where the last write ended (a FIFO, a device, standard output).
-        append: bool,
+        to: Target,
         buf: Vec<u8>,
         state: Arc<Shared>,
-        observer: Option<Observer>,
         /// The shared writer thread it is queued on (its load, see `Pool::least_loaded`).
         pooled: Option<usize>,
     },
@@ -84,13 +75,16 @@ fn run(job: Job) {
     match job {
         Job::Then(f) => f(),
         Job::Write {
-            file,
-            from,
-            at,
-            append,
+            to:
+                Target {
+                    file,
+                    from,
+                    at,
+                    append,
+                    observer,
+                },
             mut buf,
             state,
-            observer,
             pooled,
         } => {
             let mut r = Ok(());
@@ -156,8 +150,13 @@ fn read_exact_at(file: &File, buf: &mut [u8], at: u64) -> io::Result<()> {
 /// Where a queued write goes, and where its bytes come from if not from its buffer.
 struct Target {
     file: Arc<File>,
+    /// `len` bytes read at `at` from another file (then let go there, see
+    /// [`Queue::move_from`]) instead of the job's buffer.
     from: Option<(Arc<File>, usize)>,
+    /// Where in the file, or for an appending queue where in the stream (the offset its
+    /// observer sees).
     at: u64,
+    /// Written where the last write ended (a FIFO, a device, standard output).
     append: bool,
     observer: Option<Observer>,
 }
@@ -340,13 +339,9 @@ impl Queue {
             pool().add_load(i, len as isize);
         }
         self.send(Job::Write {
-            file: to.file,
-            from: to.from,
-            at: to.at,
-            append: to.append,
+            to,
             buf,
             state: self.shared.clone(),
-            observer: to.observer,
             pooled,
         })
     }

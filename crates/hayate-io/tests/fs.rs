@@ -830,8 +830,7 @@ fn a_part_file_let_go_does_not_wait_for_its_writes() {
 fn a_fifo_destination_let_go_while_its_reader_waits_does_not_hang() {
     let (dir, root) = setup();
     let fifo = dir.path().join("fifo");
-    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    mkfifo(&fifo);
     let data: Vec<u8> = (0..(2u32 << 20)).map(|i| (i % 251) as u8).collect();
     // The reader opens the FIFO but reads only once told to: the pipe (64 KiB) fills.
     let (read_now, wait) = std::sync::mpsc::channel::<()>();
@@ -1209,6 +1208,11 @@ fn a_symlinked_destination_is_followed_and_stays_a_link() {
 
 /// `create_part` of a FIFO, once its reader (a thread just started) has it open: until then
 /// it says so at once (it never waits on the caller's loop), and the caller tries again.
+fn mkfifo(path: &Path) {
+    let c = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+}
+
 fn create_when_read(root: &Root, rel: &str, size: u64) -> hayate_io::fs::PartFile {
     let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
     loop {
@@ -1225,8 +1229,7 @@ fn create_when_read(root: &Root, rel: &str, size: u64) -> hayate_io::fs::PartFil
 fn a_fifo_destination_is_written_in_order_and_never_replaced() {
     let (dir, root) = setup();
     let fifo = dir.path().join("fifo");
-    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    mkfifo(&fifo);
     let data: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
     let reader = {
         let fifo = fifo.clone();
@@ -1272,8 +1275,7 @@ fn a_fifo_destination_is_written_in_order_and_never_replaced() {
 fn a_fifo_destination_takes_a_file_that_arrives_backwards() {
     let (dir, root) = setup();
     let fifo = dir.path().join("fifo");
-    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+    mkfifo(&fifo);
     let data: Vec<u8> = (0..40_000_000u32).map(|i| (i % 251) as u8).collect();
     let reader = {
         let fifo = fifo.clone();
