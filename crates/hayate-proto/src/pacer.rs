@@ -1,9 +1,10 @@
 //! Pacing: a token bucket that releases datagrams in small bursts (a "quantum") so the I/O
 //! shell can hand them to the kernel in one batched call instead of waking per packet.
 //!
-//! A late wake-up's burst may use the credit built up meanwhile: 1 ms of sending, or three
-//! times how late the host usually wakes the sender (a host whose cores other work keeps busy is
-//! late at every wake-up, and could otherwise never send at the rate). Sending time a busy
+//! A late wake-up's burst may use the credit built up meanwhile: 1 ms of sending, or a
+//! burst and how late the host usually wakes the sender plus four times how much that
+//! varies (a host whose cores other work keeps busy is late at every wake-up, and could
+//! otherwise never send at the rate). Sending time a busy
 //! host takes away past that credit (a stall) is owed and paid back a little faster than
 //! the rate, so the rate set is the rate sent on average; time the sender had nothing to
 //! send (or no room in flight) is not.
@@ -30,12 +31,16 @@ const REST_KEPT: f64 = 0.9;
 const MIN_ROOM: f64 = 1.0 / 16.0;
 /// A late wake-up's credit covers at least this long of sending, seconds ...
 const CREDIT_S: f64 = 1e-3;
-/// ... or this many times the host's usual lateness (see [`Pacer::lateness_us`]): the
-/// lateness varies about its mean, and a burst short of it leaves the rest owed, with the
-/// debt never paid back (the simulator's busy host, late by 0-4 ms, at 250 ms: 70-93 % of
-/// the link with twice the mean, 93-96 % with three times).
-const CREDIT_LATENESS: f64 = 3.0;
-/// Each wake-up for a burst moves the usual lateness this share of the way to its own.
+/// ... or the host's usual lateness plus this many times how much it varies (see
+/// [`Pacer::lateness_us`]), as TCP's retransmission timeout covers SRTT + 4 RTTVAR. A
+/// burst short of a late wake-up leaves the rest owed, and a debt that every wake-up adds
+/// to is never paid back (the simulator's busy host, late by 0-4 ms, at 250 ms: 70-93 % of
+/// the link with a credit of twice the mean lateness; 95-97 % with this, which covers about
+/// three times the mean there). A host whose lateness is steady (a loop busy with its own work
+/// for a few hundred µs between bursts) keeps about the 1 ms floor.
+const CREDIT_LATENESS_SPREAD: f64 = 4.0;
+/// Each wake-up for a burst moves the usual lateness, and its spread, this share of the
+/// way to its own.
 const LATENESS_GAIN: f64 = 1.0 / 16.0;
 
 /// The pacer: says when the next datagram may go at the rate set, in small bursts, and
@@ -70,8 +75,10 @@ pub struct Pacer {
     /// The last call found too little credit: the sender waits for the next burst (see
     /// [`Pacer::lateness_us`]).
     held: bool,
-    /// How late the host usually wakes the sender for a burst, µs (a moving mean).
+    /// How late the host usually wakes the sender for a burst, µs (a moving mean), and how
+    /// far from that it usually is (a moving mean of the difference).
     lateness_us: f64,
+    lateness_spread_us: f64,
     /// bytes per second; `None` = unpaced
     rate: Option<u64>,
     mtu: usize,
@@ -96,6 +103,7 @@ impl Pacer {
             paced_fates: (0.0, 0.0),
             held: false,
             lateness_us: 0.0,
+            lateness_spread_us: 0.0,
             rate: None,
             mtu,
         }
@@ -118,8 +126,9 @@ impl Pacer {
         (r * 250e-6).clamp(2.0 * self.mtu as f64, 64.0 * self.mtu as f64)
     }
 
-    /// Credit kept across a late wake-up: 1 ms of sending, or three times the host's usual
-    /// lateness if that is more (at most the debt's cap, 10 ms). A loaded host often wakes
+    /// Credit kept across a late wake-up: 1 ms of sending, or a burst and the host's usual
+    /// lateness plus four times its spread if that is more (the lateness at most the debt's
+    /// cap, 10 ms). A loaded host often wakes
     /// the sender a few hundred µs late, one whose cores other work keeps busy (a build)
     /// several ms late at every wake-up. Dropping that credit (as a cap of one quantum would)
     /// makes the real rate fall short of the set one, and the controller then reads its own
@@ -128,8 +137,10 @@ impl Pacer {
     fn credit_cap(&self) -> f64 {
         let r = self.rate.unwrap_or(u64::MAX) as f64;
         let q = self.quantum();
-        let span = (CREDIT_LATENESS * self.lateness_us * 1e-6).clamp(CREDIT_S, DEBT_CAP_S);
-        q + self.room * ((r * span).max(q) - q)
+        // The burst it waited for, and what the lateness let build up on top of it.
+        let late_us = self.lateness_us + CREDIT_LATENESS_SPREAD * self.lateness_spread_us;
+        let late = q + r * (late_us * 1e-6).min(DEBT_CAP_S);
+        q + self.room * ((r * CREDIT_S).max(q).max(late) - q)
     }
 
     /// How late the host usually wakes the sender for a burst it waited for, µs: a moving
@@ -153,6 +164,8 @@ impl Pacer {
     /// it woke is taken in (a sender that something else woke early counts as on time).
     fn note_wake_up(&mut self, now_us: u64, due_us: f64) {
         let late_us = (now_us as f64 - due_us).clamp(0.0, DEBT_CAP_S * 1e6);
+        let off = (late_us - self.lateness_us).abs();
+        self.lateness_spread_us += (off - self.lateness_spread_us) * LATENESS_GAIN;
         self.lateness_us += (late_us - self.lateness_us) * LATENESS_GAIN;
     }
 
