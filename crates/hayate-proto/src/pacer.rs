@@ -4,10 +4,9 @@
 //! A late wake-up's burst may use the credit built up meanwhile: 1 ms of sending, or a
 //! burst and how late the host usually wakes the sender plus four times how much that
 //! varies (a host whose cores other work keeps busy is late at every wake-up, and could
-//! otherwise never send at the rate). Sending time a busy
-//! host takes away past that credit (a stall) is owed and paid back a little faster than
-//! the rate, so the rate set is the rate sent on average; time the sender had nothing to
-//! send (or no room in flight) is not.
+//! otherwise never send at the rate). Sending time a busy host takes away past that credit
+//! (a stall) is owed and paid back a little faster than the rate, so the rate set is the
+//! rate sent on average; time the sender had nothing to send (or no room in flight) is not.
 //! Such catch-ups go faster than the rate: where they lose more than the rest (a buffer
 //! too short for them) the pacer makes less of them (see [`Pacer::on_fates`]).
 
@@ -32,12 +31,13 @@ const MIN_ROOM: f64 = 1.0 / 16.0;
 /// A late wake-up's credit covers at least this long of sending, seconds ...
 const CREDIT_S: f64 = 1e-3;
 /// ... or the host's usual lateness plus this many times how much it varies (see
-/// [`Pacer::lateness_us`]), as TCP's retransmission timeout covers SRTT + 4 RTTVAR. A
-/// burst short of a late wake-up leaves the rest owed, and a debt that every wake-up adds
-/// to is never paid back (the simulator's busy host, late by 0-4 ms, at 250 ms: 70-93 % of
-/// the link with a credit of twice the mean lateness; 95-97 % with this, which covers about
-/// three times the mean there). A host whose lateness is steady (a loop busy with its own work
-/// for a few hundred µs between bursts) keeps about the 1 ms floor.
+/// [`Pacer::lateness_us`]), as TCP's retransmission timeout covers SRTT + 4 RTTVAR: what a
+/// burst must cover is the lateness's upper range, not its mean. A burst short of a late
+/// wake-up leaves the rest owed, and a debt that every wake-up adds to is never paid back:
+/// the sender then falls short of its pace at every wake-up, and the controller, every
+/// sample marked as the host's, stays at its first pace. A host whose lateness is steady
+/// (a loop busy with its own work for a few hundred µs between bursts) keeps about the
+/// 1 ms floor.
 const CREDIT_LATENESS_SPREAD: f64 = 4.0;
 /// Each wake-up for a burst moves the usual lateness, and its spread, this share of the
 /// way to its own.
@@ -128,9 +128,8 @@ impl Pacer {
 
     /// Credit kept across a late wake-up: 1 ms of sending, or a burst and the host's usual
     /// lateness plus four times its spread if that is more (the lateness at most the debt's
-    /// cap, 10 ms). A loaded host often wakes
-    /// the sender a few hundred µs late, one whose cores other work keeps busy (a build)
-    /// several ms late at every wake-up. Dropping that credit (as a cap of one quantum would)
+    /// cap, 10 ms). A loaded host often wakes the sender a few hundred µs late, one whose
+    /// cores other work keeps busy (a build) several ms late at every wake-up. Dropping that credit (as a cap of one quantum would)
     /// makes the real rate fall short of the set one, and the controller then reads its own
     /// shortfall as the path's limit; the debt cannot make up for a lateness that comes at
     /// every wake-up, as it is paid back only from wake-ups on time.
@@ -156,8 +155,7 @@ impl Pacer {
         if !self.held || !self.backlogged {
             return None;
         }
-        let need = self.quantum().min(self.mtu as f64 * 8.0) - self.tokens;
-        Some(self.last_us as f64 + need.max(0.0) / r * 1e6)
+        Some(self.last_us as f64 + self.credit_needed().max(0.0) / r * 1e6)
     }
 
     /// The sender woke up for the burst it waited for (due at `due_us`) and sends: how late
@@ -330,10 +328,15 @@ impl Pacer {
         }
     }
 
+    /// Credit still missing before the next burst (a quantum, at most 8 datagrams), bytes.
+    fn credit_needed(&self) -> f64 {
+        self.quantum().min(self.mtu as f64 * 8.0) - self.tokens
+    }
+
     /// When the next burst may start, if sending is being held back.
     pub fn next_send_time(&self, now_us: u64) -> Option<u64> {
         let r = self.rate? as f64;
-        let need = self.quantum().min(self.mtu as f64 * 8.0) - self.tokens;
+        let need = self.credit_needed();
         if need <= 0.0 {
             return Some(now_us);
         }
