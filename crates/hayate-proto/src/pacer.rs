@@ -4,16 +4,22 @@
 //! A late wake-up's burst may use the credit built up meanwhile: 1 ms of sending, or a
 //! burst and how late the host usually wakes the sender plus four times how much that
 //! varies (a host whose cores other work keeps busy is late at every wake-up, and could
-//! otherwise never send at the rate). Sending time a busy host takes away past that credit
-//! (a stall) is owed and paid back a little faster than the rate, so the rate set is the
-//! rate sent on average; time the sender had nothing to send (or no room in flight) is not.
-//! Such catch-ups go faster than the rate: where they lose more than the rest (a buffer
-//! too short for them) the pacer makes less of them (see [`Pacer::on_fates`]).
+//! otherwise never send at the rate). Such catch-ups go faster than the rate: where they
+//! lose more than the rest (a buffer too short for them) the pacer makes less of them (see
+//! [`Pacer::on_fates`]).
+//!
+//! Sending time a host takes away past that credit (a stall: the sender not run for tens
+//! of ms) is lost, not made up later. Made up, it goes into a link that other flows filled
+//! meanwhile: the burst builds a queue they take for congestion, and each yields, reading
+//! its share low while that burst goes through. A large flow's bursts cut a small one
+//! deeper than the reverse, and the shares drift apart (the simulator, two flows whose
+//! senders stall 20 ms every 200 ms: Jain 0.59-0.97, mean 0.81, with a debt of up to
+//! 10 ms paid back at 1.25 times the rate; 0.99-1.00 without). The rate controller leaves
+//! a stall's samples out of its estimate (`cc::adaptive`), so what the host takes away
+//! costs that time's sending, not the rate.
 
-/// Lost sending time is paid back at up to this share of the rate on top of it.
-const CATCH_UP: f64 = 0.25;
-/// At most this much lost sending time is owed, seconds.
-const DEBT_CAP_S: f64 = 0.01;
+/// A wake-up later than this is a stall, not lateness the credit should cover, seconds.
+const MAX_LATENESS_S: f64 = 0.01;
 /// Catch-ups are judged once this many datagrams of them, and of the rest, have a fate.
 const JUDGE_DATAGRAMS: f64 = 50.0;
 /// A catch-up loses more than the rest when its loss ratio is over `LOSS_RATIO` times
@@ -33,9 +39,8 @@ const CREDIT_S: f64 = 1e-3;
 /// ... or the host's usual lateness plus this many times how much it varies (see
 /// [`Pacer::lateness_us`]), as TCP's retransmission timeout covers SRTT + 4 RTTVAR: what a
 /// burst must cover is the lateness's upper range, not its mean. A burst short of a late
-/// wake-up leaves the rest owed, and a debt that every wake-up adds to is never paid back:
-/// the sender then falls short of its pace at every wake-up, and the controller, every
-/// sample marked as the host's, stays at its first pace. A host whose lateness is steady
+/// wake-up loses the rest: the sender then falls short of its pace at every wake-up, and
+/// the controller, every sample marked as the host's, stays at its first pace. A host whose lateness is steady
 /// (a loop busy with its own work for a few hundred µs between bursts) keeps about the
 /// 1 ms floor.
 const CREDIT_LATENESS_SPREAD: f64 = 4.0;
@@ -49,8 +54,6 @@ const LATENESS_GAIN: f64 = 1.0 / 16.0;
 pub struct Pacer {
     tokens: f64,
     last_us: u64,
-    /// Bytes of sending time lost to late wake-ups while there was data to send.
-    debt: f64,
     /// There was data to send at `last_us` (see [`Pacer::idle`]).
     backlogged: bool,
     /// Bytes of sending time lost so far (for stats).
@@ -63,10 +66,10 @@ pub struct Pacer {
     idle_total: f64,
     /// Of `idle_total`, the stretches with nothing to send.
     app_idle_total: f64,
-    /// What goes now is a catch-up: a burst past the usual quantum (a late wake-up's
-    /// credit), or paid from the debt (see [`Pacer::catching_up`]).
+    /// What goes now is a catch-up: a burst past the usual quantum, of a late wake-up's
+    /// credit (see [`Pacer::catching_up`]).
     catching_up: bool,
-    /// Share of a full catch-up (debt owed, credit past a quantum) the path takes without
+    /// Share of a full catch-up (the credit past a quantum) the path takes without
     /// losing more than the rest (see [`Pacer::on_fates`]).
     room: f64,
     /// Bytes (lost, settled) of catch-ups and of the rest since they were last judged.
@@ -90,7 +93,6 @@ impl Pacer {
         Pacer {
             tokens: 0.0,
             last_us: 0,
-            debt: 0.0,
             backlogged: false,
             lost_total: 0.0,
             idle_since: None,
@@ -127,23 +129,21 @@ impl Pacer {
     }
 
     /// Credit kept across a late wake-up: 1 ms of sending, or a burst and the host's usual
-    /// lateness plus four times its spread if that is more (the lateness at most the debt's
-    /// cap, 10 ms). A loaded host often wakes the sender a few hundred µs late, one whose
+    /// lateness plus four times its spread if that is more (the lateness at most 10 ms). A loaded host often wakes the sender a few hundred µs late, one whose
     /// cores other work keeps busy (a build) several ms late at every wake-up. Dropping that credit (as a cap of one quantum would)
     /// makes the real rate fall short of the set one, and the controller then reads its own
-    /// shortfall as the path's limit; the debt cannot make up for a lateness that comes at
-    /// every wake-up, as it is paid back only from wake-ups on time.
+    /// shortfall as the path's limit.
     fn credit_cap(&self) -> f64 {
         let r = self.rate.unwrap_or(u64::MAX) as f64;
         let q = self.quantum();
         // The burst it waited for, and what the lateness let build up on top of it.
         let late_us = self.lateness_us + CREDIT_LATENESS_SPREAD * self.lateness_spread_us;
-        let late = q + r * (late_us * 1e-6).min(DEBT_CAP_S);
+        let late = q + r * (late_us * 1e-6).min(MAX_LATENESS_S);
         q + self.room * ((r * CREDIT_S).max(q).max(late) - q)
     }
 
     /// How late the host usually wakes the sender for a burst it waited for, µs: a moving
-    /// mean, so that a rare stall (paid back from the debt) hardly moves it, and a lateness
+    /// mean, so that a rare stall hardly moves it, and a lateness
     /// at every wake-up (cores busy with other work) sets it.
     pub fn lateness_us(&self) -> u64 {
         self.lateness_us as u64
@@ -161,22 +161,16 @@ impl Pacer {
     /// The sender woke up for the burst it waited for (due at `due_us`) and sends: how late
     /// it woke is taken in (a sender that something else woke early counts as on time).
     fn note_wake_up(&mut self, now_us: u64, due_us: f64) {
-        let late_us = (now_us as f64 - due_us).clamp(0.0, DEBT_CAP_S * 1e6);
+        let late_us = (now_us as f64 - due_us).clamp(0.0, MAX_LATENESS_S * 1e6);
         let off = (late_us - self.lateness_us).abs();
         self.lateness_spread_us += (off - self.lateness_spread_us) * LATENESS_GAIN;
         self.lateness_us += (late_us - self.lateness_us) * LATENESS_GAIN;
     }
 
-    /// Debt kept: at most this long of sending (beyond it the host is not late but stopped,
-    /// and making up for it would only build a queue).
-    fn debt_cap(&self) -> f64 {
-        self.room * self.rate.unwrap_or(0) as f64 * DEBT_CAP_S
-    }
-
     /// Fates of data reported since the last call, bytes: of the catch-ups (sent while
     /// [`Pacer::catching_up`]) and of the rest. A catch-up that loses more than the rest
-    /// overflows the bottleneck's buffer (a 1 ms buffer takes no 1 ms burst, nor a debt
-    /// paid at 1.25 times the rate): each such verdict halves the catch-up, each clean one
+    /// overflows the bottleneck's buffer (a 1 ms buffer takes no 1 ms burst): each such
+    /// verdict halves the catch-up, each clean one
     /// lets it grow back.
     pub fn on_fates(&mut self, catch_up: (u64, u64), rest: (u64, u64)) {
         let add = |f: &mut (f64, f64), (lost, settled): (u64, u64)| {
@@ -204,7 +198,6 @@ impl Pacer {
         let spread = (pooled.max(LOSS_MARGIN) * (1.0 / n + 1.0 / m)).sqrt();
         if q > LOSS_RATIO * p + LOSS_SIGMAS * spread + LOSS_MARGIN {
             self.room = (self.room / 2.0).max(MIN_ROOM);
-            self.debt = self.debt.min(self.debt_cap());
         } else {
             self.room = (self.room + MIN_ROOM).min(1.0);
         }
@@ -224,18 +217,10 @@ impl Pacer {
         if let Some(r) = self.rate {
             let r = r as f64;
             let dt = now_us.saturating_sub(self.last_us) as f64 * 1e-6;
-            let mut add = dt * r;
-            if self.backlogged {
-                let repay = self.debt.min(dt * r * CATCH_UP);
-                self.debt -= repay;
-                add += repay;
-            }
-            let full = self.tokens + add;
+            let full = self.tokens + dt * r;
             let cap = self.credit_cap();
             if full > cap && self.backlogged {
-                let lost = full - cap;
-                self.lost_total += lost;
-                self.debt = (self.debt + lost).min(self.debt_cap());
+                self.lost_total += full - cap;
             }
             self.tokens = full.min(cap);
         }
@@ -261,18 +246,17 @@ impl Pacer {
         self.refill(now_us);
         self.held = false;
         self.backlogged = false;
-        self.debt = 0.0;
         self.catching_up = false;
     }
 
     /// The datagram going now is part of a catch-up: sent faster than the rate (a burst
-    /// of a late wake-up's credit, from its first datagram to its last) or while debt is
-    /// paid back. Its fate tells whether the path has room for such catch-ups.
+    /// of a late wake-up's credit, from its first datagram to its last). Its fate tells
+    /// whether the path has room for such catch-ups.
     pub fn catching_up(&self) -> bool {
         self.catching_up
     }
 
-    /// Sending time lost to late wake-ups so far, bytes (paid back from `debt`, up to its cap).
+    /// Sending time lost to late wake-ups past the credit so far, bytes (not made up).
     pub fn lost_bytes(&self) -> u64 {
         self.lost_total as u64
     }
@@ -305,7 +289,7 @@ impl Pacer {
         let due_us = self.due_us(r as f64);
         self.refill(now_us);
         self.backlogged = true;
-        if self.debt > 0.0 || self.tokens > self.quantum() + self.mtu as f64 {
+        if self.tokens > self.quantum() + self.mtu as f64 {
             self.catching_up = true;
         }
         let ok = self.tokens >= len.min(self.mtu) as f64;
@@ -315,7 +299,7 @@ impl Pacer {
         }
         if !ok {
             // The burst is out.
-            self.catching_up = self.debt > 0.0;
+            self.catching_up = false;
             self.held = true;
         }
         ok
@@ -407,16 +391,16 @@ mod tests {
     }
 
     #[test]
-    fn time_a_busy_host_takes_away_is_paid_back_gently() {
+    fn time_a_stall_takes_away_is_not_made_up() {
         // 400 Mbit/s; the sender wakes every 50 µs, but every 20 ms the host takes it away
-        // for 4 ms: a fifth of the time, which the 1 ms credit alone cannot make up.
+        // for 4 ms: a fifth of the time, of which the 1 ms credit covers a quarter.
         let rate = 50_000_000u64;
         let mut p = Pacer::new(1500);
         p.set_rate(Some(rate));
         let (sent, burst) = drive(&mut p, 0, 1_000_000, 50, |t| t % 20_000 < 4_000);
-        let err = (sent as f64 - rate as f64).abs() / rate as f64;
-        assert!(err < 0.02, "sent {sent} of {rate}");
-        // Paid back over time, not in one burst: at most the credit (1 ms) at once.
+        let share = sent as f64 / rate as f64;
+        assert!((0.83..0.87).contains(&share), "sent {sent} of {rate}");
+        // No burst past the credit, and the rest is counted as lost.
         assert!(burst as f64 <= rate as f64 * 1e-3 + 1500.0, "burst {burst}");
         assert!(p.lost_bytes() > rate / 10, "lost {}", p.lost_bytes());
     }
@@ -442,7 +426,7 @@ mod tests {
     fn a_host_late_at_every_wake_up_still_sends_at_the_rate() {
         // 100 Mbit/s in 8 952-byte datagrams; the host wakes the sender 3 ms late every time
         // (its cores busy with a build). With a credit of 1 ms the sender got two datagrams
-        // out per wake-up: under a third of the rate, and the debt was never paid back.
+        // out per wake-up: under a third of the rate.
         let rate = 12_500_000u64;
         let mut p = Pacer::new(8952);
         p.set_rate(Some(rate));
@@ -458,7 +442,7 @@ mod tests {
     }
 
     #[test]
-    fn idle_time_is_not_owed() {
+    fn idle_time_is_not_lost_time() {
         let rate = 50_000_000u64;
         let mut p = Pacer::new(1500);
         p.set_rate(Some(rate));
@@ -512,13 +496,11 @@ mod tests {
         let mut p = Pacer::new(1500);
         p.set_rate(Some(rate));
         let (burst, tagged, sent) = stall_once(&mut p);
-        // The 1 ms credit goes at once, and the debt is paid back over the next ~8 ms:
-        // all of it tagged, and nothing before the stall.
+        // The 1 ms credit goes at once, all of it tagged, and nothing else: not before the
+        // stall, nor after its burst (the other 2 ms are lost).
         assert!(burst as f64 >= rate as f64 * 0.9e-3, "burst {burst}");
-        let owed = rate as f64 * 2e-3;
-        assert!(tagged as f64 >= owed * 4.0, "tagged {tagged} of {sent}");
         assert!(
-            (tagged as f64) < sent as f64 * 0.5,
+            (rate as f64 * 0.9e-3..rate as f64 * 1.1e-3 + 1500.0).contains(&(tagged as f64)),
             "tagged {tagged} of {sent}"
         );
 
