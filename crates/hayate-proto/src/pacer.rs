@@ -14,9 +14,11 @@
 //! its share low while that burst goes through. A large flow's bursts cut a small one
 //! deeper than the reverse, and the shares drift apart (the simulator, two flows whose
 //! senders stall 20 ms every 200 ms: Jain 0.59-0.97, mean 0.81, with a debt of up to
-//! 10 ms paid back at 1.25 times the rate; 0.99-1.00 without). The rate controller leaves
+//! 10 ms paid back at 1.25 times the rate; 0.98-1.00 without). The rate controller leaves
 //! a stall's samples out of its estimate (`cc::adaptive`), so what the host takes away
-//! costs that time's sending, not the rate.
+//! costs that time's sending, not the rate. The cost: beside a flow that keeps the buffer
+//! full (TCP CUBIC), that flow takes the time left unsent and keeps it, and `fair`'s share
+//! there is smaller on a host that stalls (docs/PERFORMANCE.md, "With TCP").
 
 /// A wake-up later than this is a stall, not lateness the credit should cover, seconds.
 const MAX_LATENESS_S: f64 = 0.01;
