@@ -9,19 +9,24 @@
 //! [`Pacer::on_fates`]).
 //!
 //! Sending time a host takes away past that credit (a stall: the sender not run for tens
-//! of ms) is lost, not made up later. Made up, it goes into a link that other flows filled
+//! of ms) is lost, not made up later, unless the rate controller asks for it
+//! ([`Pacer::set_make_up`]). Made up, it goes into a link that other flows filled
 //! meanwhile: the burst builds a queue they take for congestion, and each yields, reading
 //! its share low while that burst goes through. A large flow's bursts cut a small one
 //! deeper than the reverse, and the shares drift apart (the simulator, two flows whose
-//! senders stall 20 ms every 200 ms: Jain 0.59-0.97, mean 0.81, with a debt of up to
-//! 10 ms paid back at 1.25 times the rate; 0.98-1.00 without). The rate controller leaves
-//! a stall's samples out of its estimate (`cc::adaptive`), so what the host takes away
-//! costs that time's sending, not the rate. The cost: beside a flow that keeps the buffer
-//! full (TCP CUBIC), that flow takes the time left unsent and keeps it, and `fair`'s share
-//! there is smaller on a host that stalls (docs/PERFORMANCE.md, "With TCP").
+//! senders stall 20 ms every 200 ms: Jain 0.59-0.97, mean 0.81, with the time made up;
+//! 0.98-1.00 without). The rate controller leaves a stall's samples out of its estimate
+//! (`cc::adaptive`), so what the host takes away costs that time's sending, not the rate.
+//! Beside a flow that keeps the buffer full (TCP), sending time left unused is taken by
+//! that flow and never given back, as a window-based sender's ACK clock would not let it
+//! be: there the controller has the pacer make it up, owed and paid back a little faster
+//! than the rate.
 
-/// A wake-up later than this is a stall, not lateness the credit should cover, seconds.
+/// A wake-up later than this is a stall, not lateness the credit should cover, seconds;
+/// also the most sending time owed when it is made up.
 const MAX_LATENESS_S: f64 = 0.01;
+/// Owed sending time is paid back at up to this share of the rate on top of it.
+const CATCH_UP: f64 = 0.25;
 /// Catch-ups are judged once this many datagrams of them, and of the rest, have a fate.
 const JUDGE_DATAGRAMS: f64 = 50.0;
 /// A catch-up loses more than the rest when its loss ratio is over `LOSS_RATIO` times
@@ -42,9 +47,9 @@ const CREDIT_S: f64 = 1e-3;
 /// [`Pacer::lateness_us`]), as TCP's retransmission timeout covers SRTT + 4 RTTVAR: what a
 /// burst must cover is the lateness's upper range, not its mean. A burst short of a late
 /// wake-up loses the rest: the sender then falls short of its pace at every wake-up, and
-/// the controller, every sample marked as the host's, stays at its first pace. A host whose lateness is steady
-/// (a loop busy with its own work for a few hundred µs between bursts) keeps about the
-/// 1 ms floor.
+/// the controller, every sample marked as the host's, stays at its first pace. A host
+/// whose lateness is steady (a loop busy with its own work for a few hundred µs between
+/// bursts) keeps about the 1 ms floor.
 const CREDIT_LATENESS_SPREAD: f64 = 4.0;
 /// Each wake-up for a burst moves the usual lateness, and its spread, this share of the
 /// way to its own.
@@ -56,6 +61,10 @@ const LATENESS_GAIN: f64 = 1.0 / 16.0;
 pub struct Pacer {
     tokens: f64,
     last_us: u64,
+    /// Sending time lost to late wake-ups and still owed, bytes (only while `make_up`).
+    debt: f64,
+    /// Lost sending time is made up (see [`Pacer::set_make_up`]).
+    make_up: bool,
     /// There was data to send at `last_us` (see [`Pacer::idle`]).
     backlogged: bool,
     /// Bytes of sending time lost so far (for stats).
@@ -68,10 +77,10 @@ pub struct Pacer {
     idle_total: f64,
     /// Of `idle_total`, the stretches with nothing to send.
     app_idle_total: f64,
-    /// What goes now is a catch-up: a burst past the usual quantum, of a late wake-up's
-    /// credit (see [`Pacer::catching_up`]).
+    /// What goes now is a catch-up: a burst past the usual quantum (a late wake-up's
+    /// credit), or paid from the debt (see [`Pacer::catching_up`]).
     catching_up: bool,
-    /// Share of a full catch-up (the credit past a quantum) the path takes without
+    /// Share of a full catch-up (the credit past a quantum, the debt) the path takes without
     /// losing more than the rest (see [`Pacer::on_fates`]).
     room: f64,
     /// Bytes (lost, settled) of catch-ups and of the rest since they were last judged.
@@ -95,6 +104,8 @@ impl Pacer {
         Pacer {
             tokens: 0.0,
             last_us: 0,
+            debt: 0.0,
+            make_up: false,
             backlogged: false,
             lost_total: 0.0,
             idle_since: None,
@@ -123,6 +134,16 @@ impl Pacer {
         self.rate
     }
 
+    /// Whether sending time a stall took away past the credit is made up afterwards (owed,
+    /// up to 10 ms, and paid back at up to 1.25 times the rate) or lost (the default; see
+    /// the module doc).
+    pub fn set_make_up(&mut self, on: bool) {
+        self.make_up = on;
+        if !on {
+            self.debt = 0.0;
+        }
+    }
+
     /// Burst size: ~250 µs of sending, between 2 and 64 datagrams. Small enough that a
     /// 1-BDP bottleneck queue does not overflow from bursts; big enough for GSO batching.
     fn quantum(&self) -> f64 {
@@ -131,10 +152,11 @@ impl Pacer {
     }
 
     /// Credit kept across a late wake-up: 1 ms of sending, or a burst and the host's usual
-    /// lateness plus four times its spread if that is more (the lateness at most 10 ms). A loaded host often wakes the sender a few hundred µs late, one whose
-    /// cores other work keeps busy (a build) several ms late at every wake-up. Dropping that credit (as a cap of one quantum would)
-    /// makes the real rate fall short of the set one, and the controller then reads its own
-    /// shortfall as the path's limit.
+    /// lateness plus four times its spread if that is more (the lateness at most 10 ms). A
+    /// loaded host often wakes the sender a few hundred µs late, one whose cores other work
+    /// keeps busy (a build) several ms late at every wake-up. Dropping that credit (as a cap
+    /// of one quantum would) makes the real rate fall short of the set one, and the
+    /// controller then reads its own shortfall as the path's limit.
     fn credit_cap(&self) -> f64 {
         let r = self.rate.unwrap_or(u64::MAX) as f64;
         let q = self.quantum();
@@ -171,8 +193,8 @@ impl Pacer {
 
     /// Fates of data reported since the last call, bytes: of the catch-ups (sent while
     /// [`Pacer::catching_up`]) and of the rest. A catch-up that loses more than the rest
-    /// overflows the bottleneck's buffer (a 1 ms buffer takes no 1 ms burst): each such
-    /// verdict halves the catch-up, each clean one
+    /// overflows the bottleneck's buffer (a 1 ms buffer takes no 1 ms burst, nor a debt
+    /// paid at 1.25 times the rate): each such verdict halves the catch-up, each clean one
     /// lets it grow back.
     pub fn on_fates(&mut self, catch_up: (u64, u64), rest: (u64, u64)) {
         let add = |f: &mut (f64, f64), (lost, settled): (u64, u64)| {
@@ -200,6 +222,7 @@ impl Pacer {
         let spread = (pooled.max(LOSS_MARGIN) * (1.0 / n + 1.0 / m)).sqrt();
         if q > LOSS_RATIO * p + LOSS_SIGMAS * spread + LOSS_MARGIN {
             self.room = (self.room / 2.0).max(MIN_ROOM);
+            self.debt = self.debt.min(self.debt_cap());
         } else {
             self.room = (self.room + MIN_ROOM).min(1.0);
         }
@@ -208,6 +231,12 @@ impl Pacer {
             self.paced_fates.0 * REST_KEPT,
             self.paced_fates.1 * REST_KEPT,
         );
+    }
+
+    /// Debt kept: at most this long of sending (beyond it the host is not late but stopped,
+    /// and making up for it would only build a queue).
+    fn debt_cap(&self) -> f64 {
+        self.room * self.rate.unwrap_or(0) as f64 * MAX_LATENESS_S
     }
 
     /// Share of a full catch-up the pacer makes now (see [`Pacer::on_fates`]).
@@ -219,10 +248,20 @@ impl Pacer {
         if let Some(r) = self.rate {
             let r = r as f64;
             let dt = now_us.saturating_sub(self.last_us) as f64 * 1e-6;
-            let full = self.tokens + dt * r;
+            let mut add = dt * r;
+            if self.backlogged {
+                let repay = self.debt.min(dt * r * CATCH_UP);
+                self.debt -= repay;
+                add += repay;
+            }
+            let full = self.tokens + add;
             let cap = self.credit_cap();
             if full > cap && self.backlogged {
-                self.lost_total += full - cap;
+                let lost = full - cap;
+                self.lost_total += lost;
+                if self.make_up {
+                    self.debt = (self.debt + lost).min(self.debt_cap());
+                }
             }
             self.tokens = full.min(cap);
         }
@@ -248,17 +287,19 @@ impl Pacer {
         self.refill(now_us);
         self.held = false;
         self.backlogged = false;
+        self.debt = 0.0;
         self.catching_up = false;
     }
 
     /// The datagram going now is part of a catch-up: sent faster than the rate (a burst
-    /// of a late wake-up's credit, from its first datagram to its last). Its fate tells
-    /// whether the path has room for such catch-ups.
+    /// of a late wake-up's credit, from its first datagram to its last) or while debt is
+    /// paid back. Its fate tells whether the path has room for such catch-ups.
     pub fn catching_up(&self) -> bool {
         self.catching_up
     }
 
-    /// Sending time lost to late wake-ups past the credit so far, bytes (not made up).
+    /// Sending time lost to late wake-ups past the credit so far, bytes (made up from the
+    /// debt, up to its cap, where [`Pacer::set_make_up`] asks for it).
     pub fn lost_bytes(&self) -> u64 {
         self.lost_total as u64
     }
@@ -291,7 +332,7 @@ impl Pacer {
         let due_us = self.due_us(r as f64);
         self.refill(now_us);
         self.backlogged = true;
-        if self.tokens > self.quantum() + self.mtu as f64 {
+        if self.debt > 0.0 || self.tokens > self.quantum() + self.mtu as f64 {
             self.catching_up = true;
         }
         let ok = self.tokens >= len.min(self.mtu) as f64;
@@ -301,7 +342,7 @@ impl Pacer {
         }
         if !ok {
             // The burst is out.
-            self.catching_up = false;
+            self.catching_up = self.debt > 0.0;
             self.held = true;
         }
         ok
@@ -405,6 +446,25 @@ mod tests {
         // No burst past the credit, and the rest is counted as lost.
         assert!(burst as f64 <= rate as f64 * 1e-3 + 1500.0, "burst {burst}");
         assert!(p.lost_bytes() > rate / 10, "lost {}", p.lost_bytes());
+    }
+
+    #[test]
+    fn time_a_stall_takes_away_is_made_up_when_asked() {
+        // As above, with the time made up (beside a flow that keeps the buffer full).
+        let rate = 50_000_000u64;
+        let mut p = Pacer::new(1500);
+        p.set_rate(Some(rate));
+        p.set_make_up(true);
+        let (sent, burst) = drive(&mut p, 0, 1_000_000, 50, |t| t % 20_000 < 4_000);
+        let err = (sent as f64 - rate as f64).abs() / rate as f64;
+        assert!(err < 0.02, "sent {sent} of {rate}");
+        // Paid back over time, not in one burst: at most the credit (1 ms) at once.
+        assert!(burst as f64 <= rate as f64 * 1e-3 + 1500.0, "burst {burst}");
+        // Asked no more: what is owed is dropped.
+        p.set_make_up(false);
+        let (sent, _) = drive(&mut p, 1_000_000, 2_000_000, 50, |t| t % 20_000 < 4_000);
+        let share = sent as f64 / rate as f64;
+        assert!((0.83..0.87).contains(&share), "sent {sent} of {rate}");
     }
 
     /// Sends what the pacer allows for a second, the host waking the sender `late_us` after

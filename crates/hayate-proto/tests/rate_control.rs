@@ -1056,14 +1056,23 @@ fn the_simulated_cubic_flow_fills_the_link_and_shares_it() {
 /// A hayate upload that joins a TCP CUBIC stream 3 s in, on `rate_mbit` × `rtt_ms` with a
 /// 1-BDP buffer, under `policy`: the mean Mbit/s of each from 5 s to the end (40 s).
 fn beside_cubic(rate_mbit: u64, rtt_ms: u64, seed: u64, policy: Policy) -> (f64, f64) {
-    beside_tcp(rate_mbit, rtt_ms, seed, policy, false)
+    beside_tcp(rate_mbit, rtt_ms, seed, policy, false, |_| {})
 }
 
 /// The same beside a TCP stream paced by a BBR-like controller (`bbr`) or CUBIC.
-fn beside_tcp(rate_mbit: u64, rtt_ms: u64, seed: u64, policy: Policy, bbr: bool) -> (f64, f64) {
+/// `host` sets up the hayate sender's host (stalls).
+fn beside_tcp(
+    rate_mbit: u64,
+    rtt_ms: u64,
+    seed: u64,
+    policy: Policy,
+    bbr: bool,
+    host: impl FnOnce(&mut Scenario),
+) -> (f64, f64) {
     let mut sc = Scenario::new(seed);
     (sc.forward, sc.reverse) = path(rate_mbit * MBIT, rtt_ms, 0.0, 1.0);
     adaptive(&mut sc);
+    host(&mut sc);
     sc.limit_us = 40_000_000;
     let flow = TcpSpec {
         start_us: 0,
@@ -1118,6 +1127,25 @@ fn fair_holds_a_share_beside_cubic() {
     }
 }
 
+/// The same on a host that holds the hayate sender 20 ms every 200 ms. Competing, the
+/// pacer makes that time up afterwards (`RateControl::makes_up_stalls`): CUBIC takes
+/// whatever is left unsent and keeps it, as hayate's own cuts then read its smaller
+/// deliveries as its share. Lost instead, hayate held 0.17 of a 300 Mbit/s, 10 ms path
+/// (0.82 made up; 0.35 and 0.37 at 50 and 100 ms either way, where the stalls cost before
+/// contention is detected).
+#[test]
+fn fair_holds_a_share_beside_cubic_on_a_stalling_host() {
+    let (hayate, tcp) = beside_tcp(300, 10, 34, Policy::Fair, false, |sc| {
+        sc.client_stall_every_us = 200_000;
+        sc.client_stall_us = 20_000;
+    });
+    let share = hayate / (hayate + tcp);
+    assert!(
+        (0.3..=0.9).contains(&share),
+        "hayate {hayate:.1}, CUBIC {tcp:.1}"
+    );
+}
+
 /// `--policy fair` beside a BBR-like stream (BBRv1's essentials: it paces at the largest
 /// delivery rate of 10 round trips, probes 1.25 times over it one round in 8 and drains
 /// 0.75 the next, and ignores loss). Its drains read as a loss-based flow's cuts, and
@@ -1132,7 +1160,7 @@ fn fair_holds_a_share_beside_cubic() {
 fn fair_holds_a_share_beside_bbr() {
     let mut shares = Vec::new();
     for (rate, rtt, seed) in [(100, 50, 43), (300, 50, 44), (300, 100, 45)] {
-        let (hayate, bbr) = beside_tcp(rate, rtt, seed, Policy::Fair, true);
+        let (hayate, bbr) = beside_tcp(rate, rtt, seed, Policy::Fair, true, |_| {});
         let share = hayate / (hayate + bbr);
         assert!(
             share >= 0.1,

@@ -25,4 +25,9 @@ impl RateControl for Fixed {
             "max"
         }
     }
+
+    /// The rate set is the rate sent on average.
+    fn makes_up_stalls(&self) -> bool {
+        true
+    }
 }

@@ -109,6 +109,13 @@ pub trait RateControl: Send + std::fmt::Debug {
     }
     /// Short name for stats lines.
     fn name(&self) -> &'static str;
+    /// The pacer makes up sending time its host took away (see `Pacer::set_make_up`):
+    /// where the rate is a promise to keep on average, or a share held beside a flow that
+    /// keeps the buffer full and takes whatever is left unsent. Not by default: made up,
+    /// that time goes into a link other flows share, as a queue they yield to.
+    fn makes_up_stalls(&self) -> bool {
+        false
+    }
     /// Before the session sends anything: the path as an earlier session measured it. A
     /// controller may start from it (once the path confirms it) or ignore it.
     fn remember(&mut self, _path: RememberedPath) {}

@@ -191,6 +191,7 @@ impl Connection {
         );
         let rate = self.path.cc.pacing_rate_with(fb.in_flight);
         self.path.pacer.set_rate(rate);
+        self.path.pacer.set_make_up(self.path.cc.makes_up_stalls());
         if let Some(t) = &mut self.path.cc_trace {
             t.push(CcTraceRow {
                 feedback: fb,

@@ -466,6 +466,12 @@ impl RateControl for Adaptive {
         }
     }
 
+    /// While competing under `Policy::Fair` (see `policy.rs`): a loss-based flow takes
+    /// whatever this one leaves unsent, as its window lets it, and never gives it back.
+    fn makes_up_stalls(&self) -> bool {
+        self.competing()
+    }
+
     fn remember(&mut self, path: RememberedPath) {
         self.remember_path(path);
     }
