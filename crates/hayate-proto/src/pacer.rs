@@ -167,8 +167,8 @@ impl Pacer {
     }
 
     /// How late the host usually wakes the sender for a burst it waited for, µs: a moving
-    /// mean, so that a rare stall hardly moves it, and a lateness
-    /// at every wake-up (cores busy with other work) sets it.
+    /// mean, so that a rare stall hardly moves it, and a lateness at every wake-up (cores
+    /// busy with other work) sets it.
     pub fn lateness_us(&self) -> u64 {
         self.lateness_us as u64
     }

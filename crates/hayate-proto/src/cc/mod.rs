@@ -109,7 +109,8 @@ pub trait RateControl: Send + std::fmt::Debug {
     }
     /// Short name for stats lines.
     fn name(&self) -> &'static str;
-    /// The pacer makes up sending time its host took away (see `Pacer::set_make_up`):
+    /// The pacer makes up sending time its host took away (see `Pacer::set_make_up`; asked
+    /// after each feedback):
     /// where the rate is a promise to keep on average, or a share held beside a flow that
     /// keeps the buffer full and takes whatever is left unsent. Not by default: made up,
     /// that time goes into a link other flows share, as a queue they yield to.

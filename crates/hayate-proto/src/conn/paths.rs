@@ -191,6 +191,7 @@ impl Connection {
         );
         let rate = self.path.cc.pacing_rate_with(fb.in_flight);
         self.path.pacer.set_rate(rate);
+        // Whether the controller competes changes only with what a feedback tells it.
         self.path.pacer.set_make_up(self.path.cc.makes_up_stalls());
         if let Some(t) = &mut self.path.cc_trace {
             t.push(CcTraceRow {

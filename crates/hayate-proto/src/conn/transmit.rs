@@ -70,7 +70,6 @@ impl Connection {
         self.path.cc.on_sent(now_us, total as u64);
         let rate = self.path.cc.pacing_rate_with(self.in_flight_bytes());
         self.path.pacer.set_rate(rate);
-        self.path.pacer.set_make_up(self.path.cc.makes_up_stalls());
     }
 
     pub(super) fn send_data(
