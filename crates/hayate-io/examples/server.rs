@@ -31,6 +31,8 @@ fn main() -> anyhow::Result<()> {
             rate: RateConfig::ADAPTIVE,
             ..Config::default()
         },
+        // One thread per core.
+        threads: 0,
     };
     let stop = StopFlag::new();
     signal_hook::flag::register(signal_hook::consts::SIGINT, stop.inner())?;

@@ -46,6 +46,7 @@ mod sockopt {
     pub const SO_RCVBUFFORCE: libc::c_int = 33;
     pub const SO_RXQ_OVFL: libc::c_int = 40;
     pub const SO_MEMINFO: libc::c_int = 55;
+    pub const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = 51;
     pub const SUPPORTED: bool = true;
 }
 #[cfg(any(target_arch = "mips", target_arch = "mips64", target_arch = "sparc64"))]
@@ -54,6 +55,7 @@ mod sockopt {
     pub const SO_RCVBUFFORCE: libc::c_int = -1;
     pub const SO_RXQ_OVFL: libc::c_int = -1;
     pub const SO_MEMINFO: libc::c_int = -1;
+    pub const SO_ATTACH_REUSEPORT_CBPF: libc::c_int = -1;
     pub const SUPPORTED: bool = false;
 }
 
@@ -113,7 +115,49 @@ impl UdpSocket {
     /// Binds a non-blocking socket, raises its buffers as far as allowed, enables GRO and
     /// drop counting where the kernel supports them.
     pub fn bind(addr: SocketAddr) -> io::Result<Self> {
-        let io = std::net::UdpSocket::bind(addr)?;
+        Self::setup(std::net::UdpSocket::bind(addr)?, addr)
+    }
+
+    /// `count` sockets sharing `addr` (`SO_REUSEPORT`), one per thread of a server, each
+    /// set up as [`bind`](Self::bind) does. The kernel hands socket `i` every sealed packet
+    /// whose destination cid's low byte is `i` modulo `count` (a classic BPF program on the
+    /// group reads that byte, `wire::SEALED_CID_LOW_BYTE_AT`), and spreads everything else
+    /// (hellos) by the sender's address and port, so that a client's retried hello meets the
+    /// same socket. A port another socket holds is refused as by `bind`, even one of another
+    /// group of the same user's: a second server on the port fails instead of joining.
+    /// Where the kernel takes no such program, one socket.
+    pub fn bind_group(addr: SocketAddr, count: usize) -> io::Result<Vec<Self>> {
+        let count = count.clamp(1, 64);
+        if count == 1 || !sockopt::SUPPORTED {
+            return Ok(vec![Self::bind(addr)?]);
+        }
+        if addr.port() != 0 {
+            // Reuse-port sockets join any group of the same user's on the port: a plain bind
+            // first says whether the port is taken.
+            drop(std::net::UdpSocket::bind(addr)?);
+        }
+        let mut group: Vec<std::net::UdpSocket> = Vec::with_capacity(count);
+        let mut at = addr;
+        for _ in 0..count {
+            let s = socket2::Socket::new(
+                socket2::Domain::for_address(at),
+                socket2::Type::DGRAM,
+                Some(socket2::Protocol::UDP),
+            )?;
+            s.set_reuse_port(true)?;
+            s.bind(&at.into())?;
+            let s = std::net::UdpSocket::from(s);
+            // Port 0: the others join the port the first one got.
+            at = s.local_addr()?;
+            group.push(s);
+        }
+        if attach_cid_router(group[0].as_raw_fd(), count).is_err() {
+            group.truncate(1);
+        }
+        group.into_iter().map(|s| Self::setup(s, addr)).collect()
+    }
+
+    fn setup(io: std::net::UdpSocket, addr: SocketAddr) -> io::Result<Self> {
         // quinn-udp sets non-blocking, UDP_GRO, IP_PMTUDISC_PROBE (no fragmentation) and
         // probes GSO support.
         let state = UdpSocketState::new((&io).into())?;
@@ -690,6 +734,66 @@ fn sendmmsg(
         if e.kind() != io::ErrorKind::Interrupted {
             return Err(e);
         }
+    }
+}
+
+/// The classic BPF program of a [`UdpSocket::bind_group`]: a sealed packet (first byte
+/// `SEALED_KIND_BYTE`) goes to socket `cid_low_byte % count`; anything else to an index past
+/// the group, which makes the kernel pick by its hash of the addresses and ports. The
+/// program sees the UDP payload from offset 0; a load past a short datagram ends it
+/// returning 0 (socket 0, whose endpoint drops it).
+fn attach_cid_router(fd: RawFd, count: usize) -> io::Result<()> {
+    use hayate_proto::wire::{SEALED_CID_LOW_BYTE_AT, SEALED_KIND_BYTE};
+    let op = |code: u32, jt: u8, jf: u8, k: u32| libc::sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    };
+    let mut prog = [
+        // A = datagram[0]
+        op(libc::BPF_LD | libc::BPF_B | libc::BPF_ABS, 0, 0, 0),
+        // sealed? go on : return "none of the group"
+        op(
+            libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K,
+            0,
+            3,
+            u32::from(SEALED_KIND_BYTE),
+        ),
+        // A = the cid's low byte, modulo the group's size
+        op(
+            libc::BPF_LD | libc::BPF_B | libc::BPF_ABS,
+            0,
+            0,
+            SEALED_CID_LOW_BYTE_AT as u32,
+        ),
+        op(
+            libc::BPF_ALU | libc::BPF_MOD | libc::BPF_K,
+            0,
+            0,
+            count as u32,
+        ),
+        op(libc::BPF_RET | libc::BPF_A, 0, 0, 0),
+        op(libc::BPF_RET | libc::BPF_K, 0, 0, u32::MAX),
+    ];
+    let fprog = libc::sock_fprog {
+        len: prog.len() as u16,
+        filter: prog.as_mut_ptr(),
+    };
+    // SAFETY: passes a valid sock_fprog (pointing at `prog`, alive for the call) and its size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            sockopt::SO_ATTACH_REUSEPORT_CBPF,
+            (&fprog as *const libc::sock_fprog).cast(),
+            mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 

@@ -333,3 +333,68 @@ fn skip(reason: &str) {
     );
     println!("SKIP: {reason}");
 }
+
+/// Everything waiting on `sock` now (after a short settle), as payloads.
+fn drain_now(sock: &UdpSocket) -> Vec<Vec<u8>> {
+    std::thread::sleep(Duration::from_millis(50));
+    let mut bufs = RecvBufs::new(DEFAULT_RECV_BATCH);
+    let mut got = Vec::new();
+    while sock.recv_batch(&mut bufs).unwrap() > 0 {
+        got.extend(bufs.datagrams().map(|(_, d)| d.to_vec()));
+    }
+    got
+}
+
+/// A server's sockets on one port: each sealed packet reaches the socket its cid's low byte
+/// names (whatever address sent it: a client that moved still reaches its session's
+/// thread), hellos from one address always the same socket, and the port stays one
+/// server's.
+#[test]
+fn a_socket_group_routes_sealed_packets_by_cid_and_keeps_its_port() {
+    use hayate_proto::wire::{SEALED_CID_LOW_BYTE_AT, SEALED_KIND_BYTE};
+    let group = UdpSocket::bind_group(lo(), 3).unwrap();
+    assert_eq!(group.len(), 3, "this kernel takes a reuse-port program");
+    let port = group[0].local_addr().unwrap();
+    assert!(group.iter().all(|s| s.local_addr().unwrap() == port));
+
+    let sealed = |low: u8| {
+        let mut d = vec![0u8; 64];
+        d[0] = SEALED_KIND_BYTE;
+        d[1..4].copy_from_slice(&[0xa5, 0x5a, 0x11]);
+        d[SEALED_CID_LOW_BYTE_AT] = low;
+        d
+    };
+    for client in 0..3 {
+        let tx = std::net::UdpSocket::bind(lo()).unwrap();
+        for low in [0u8, 1, 2, 3, 4, 5, 128, 254, 255] {
+            tx.send_to(&sealed(low), port).unwrap();
+        }
+        for (i, s) in group.iter().enumerate() {
+            let got: Vec<u8> = drain_now(s)
+                .iter()
+                .map(|d| d[SEALED_CID_LOW_BYTE_AT])
+                .collect();
+            let want: Vec<u8> = [0u8, 1, 2, 3, 4, 5, 128, 254, 255]
+                .into_iter()
+                .filter(|b| usize::from(*b) % 3 == i)
+                .collect();
+            assert_eq!(got, want, "socket {i}, client {client}");
+        }
+        // Anything else: by address, so one client's hellos all meet one socket.
+        for _ in 0..10 {
+            tx.send_to(b"\x01hello", port).unwrap();
+        }
+        let counts: Vec<usize> = group.iter().map(|s| drain_now(s).len()).collect();
+        assert_eq!(counts.iter().sum::<usize>(), 10, "{counts:?}");
+        assert!(
+            counts.contains(&10),
+            "one client's hellos split: {counts:?}"
+        );
+    }
+    // A second server on the port fails, alone or as a group; so does a plain socket.
+    assert!(UdpSocket::bind_group(port, 2).is_err());
+    assert!(UdpSocket::bind(port).is_err());
+    drop(group);
+    // Once the group is gone the port is free again.
+    assert_eq!(UdpSocket::bind_group(port, 2).unwrap().len(), 2);
+}

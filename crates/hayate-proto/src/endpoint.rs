@@ -18,7 +18,7 @@ use crate::crypto::Psk;
 use crate::handshake::{self, HandshakeError};
 use crate::retry::RetryTokens;
 use crate::rng::Rng;
-use crate::wire::{self, AddrFamily, Cid, PacketKind, RejectReason, PATH_TOKEN_LEN};
+use crate::wire::{self, AddrFamily, Cid, CidShard, PacketKind, RejectReason, PATH_TOKEN_LEN};
 
 /// Half-open sessions are capped so a flood of (replayed) hellos costs bounded memory.
 const MAX_HALF_OPEN: usize = 1024;
@@ -155,17 +155,22 @@ impl PerSecond {
     }
 }
 
-/// A token bucket of key exchanges.
+/// A token bucket of key exchanges: `share` of the server's (one of its threads).
 struct HelloBudget {
     tokens: f64,
     last: Instant,
+    share: f64,
 }
 
 impl HelloBudget {
+    fn burst(&self) -> f64 {
+        (HELLO_BURST * self.share).max(1.0)
+    }
+
     fn take(&mut self, now: Instant) -> bool {
         let dt = now.saturating_duration_since(self.last).as_secs_f64();
         self.last = now;
-        self.tokens = (self.tokens + dt * HELLO_BUDGET_PER_SEC).min(HELLO_BURST);
+        self.tokens = (self.tokens + dt * HELLO_BUDGET_PER_SEC * self.share).min(self.burst());
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
             true
@@ -189,6 +194,8 @@ pub struct Endpoint {
     rng: Rng,
     tokens: RetryTokens,
     budget: HelloBudget,
+    /// The thread of a server's this endpoint is, which its cids say.
+    shard: CidShard,
 }
 
 impl Endpoint {
@@ -215,8 +222,28 @@ impl Endpoint {
             budget: HelloBudget {
                 tokens: HELLO_BURST,
                 last: now,
+                share: 1.0,
             },
+            shard: CidShard::ALL,
         }
+    }
+
+    /// Makes this endpoint thread `shard` of a server's: the sessions it accepts get cids
+    /// of that thread's class, so that the kernel routes their packets to its socket, and
+    /// its limits on hellos, replies and half-open sessions are its share of the server's
+    /// (hellos are spread over the threads by address).
+    pub fn set_shard(&mut self, shard: CidShard) {
+        self.shard = shard;
+        self.budget.share = 1.0 / f64::from(shard.count());
+        self.budget.tokens = self.budget.tokens.min(self.budget.burst());
+    }
+
+    /// This thread's share of a server-wide `limit`.
+    fn part<T: TryFrom<u8> + std::ops::Div<Output = T> + Ord>(&self, limit: T, least: T) -> T {
+        let Ok(n) = T::try_from(self.shard.count()) else {
+            return limit;
+        };
+        (limit / n).max(least)
     }
 
     /// What the endpoint did with datagrams that did not simply go to a session.
@@ -343,9 +370,11 @@ impl Endpoint {
                     // Same hello again (our reply was lost): same answer, never bigger.
                     let n = e.reply_len as u32;
                     if e.reply_len <= data.len()
-                        && self
-                            .repeat_bytes
-                            .admit_n(now, n, REPEATED_REPLY_BYTES_PER_SEC)
+                        && self.repeat_bytes.admit_n(
+                            now,
+                            n,
+                            self.part(REPEATED_REPLY_BYTES_PER_SEC, 1),
+                        )
                     {
                         self.stats.hellos_repeated += 1;
                         return Route::Reply(handshake::padded_reply(&e.reply, e.reply_len));
@@ -367,7 +396,7 @@ impl Endpoint {
             self.stats.retry_tokens_invalid += 1;
         }
         if !proven && !self.budget.take(now) {
-            if !self.reply_window.admit(now, REPLIES_PER_SEC) {
+            if !self.reply_window.admit(now, self.part(REPLIES_PER_SEC, 1)) {
                 self.stats.retries_rate_limited += 1;
                 return Route::Drop;
             }
@@ -385,7 +414,15 @@ impl Endpoint {
             return self.reject(now, data, RejectReason::AuthFailed);
         }
         let fam = AddrFamily::of(&from);
-        match handshake::accept_verified(&self.psk, &ch, data, self.cfg.mtu, fam, &mut self.rng) {
+        match handshake::accept_verified(
+            &self.psk,
+            &ch,
+            data,
+            self.cfg.mtu,
+            fam,
+            self.shard,
+            &mut self.rng,
+        ) {
             Ok(acc) => {
                 self.evict_half_open(now);
                 let sid = acc.server_cid;
@@ -435,7 +472,7 @@ impl Endpoint {
     }
 
     fn reject(&mut self, now: Instant, data: &[u8], reason: RejectReason) -> Route {
-        if !self.reject_window.admit(now, REJECTS_PER_SEC) {
+        if !self.reject_window.admit(now, self.part(REJECTS_PER_SEC, 1)) {
             self.stats.rejects_rate_limited += 1;
             return Route::Drop;
         }
@@ -457,13 +494,14 @@ impl Endpoint {
             .filter(|(_, t)| now.duration_since(*t) > HALF_OPEN_TTL)
             .map(|(k, _)| *k)
             .collect();
-        if half_open.len() - expired.len() >= MAX_HALF_OPEN {
+        let most = self.part(MAX_HALF_OPEN, 1);
+        if half_open.len() - expired.len() >= most {
             let mut rest: Vec<_> = half_open
                 .iter()
                 .filter(|(k, _)| !expired.contains(k))
                 .collect();
             rest.sort_by_key(|(k, t)| (*t, *k));
-            let n = rest.len() + 1 - MAX_HALF_OPEN;
+            let n = rest.len() + 1 - most;
             expired.extend(rest.iter().take(n).map(|(k, _)| *k));
             self.stats.half_open_evicted += n as u64;
         }

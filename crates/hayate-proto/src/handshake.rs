@@ -8,10 +8,10 @@ use x25519_dalek::{PublicKey, StaticSecret};
 use crate::crypto::{PacketKey, Psk, SessionKeys};
 use crate::rng::Rng;
 use crate::wire::{
-    client_hello_ids, hello_datagram_len, mtu_proven_by, peek_kind, AddrFamily, Cid, ClientHello,
-    HelloReject, HelloRetry, PacketKind, RejectReason, ServerHello, WireError, CLIENT_HELLO_LEN,
-    CLIENT_HELLO_MAC_OFFSET, HELLO_REJECT_LEN, HELLO_RETRY_LEN, MIN_MTU, RETRY_TOKEN_LEN,
-    SERVER_HELLO_LEN, SERVER_HELLO_MAC_OFFSET, VERSION,
+    client_hello_ids, hello_datagram_len, mtu_proven_by, peek_kind, AddrFamily, Cid, CidShard,
+    ClientHello, HelloReject, HelloRetry, PacketKind, RejectReason, ServerHello, WireError,
+    CLIENT_HELLO_LEN, CLIENT_HELLO_MAC_OFFSET, HELLO_REJECT_LEN, HELLO_RETRY_LEN, MIN_MTU,
+    RETRY_TOKEN_LEN, SERVER_HELLO_LEN, SERVER_HELLO_MAC_OFFSET, VERSION,
 };
 
 /// A client follows at most this many HelloRetries in one handshake (a server restarted
@@ -398,7 +398,7 @@ pub fn server_accept_with(
     rng: &mut Rng,
 ) -> Result<ServerAccept, HandshakeError> {
     let ch = verify_client_hello(psk, hello)?;
-    accept_verified(psk, &ch, hello, max_mtu, fam, rng)
+    accept_verified(psk, &ch, hello, max_mtu, fam, CidShard::ALL, rng)
 }
 
 /// The key exchange of [`server_accept_with`] for a hello that [`verify_client_hello`]
@@ -409,6 +409,7 @@ pub fn accept_verified(
     hello: &[u8],
     max_mtu: u16,
     fam: AddrFamily,
+    shard: CidShard,
     rng: &mut Rng,
 ) -> Result<ServerAccept, HandshakeError> {
     let eph = StaticSecret::from(rng.array::<32>());
@@ -419,7 +420,7 @@ pub fn accept_verified(
         .max(MIN_MTU);
     let mut sh = ServerHello {
         client_cid: ch.client_cid,
-        server_cid: random_cid(rng),
+        server_cid: shard.place(random_cid(rng)),
         server_random: rng.array(),
         server_eph: PublicKey::from(&eph).to_bytes(),
         mtu,

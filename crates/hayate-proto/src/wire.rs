@@ -72,6 +72,53 @@ pub(crate) const STREAM_FIN: u8 = 0x01;
 /// Connection id: chosen by each side for the packets it receives, routed on before opening.
 pub type Cid = u32;
 
+/// The first byte of every sealed packet (its kind).
+pub const SEALED_KIND_BYTE: u8 = KIND_SEALED;
+/// Where a sealed packet carries its destination cid's low byte (the cid is big-endian at
+/// bytes 1-4): a server spreading its sessions over threads routes on it ([`CidShard`])
+/// before anything is opened, in the kernel.
+pub const SEALED_CID_LOW_BYTE_AT: usize = 4;
+
+/// One of `count` threads that share a server's port: it draws the cids of the sessions it
+/// serves so that their low byte is `index` modulo `count`, and the kernel hands it their
+/// sealed packets (a socket filter reads that byte, [`SEALED_CID_LOW_BYTE_AT`]). A cid is
+/// still random in its other 30-odd bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CidShard {
+    index: u8,
+    count: u8,
+}
+
+impl CidShard {
+    /// The only thread: every cid.
+    pub const ALL: CidShard = CidShard { index: 0, count: 1 };
+
+    /// Thread `index` of `count` (`count` from 1 to 64, `index` below it).
+    pub fn new(index: u8, count: u8) -> Option<CidShard> {
+        ((1..=64).contains(&count) && index < count).then_some(CidShard { index, count })
+    }
+
+    /// The number of threads.
+    pub fn count(self) -> u8 {
+        self.count
+    }
+
+    /// Which thread serves `cid`.
+    pub fn of(cid: Cid, count: u8) -> u8 {
+        (cid as u8) % count.max(1)
+    }
+
+    /// `cid` moved into this thread's class (its low byte's residue replaced).
+    pub fn place(self, cid: Cid) -> Cid {
+        let (low, count) = (cid & 0xff, Cid::from(self.count));
+        let mut placed = low - low % count + Cid::from(self.index);
+        if placed > 0xff {
+            placed -= count; // the class's last member under 256
+        }
+        (cid & !0xff) | placed
+    }
+}
+
 /// The address family of a session's UDP flow: it sets the IP header's size, and so how
 /// many file bytes a datagram of a given MTU carries ([`block_size`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -201,10 +201,9 @@ fn an_answer_by_the_old_path_moves_nothing() {
     assert_eq!(ep.stats().path_challenges_sent, 1);
 }
 
-#[test]
-fn hellos_over_the_budget_get_a_retry_and_a_token_gets_in() {
-    let now = Instant::now();
-    let mut ep = Endpoint::with_rng(psk(), Config::default(), now, Rng::seeded(5));
+/// Sends 100 fresh hellos from 100 addresses at one instant; returns how many were
+/// accepted and how many retried.
+fn hundred_hellos(ep: &mut Endpoint, now: Instant) -> (u32, u32) {
     let mut rng = Rng::seeded(6);
     let (mut accepted, mut retried) = (0, 0);
     for i in 0..100u16 {
@@ -222,7 +221,19 @@ fn hellos_over_the_budget_get_a_retry_and_a_token_gets_in() {
             r => panic!("unexpected {r:?}"),
         }
     }
-    assert_eq!((accepted, retried), (32, 68));
+    (accepted, retried)
+}
+
+#[test]
+fn hellos_over_the_budget_get_a_retry_and_a_token_gets_in() {
+    let now = Instant::now();
+    // One of a server's four threads spends a quarter of its key-exchange budget.
+    let mut ep = Endpoint::with_rng(psk(), Config::default(), now, Rng::seeded(5));
+    ep.set_shard(hayate_proto::wire::CidShard::new(1, 4).unwrap());
+    assert_eq!(hundred_hellos(&mut ep, now), (8, 92));
+
+    let mut ep = Endpoint::with_rng(psk(), Config::default(), now, Rng::seeded(5));
+    assert_eq!(hundred_hellos(&mut ep, now), (32, 68));
     assert_eq!(ep.len(), 32);
 
     // A real client, still over budget: it follows the retry and gets in from its address.
@@ -405,4 +416,56 @@ fn repeated_hellos_get_the_same_padded_reply_within_a_byte_budget() {
     // The next second has a budget again.
     let later = now + Duration::from_millis(1001);
     assert!(matches!(ep.route(later, addr(A), &hello), Route::Reply(_)));
+}
+
+/// A server's thread `i` of `n` accepts sessions only with cids of its class, and the
+/// client's sealed packets carry that class where the kernel's socket filter reads it: byte
+/// `SEALED_CID_LOW_BYTE_AT`, after the kind byte.
+#[test]
+fn a_shards_sessions_get_cids_of_its_class_seen_at_the_filtered_byte() {
+    use hayate_proto::wire::{CidShard, SEALED_CID_LOW_BYTE_AT, SEALED_KIND_BYTE};
+    let now = Instant::now();
+    for (index, count) in [(0u8, 2u8), (1, 2), (2, 3), (5, 7), (63, 64)] {
+        let shard = CidShard::new(index, count).unwrap();
+        let mut ep = Endpoint::with_rng(psk(), Config::default(), now, Rng::seeded(9));
+        ep.set_shard(shard);
+        for seed in 0..24 {
+            // Half a second apart: within the thread's share of the key-exchange budget.
+            let now = now + Duration::from_millis(500 * seed);
+            let mut c = Connection::client_with_rng(
+                Config::default(),
+                &psk(),
+                AddrFamily::V4,
+                now,
+                &mut Rng::seeded(100 + seed),
+            );
+            let from: SocketAddr = format!("192.0.2.1:{}", 1000 + seed).parse().unwrap();
+            let mut id = None;
+            for d in drain(&mut c, now) {
+                if let Route::NewConn(cid, mut reply) = ep.route(now, from, &d) {
+                    assert!(c.handle_datagram(now, &mut reply, &mut Null));
+                    id = Some(cid);
+                }
+            }
+            let id = id.expect("accepted");
+            assert_eq!(
+                CidShard::of(id, count),
+                index,
+                "cid {id:08x} of shard {index}/{count}"
+            );
+            let d = next_from_client(&mut c, now);
+            assert_eq!(d[0], SEALED_KIND_BYTE);
+            assert_eq!(d[SEALED_CID_LOW_BYTE_AT] % count, index);
+            assert!(matches!(ep.route(now, from, &d), Route::Conn(x) if x == id));
+        }
+    }
+    assert!(CidShard::new(2, 2).is_none() && CidShard::new(0, 0).is_none());
+    assert!(CidShard::new(0, 65).is_none());
+    // Placing keeps a cid's other bits and lands in the class, also near 255.
+    let s = CidShard::new(2, 3).unwrap();
+    for low in [0u32, 1, 2, 3, 250, 253, 254, 255] {
+        let placed = s.place(0xabcd_ef00 | low);
+        assert_eq!(placed & !0xff, 0xabcd_ef00);
+        assert_eq!(CidShard::of(placed, 3), 2, "{low} -> {placed:08x}");
+    }
 }

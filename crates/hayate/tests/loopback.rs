@@ -25,6 +25,10 @@ struct Fx {
 
 impl Fx {
     fn new() -> Fx {
+        Fx::with_server_args(&[])
+    }
+    /// [`Fx::new`] with these options for the server.
+    fn with_server_args(args: &[&str]) -> Fx {
         let tmp = tempfile::Builder::new()
             .prefix("hayate-loopback-")
             .tempdir()
@@ -36,7 +40,7 @@ impl Fx {
             fs::create_dir(d).unwrap();
         }
         let key = keygen(tmp.path(), "key");
-        let srv = Server::start(&root, &key);
+        let srv = Server::start_with(&root, &key, &[], args);
         Fx {
             tmp,
             root,
@@ -1074,6 +1078,74 @@ fn killed_client_leaves_only_part_and_state_files_and_sigterm_exits_0() {
         "{}",
         fx.srv.log.text()
     );
+}
+
+/// The cids of the sessions the server's log says were established, in order.
+fn established_cids(log: &Lines) -> Vec<u32> {
+    log.snapshot()
+        .iter()
+        .filter_map(|l| l.split_once(": session ")?.1.strip_suffix(" established"))
+        .map(|h| u32::from_str_radix(h, 16).expect("a hex cid"))
+        .collect()
+}
+
+/// A client killed and run again at once: its old session still holds the temp file and
+/// gives way to the new one (which resumes), whichever of the daemon's threads serves
+/// either. A session's thread is its cid's low byte modulo the thread count; reruns are
+/// tried until one lands on another thread than its old session.
+#[test]
+fn a_rerun_takes_over_from_its_killed_session_on_any_thread() {
+    const THREADS: u32 = 4;
+    let fx = Fx::with_server_args(&["--threads", "4"]);
+    assert!(fx.srv.log.contains("4 threads"), "{}", fx.srv.log.text());
+    let mut crossed = 0;
+    for round in 0..8 {
+        let name = format!("r{round}.bin");
+        let client = slow_upload(&fx, &name);
+        let old = *established_cids(&fx.srv.log).last().expect("a session");
+        signal(client.pid(), libc::SIGKILL);
+        let _ = client.wait(Duration::from_secs(10));
+        let t0 = Instant::now();
+        let r = fx.cp(&[s(&fx.local.join(&name)), fx.url(&name)]);
+        r.assert_ok();
+        // Well within the old session's idle timeout (15 s): it gave way, not timed out.
+        assert!(t0.elapsed() < Duration::from_secs(10), "{:?}", t0.elapsed());
+        assert!(r.stderr.contains("resumed"), "{}", r.stderr);
+        assert_eq!(
+            hash_file(&fx.root.join(&name)),
+            hash_file(&fx.local.join(&name))
+        );
+        let new = *established_cids(&fx.srv.log).last().expect("a session");
+        assert_ne!(new, old);
+        if old % 256 % THREADS != new % 256 % THREADS {
+            crossed += 1;
+            if crossed == 2 {
+                break;
+            }
+        }
+    }
+    assert!(crossed >= 1, "no rerun landed on another thread");
+    let log = fx.srv.log.text();
+    assert!(log.contains("superseded by a newer upload"), "{log}");
+
+    // A second daemon on the port fails, instead of joining the first one's sockets.
+    let listen = format!("127.0.0.1:{}", fx.srv.port);
+    let root = s(&fx.root);
+    let key = s(&fx.key);
+    let second = spawn([
+        "serve",
+        "--listen",
+        &listen,
+        "--root",
+        &root,
+        "--key-file",
+        &key,
+        "--threads",
+        "2",
+    ]);
+    let r = second.wait(Duration::from_secs(10));
+    r.assert_failed();
+    assert!(r.stderr.contains("cannot listen on"), "{}", r.stderr);
 }
 
 #[test]

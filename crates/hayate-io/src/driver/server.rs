@@ -7,12 +7,13 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use hayate_proto::control::{flags, EntryKind as WireKind, MetaEntry, MetaOp};
 use hayate_proto::crypto::Psk;
-use hayate_proto::wire::Cid;
+use hayate_proto::wire::{Cid, CidShard};
 use hayate_proto::{
     BlockSink, BlockSource, Config, Connection, Endpoint, Event, FileOffer, StorageError, XferId,
 };
@@ -55,6 +56,10 @@ pub struct ServerOptions {
     pub psk: Psk,
     /// What the server allows clients (largest MTU, rates) and its timeouts.
     pub proto: Config,
+    /// Threads the sessions are spread over (each serves its own: sessions on two threads
+    /// never wait on each other's sealing, opening or turns); 0: one per core, at most 8.
+    /// `--stdio` serves its one client on one.
+    pub threads: usize,
 }
 
 /// What a daemon's clients may do beyond reading and writing files beneath its root
@@ -72,8 +77,8 @@ impl Default for Rules {
     }
 }
 
-/// One line per notable thing, for the operator's log.
-pub type Log<'a> = &'a mut dyn FnMut(&str);
+/// One line per notable thing, for the operator's log (written from each serving thread).
+pub type Log<'a> = &'a mut (dyn FnMut(&str) + Send);
 
 struct Incoming {
     part: PartFile,
@@ -330,21 +335,134 @@ pub fn serve_with(
     stop: StopFlag,
     log: Log<'_>,
 ) -> anyhow::Result<()> {
-    let sock = UdpSocket::bind(opts.listen)
+    let threads = match opts.threads {
+        0 => std::thread::available_parallelism().map_or(1, |n| n.get().min(8)),
+        n => n,
+    };
+    let group = UdpSocket::bind_group(opts.listen, threads)
         .with_context(|| format!("cannot listen on {}", opts.listen))?;
-    let mut srv = Server::new(&opts, stop, log)?;
-    srv.rules = rules;
-    (srv.log)(&format!(
-        "listening on {} (root {}, receive buffer {} KiB)",
-        sock.local_addr()?,
-        srv.shown_root,
-        sock.recv_buffer_size() / 1024
-    ));
-    let links = Links::new(Some(sock), None);
-    let r = srv.run(links, &opts);
+    let r = if group.len() == 1 {
+        let sock = group.into_iter().next().expect("one socket");
+        let mut srv = Server::new(&opts, stop, log)?;
+        srv.rules = rules;
+        srv.log_listening(&sock, 1)?;
+        srv.run(Links::new(Some(sock), None), &opts, CidShard::ALL)
+    } else {
+        serve_group(&opts, rules, group, stop, log)
+    };
     // Uploads let go at the end are written, and their resume states saved, before exit.
     crate::writeback::settle_all();
     r
+}
+
+/// A daemon's threads, one per socket of `group`: thread `i` serves the sessions whose cids
+/// are of class `i` (the kernel routes their packets to socket `i`, `UdpSocket::bind_group`).
+/// They share the log, the stop flag and a board of uploads asked to give way (a rerun's
+/// session and the old one may be on two threads). The first to fail stops the others.
+fn serve_group(
+    opts: &ServerOptions,
+    rules: Rules,
+    group: Vec<UdpSocket>,
+    stop: StopFlag,
+    log: Log<'_>,
+) -> anyhow::Result<()> {
+    let count = group.len();
+    let log = std::sync::Mutex::new(log);
+    let board = Arc::new(GiveWay::default());
+    std::thread::scope(|scope| {
+        let mut threads = Vec::new();
+        for (i, sock) in group.into_iter().enumerate() {
+            let (stop, board, log) = (stop.clone(), board.clone(), &log);
+            let shard = CidShard::new(i as u8, count as u8).expect("at most 64 sockets");
+            let work = move || -> anyhow::Result<()> {
+                let mut line = |l: &str| (log.lock().unwrap_or_else(|e| e.into_inner()))(l);
+                let mut srv = Server::new(opts, stop.clone(), &mut line)?;
+                srv.rules = rules;
+                srv.board = Some((board, i as u8, count as u8));
+                if i == 0 {
+                    srv.log_listening(&sock, count)?;
+                }
+                let r = srv.run(Links::new(Some(sock), None), opts, shard);
+                if r.is_err() {
+                    stop.stop();
+                }
+                r
+            };
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("hayate-serve-{i}"))
+                    .spawn_scoped(scope, work)
+                    .context("cannot start a serving thread")?,
+            );
+        }
+        let mut first_err = None;
+        for t in threads {
+            let r = t
+                .join()
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("a serving thread panicked")));
+            if let Err(e) = r {
+                stop.stop();
+                first_err.get_or_insert(e);
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    })
+}
+
+/// Uploads a session on one of a daemon's threads found held by another session of ours
+/// (see [`Server::supersede`]): each other thread makes its sessions' receives of that path
+/// give way, once, within the offer's wait.
+#[derive(Default)]
+struct GiveWay {
+    asks: std::sync::Mutex<Vec<Ask>>,
+}
+
+struct Ask {
+    /// The path, normalized ([`norm_path`]).
+    path: String,
+    until: Instant,
+    /// The threads that have looked at it (bit `i`: thread `i`; the asker's own is set).
+    seen: u64,
+}
+
+impl GiveWay {
+    fn post(&self, path: String, by: u8, now: Instant) {
+        let mut asks = self.asks.lock().unwrap_or_else(|e| e.into_inner());
+        asks.retain(|a| a.path != path);
+        asks.push(Ask {
+            path,
+            until: now + BUSY_WAIT,
+            seen: 1 << by,
+        });
+    }
+
+    /// The paths thread `me` of `count` has not looked at yet; forgets the asks every
+    /// thread has seen, or whose wait is over.
+    fn take(&self, me: u8, count: u8, now: Instant) -> Vec<String> {
+        let mut asks = self.asks.lock().unwrap_or_else(|e| e.into_inner());
+        let all = if count >= 64 {
+            u64::MAX
+        } else {
+            (1 << count) - 1
+        };
+        let mut mine = Vec::new();
+        for a in asks.iter_mut() {
+            if a.seen & (1 << me) == 0 {
+                a.seen |= 1 << me;
+                mine.push(a.path.clone());
+            }
+        }
+        asks.retain(|a| a.seen != all && now < a.until);
+        mine
+    }
+}
+
+/// A client's path as the offers it names compare: empty and `.` components dropped.
+fn norm_path(p: &str) -> String {
+    p.split('/')
+        .filter(|c| !c.is_empty() && *c != ".")
+        .collect::<Vec<_>>()
+        .join("/")
 }
 
 /// The far side of an ssh copy: binds a UDP port from `ports`, prints the banner with a fresh
@@ -388,6 +506,7 @@ pub fn serve_stdio(
         scope,
         psk: psk.clone(),
         proto,
+        threads: 1,
     };
     let mut srv = Server::new(&opts, stop, log)?;
     // The ssh user's own far side may open what the user could reach through ssh anyway.
@@ -396,7 +515,7 @@ pub fn serve_stdio(
     let stream = StreamLink::new(chan.0, chan.1, Vec::new())?;
     // A client that never connects is given up on after a while.
     srv.unconnected_until = Some(Instant::now() + Duration::from_secs(120));
-    let r = srv.run(Links::new(Some(sock), Some(stream)), &opts);
+    let r = srv.run(Links::new(Some(sock), Some(stream)), &opts, CidShard::ALL);
     crate::writeback::settle_all();
     r
 }
@@ -425,6 +544,9 @@ struct Server<'l> {
     tunnels: HashMap<Cid, FarEnd>,
     /// What clients may do besides reading and writing (the far side over ssh: all of it).
     rules: Rules,
+    /// On one of a daemon's threads: the board shared with the others, this thread's index
+    /// and their number.
+    board: Option<(Arc<GiveWay>, u8, u8)>,
 }
 
 impl<'l> Server<'l> {
@@ -454,13 +576,30 @@ impl<'l> Server<'l> {
             allow_tunnels: false,
             tunnels: HashMap::new(),
             rules: Rules::default(),
+            board: None,
         })
+    }
+
+    fn log_listening(&mut self, sock: &UdpSocket, threads: usize) -> anyhow::Result<()> {
+        let on = if threads > 1 {
+            format!(", {threads} threads")
+        } else {
+            String::new()
+        };
+        (self.log)(&format!(
+            "listening on {} (root {}, receive buffer {} KiB{on})",
+            sock.local_addr()?,
+            self.shown_root,
+            sock.recv_buffer_size() / 1024
+        ));
+        Ok(())
     }
 
     /// Serves until stopped (or, under ssh, until the channel closes), then closes every
     /// session, keeping what unfinished uploads hold for a rerun.
-    fn run(&mut self, links: Links, opts: &ServerOptions) -> anyhow::Result<()> {
-        let ep = Endpoint::new(opts.psk.clone(), opts.proto.clone(), Instant::now());
+    fn run(&mut self, links: Links, opts: &ServerOptions, shard: CidShard) -> anyhow::Result<()> {
+        let mut ep = Endpoint::new(opts.psk.clone(), opts.proto.clone(), Instant::now());
+        ep.set_shard(shard);
         let mut net = Net::many(links, ep);
         let r = engine::run(self, &mut net);
         self.shutdown(&mut net);
@@ -470,20 +609,30 @@ impl<'l> Server<'l> {
     /// An upload whose temp file another session of ours still writes (a client killed and
     /// rerun before its old session timed out): the old receive gives way, keeping its
     /// resume state, and the new one takes over. The offer is then tried again at once,
-    /// and for a few seconds of turns if another process holds the file.
+    /// and for a few seconds of turns if another process holds the file (or a session on
+    /// another of a daemon's threads, which is asked to give way too).
     fn supersede(&mut self, net: &mut Net<SessionFiles>, cid: Cid, ev: Event, now: Instant) {
         let Event::Offered { path, .. } = &ev else {
             return;
         };
-        let norm = |p: &str| {
-            p.split('/')
-                .filter(|c| !c.is_empty() && *c != ".")
-                .collect::<Vec<_>>()
-                .join("/")
-        };
-        let want = norm(path);
+        let want = norm_path(path);
+        self.give_way(net, &want, Some(cid));
+        if let Some(s) = net.session(cid) {
+            if let Some(ev) = on_event(&self.root, s.conn, s.files, ev, s.addr, self.log, false) {
+                self.waiting.push((cid, ev, now + BUSY_WAIT));
+                if let Some((board, me, _)) = &self.board {
+                    board.post(want, *me, now);
+                }
+            }
+        }
+    }
+
+    /// The receives of `want` (a normalized path) of every session but `except` give way,
+    /// keeping their resume state; so do its undecided `--update` offers.
+    fn give_way(&mut self, net: &mut Net<SessionFiles>, want: &str, except: Option<Cid>) {
+        let norm = norm_path;
         for other in net.cids() {
-            if other == cid {
+            if Some(other) == except {
                 continue;
             }
             let Some(s) = net.session(other) else {
@@ -523,11 +672,6 @@ impl<'l> Server<'l> {
                     inc.part.abandon();
                     c.reject(x, "superseded by a newer upload of the same file");
                 }
-            }
-        }
-        if let Some(s) = net.session(cid) {
-            if let Some(ev) = on_event(&self.root, s.conn, s.files, ev, s.addr, self.log, false) {
-                self.waiting.push((cid, ev, now + BUSY_WAIT));
             }
         }
     }
@@ -657,6 +801,11 @@ impl Policy for Server<'_> {
         // rather than after the idle wait (it is waiting for ssh, and so for us, to exit).
         if net.links.stream_eof() {
             return Flow::Stop;
+        }
+        if let Some((board, me, count)) = &self.board {
+            for path in board.take(*me, *count, now) {
+                self.give_way(net, &path, None);
+            }
         }
         self.retry_waiting(net, now);
         for (cid, ev) in std::mem::take(&mut self.busy_offers) {
@@ -1111,6 +1260,7 @@ mod tests {
             scope: Scope::WholeFs(dir.path().to_path_buf()),
             psk: psk.clone(),
             proto: cfg.clone(),
+            threads: 1,
         };
         let mut log = |_: &str| {};
         let mut srv = Server::new(&opts, StopFlag::new(), &mut log).unwrap();

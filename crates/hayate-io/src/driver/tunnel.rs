@@ -873,6 +873,7 @@ mod tests {
                     scope: Scope::Confined(dir),
                     psk,
                     proto: Config::default(),
+                    threads: 1,
                 };
                 let mut log = |_: &str| {};
                 serve(opts, stop, &mut log).map_err(|e| e.to_string())

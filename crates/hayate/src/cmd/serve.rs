@@ -49,6 +49,11 @@ pub struct ServeArgs {
     /// replace files, nothing beneath --root is deleted
     #[arg(long, conflicts_with = "stdio")]
     pub no_delete: bool,
+    /// Threads to spread sessions over (each serves its own sessions, and sessions on two
+    /// threads never wait on each other); 0: one per core, at most 8
+    #[arg(long, default_value_t = 0, value_name = "N", conflicts_with = "stdio",
+          value_parser = clap::value_parser!(u16).range(0..=64))]
+    pub threads: u16,
     /// With --stdio: UDP ports to pick from, LOW-HIGH
     #[arg(long, default_value = DEFAULT_PORT_RANGE, value_parser = parse_port_range, value_name = "LOW-HIGH")]
     pub port_range: (u16, u16),
@@ -101,6 +106,7 @@ pub fn run(a: ServeArgs) -> anyhow::Result<i32> {
         scope: Scope::Confined(a.root.clone().expect("clap requires --root")),
         psk,
         proto: proto(&a),
+        threads: usize::from(a.threads),
     };
     let quiet = a.quiet;
     let mut log = |line: &str| {
