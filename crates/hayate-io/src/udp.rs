@@ -780,21 +780,13 @@ fn attach_cid_router(fd: RawFd, count: usize) -> io::Result<()> {
         len: prog.len() as u16,
         filter: prog.as_mut_ptr(),
     };
-    // SAFETY: passes a valid sock_fprog (pointing at `prog`, alive for the call) and its size.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            sockopt::SO_ATTACH_REUSEPORT_CBPF,
-            (&fprog as *const libc::sock_fprog).cast(),
-            mem::size_of::<libc::sock_fprog>() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    // `fprog` points at `prog`, alive for the call.
+    setsockopt(
+        fd,
+        libc::SOL_SOCKET,
+        sockopt::SO_ATTACH_REUSEPORT_CBPF,
+        &fprog,
+    )
 }
 
 fn setsockopt_int(
@@ -803,14 +795,19 @@ fn setsockopt_int(
     name: libc::c_int,
     value: libc::c_int,
 ) -> io::Result<()> {
-    // SAFETY: passes a valid c_int and its size.
+    setsockopt(fd, level, name, &value)
+}
+
+/// `setsockopt(2)` with `value` as the option's bytes.
+fn setsockopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, value: &T) -> io::Result<()> {
+    // SAFETY: passes a valid `T` and its size; the kernel only reads them.
     let r = unsafe {
         libc::setsockopt(
             fd,
             level,
             name,
-            (&value as *const libc::c_int).cast(),
-            mem::size_of::<libc::c_int>() as libc::socklen_t,
+            (value as *const T).cast(),
+            mem::size_of::<T>() as libc::socklen_t,
         )
     };
     if r == 0 {
