@@ -402,9 +402,15 @@ fn a_directory_source_without_r_is_reported_as_a_dir_alone_or_not() {
 fn a_server_traces_each_sessions_rate_control_and_counts_what_it_sent() {
     let fx = Fx::new();
     let trace = fx.tmp.path().join("cc.tsv");
-    let srv = Server::start_with_env(&fx.root, &fx.key, &[("HAYATE_CC_TRACE", &trace)]);
+    // Sessions on four threads: each still gets its own file, numbered in the process.
+    let srv = Server::start_with(
+        &fx.root,
+        &fx.key,
+        &[("HAYATE_CC_TRACE", &trace)],
+        &["--threads", "4"],
+    );
     write_random(&fx.root.join("t.bin"), 4 << 20, 9);
-    for n in ["a", "b"] {
+    for n in ["a", "b", "c", "d"] {
         cp(&fx.key, &[srv.url("t.bin"), s(&fx.local.join(n))]).assert_ok();
     }
     assert!(eventually(Duration::from_secs(10), || srv
@@ -412,9 +418,9 @@ fn a_server_traces_each_sessions_rate_control_and_counts_what_it_sent() {
         .text()
         .matches("session closed")
         .count()
-        == 2));
+        == 4));
     // The server sent the downloads: each session's trace has the sender's columns.
-    for n in [1, 2] {
+    for n in [1, 2, 3, 4] {
         let text = fs::read_to_string(trace.with_extension(format!("tsv.{n}"))).unwrap();
         let mut lines = text.lines();
         let head: Vec<&str> = lines.next().unwrap().split('\t').collect();
@@ -429,7 +435,7 @@ fn a_server_traces_each_sessions_rate_control_and_counts_what_it_sent() {
         .lines()
         .filter_map(|l| l.split(" out, ").nth(1)?.split(' ').next()?.parse().ok())
         .collect();
-    assert_eq!(data.len(), 2, "{log}");
+    assert_eq!(data.len(), 4, "{log}");
     assert!(data.iter().all(|&d| d >= (4 << 20) / 8972), "{log}");
 }
 

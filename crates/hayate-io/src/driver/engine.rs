@@ -61,7 +61,6 @@ pub(crate) struct Net<F> {
     /// Each session's storage (its `BlockSource`/`BlockSink`), by connection id.
     pub files: HashMap<Cid, F>,
     traces: HashMap<Cid, CcTrace>,
-    sessions_begun: u64,
 }
 
 /// One session, as a policy sees it.
@@ -140,7 +139,6 @@ impl<F: BlockSource + BlockSink + Default> Net<F> {
             },
             files: HashMap::new(),
             traces,
-            sessions_begun: 0,
         }
     }
 
@@ -151,7 +149,6 @@ impl<F: BlockSource + BlockSink + Default> Net<F> {
             conns: Conns::Many(Box::new(ep)),
             files: HashMap::new(),
             traces: HashMap::new(),
-            sessions_begun: 0,
         }
     }
 
@@ -249,7 +246,6 @@ impl<F: BlockSource + BlockSink + Default> Net<F> {
             conns,
             files,
             traces,
-            sessions_begun,
         } = self;
         match conns {
             Conns::One { conn, peer } => {
@@ -279,8 +275,7 @@ impl<F: BlockSource + BlockSink + Default> Net<F> {
                                 return;
                             }
                             files.insert(cid, F::default());
-                            *sessions_begun += 1;
-                            if let Some(t) = CcTrace::from_env_session(c, *sessions_begun) {
+                            if let Some(t) = CcTrace::from_env_session(c) {
                                 traces.insert(cid, t);
                             }
                             replies.push((from, reply));

@@ -74,9 +74,12 @@ impl CcTrace {
         Self::create(Self::path()?.into(), conn)
     }
 
-    /// A server's `n`th session (from 1).
-    pub(crate) fn from_env_session(conn: &mut Connection, n: u64) -> Option<CcTrace> {
+    /// A server's next session: the `n`th to begin in this process (from 1), whichever of
+    /// a daemon's threads serves it.
+    pub(crate) fn from_env_session(conn: &mut Connection) -> Option<CcTrace> {
+        static BEGUN: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let mut path = Self::path()?;
+        let n = BEGUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         path.push(format!(".{n}"));
         Self::create(path.into(), conn)
     }
