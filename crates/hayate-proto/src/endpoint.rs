@@ -238,12 +238,9 @@ impl Endpoint {
         self.budget.tokens = self.budget.tokens.min(self.budget.burst());
     }
 
-    /// This thread's share of a server-wide `limit`.
-    fn part<T: TryFrom<u8> + std::ops::Div<Output = T> + Ord>(&self, limit: T, least: T) -> T {
-        let Ok(n) = T::try_from(self.shard.count()) else {
-            return limit;
-        };
-        (limit / n).max(least)
+    /// This thread's share of a server-wide `limit` (at least 1).
+    fn part<T: From<u8> + std::ops::Div<Output = T> + Ord>(&self, limit: T) -> T {
+        (limit / T::from(self.shard.count())).max(T::from(1))
     }
 
     /// What the endpoint did with datagrams that did not simply go to a session.
@@ -373,7 +370,7 @@ impl Endpoint {
                         && self.repeat_bytes.admit_n(
                             now,
                             n,
-                            self.part(REPEATED_REPLY_BYTES_PER_SEC, 1),
+                            self.part(REPEATED_REPLY_BYTES_PER_SEC),
                         )
                     {
                         self.stats.hellos_repeated += 1;
@@ -396,7 +393,7 @@ impl Endpoint {
             self.stats.retry_tokens_invalid += 1;
         }
         if !proven && !self.budget.take(now) {
-            if !self.reply_window.admit(now, self.part(REPLIES_PER_SEC, 1)) {
+            if !self.reply_window.admit(now, self.part(REPLIES_PER_SEC)) {
                 self.stats.retries_rate_limited += 1;
                 return Route::Drop;
             }
@@ -472,7 +469,7 @@ impl Endpoint {
     }
 
     fn reject(&mut self, now: Instant, data: &[u8], reason: RejectReason) -> Route {
-        if !self.reject_window.admit(now, self.part(REJECTS_PER_SEC, 1)) {
+        if !self.reject_window.admit(now, self.part(REJECTS_PER_SEC)) {
             self.stats.rejects_rate_limited += 1;
             return Route::Drop;
         }
@@ -494,7 +491,7 @@ impl Endpoint {
             .filter(|(_, t)| now.duration_since(*t) > HALF_OPEN_TTL)
             .map(|(k, _)| *k)
             .collect();
-        let most = self.part(MAX_HALF_OPEN, 1);
+        let most = self.part(MAX_HALF_OPEN);
         if half_open.len() - expired.len() >= most {
             let mut rest: Vec<_> = half_open
                 .iter()

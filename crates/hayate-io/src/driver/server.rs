@@ -378,7 +378,12 @@ fn serve_group(
                 let mut line = |l: &str| (log.lock().unwrap_or_else(|e| e.into_inner()))(l);
                 let mut srv = Server::new(opts, stop.clone(), &mut line)?;
                 srv.rules = rules;
-                srv.board = Some((board, i as u8, count as u8));
+                srv.board = Some(Board {
+                    shared: board,
+                    me: i as u8,
+                    count: count as u8,
+                    seen: 0,
+                });
                 if i == 0 {
                     srv.log_listening(&sock, count)?;
                 }
@@ -415,6 +420,18 @@ fn serve_group(
 #[derive(Default)]
 struct GiveWay {
     asks: std::sync::Mutex<Vec<Ask>>,
+    /// Asks posted so far: a thread that saw this many looks no further (every turn).
+    posted: std::sync::atomic::AtomicU64,
+}
+
+/// One thread's view of the [`GiveWay`] board.
+struct Board {
+    shared: Arc<GiveWay>,
+    /// This thread's index, and how many there are.
+    me: u8,
+    count: u8,
+    /// `GiveWay::posted` when this thread last looked.
+    seen: u64,
 }
 
 struct Ask {
@@ -428,27 +445,39 @@ struct Ask {
 impl GiveWay {
     fn post(&self, path: String, by: u8, now: Instant) {
         let mut asks = self.asks.lock().unwrap_or_else(|e| e.into_inner());
-        asks.retain(|a| a.path != path);
+        asks.retain(|a| a.path != path && now < a.until);
         asks.push(Ask {
             path,
             until: now + BUSY_WAIT,
             seen: 1 << by,
         });
+        self.posted
+            .fetch_add(1, std::sync::atomic::Ordering::Release);
     }
+}
 
-    /// The paths thread `me` of `count` has not looked at yet; forgets the asks every
-    /// thread has seen, or whose wait is over.
-    fn take(&self, me: u8, count: u8, now: Instant) -> Vec<String> {
-        let mut asks = self.asks.lock().unwrap_or_else(|e| e.into_inner());
-        let all = if count >= 64 {
+impl Board {
+    /// The paths this thread has not looked at yet (nothing to lock if none was posted
+    /// since it last looked); forgets the asks every thread has seen, or whose wait is over.
+    fn take(&mut self, now: Instant) -> Vec<String> {
+        let posted = self
+            .shared
+            .posted
+            .load(std::sync::atomic::Ordering::Acquire);
+        if posted == self.seen {
+            return Vec::new();
+        }
+        self.seen = posted;
+        let mut asks = self.shared.asks.lock().unwrap_or_else(|e| e.into_inner());
+        let all = if self.count >= 64 {
             u64::MAX
         } else {
-            (1 << count) - 1
+            (1 << self.count) - 1
         };
         let mut mine = Vec::new();
         for a in asks.iter_mut() {
-            if a.seen & (1 << me) == 0 {
-                a.seen |= 1 << me;
+            if a.seen & (1 << self.me) == 0 {
+                a.seen |= 1 << self.me;
                 mine.push(a.path.clone());
             }
         }
@@ -544,9 +573,9 @@ struct Server<'l> {
     tunnels: HashMap<Cid, FarEnd>,
     /// What clients may do besides reading and writing (the far side over ssh: all of it).
     rules: Rules,
-    /// On one of a daemon's threads: the board shared with the others, this thread's index
-    /// and their number.
-    board: Option<(Arc<GiveWay>, u8, u8)>,
+    /// On one of a daemon's threads: the board of uploads to give way, shared with the
+    /// others.
+    board: Option<Board>,
 }
 
 impl<'l> Server<'l> {
@@ -620,8 +649,8 @@ impl<'l> Server<'l> {
         if let Some(s) = net.session(cid) {
             if let Some(ev) = on_event(&self.root, s.conn, s.files, ev, s.addr, self.log, false) {
                 self.waiting.push((cid, ev, now + BUSY_WAIT));
-                if let Some((board, me, _)) = &self.board {
-                    board.post(want, *me, now);
+                if let Some(b) = &self.board {
+                    b.shared.post(want, b.me, now);
                 }
             }
         }
@@ -630,7 +659,6 @@ impl<'l> Server<'l> {
     /// The receives of `want` (a normalized path) of every session but `except` give way,
     /// keeping their resume state; so do its undecided `--update` offers.
     fn give_way(&mut self, net: &mut Net<SessionFiles>, want: &str, except: Option<Cid>) {
-        let norm = norm_path;
         for other in net.cids() {
             if Some(other) == except {
                 continue;
@@ -642,13 +670,13 @@ impl<'l> Server<'l> {
             let old: Vec<XferId> = f
                 .inc
                 .iter()
-                .filter(|(_, i)| norm(&i.path) == want)
+                .filter(|(_, i)| norm_path(&i.path) == want)
                 .map(|(x, _)| *x)
                 .collect();
             let undecided: Vec<XferId> = f
                 .deciding
                 .iter()
-                .filter(|(_, d)| norm(&d.up.path) == want)
+                .filter(|(_, d)| norm_path(&d.up.path) == want)
                 .map(|(x, _)| *x)
                 .collect();
             for x in undecided {
@@ -802,10 +830,9 @@ impl Policy for Server<'_> {
         if net.links.stream_eof() {
             return Flow::Stop;
         }
-        if let Some((board, me, count)) = &self.board {
-            for path in board.take(*me, *count, now) {
-                self.give_way(net, &path, None);
-            }
+        let asked = self.board.as_mut().map(|b| b.take(now)).unwrap_or_default();
+        for path in asked {
+            self.give_way(net, &path, None);
         }
         self.retry_waiting(net, now);
         for (cid, ev) in std::mem::take(&mut self.busy_offers) {
