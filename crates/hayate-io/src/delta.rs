@@ -85,6 +85,29 @@ impl Kept {
     }
 }
 
+/// Bytes of the file a receiver answers at least in one `Compared` (but for the last
+/// blocks, which `Ready` answers): more messages cost more than the data they let go
+/// early. Also well beyond what the sender may have sent with the offer (2 MiB), which
+/// waits in the receiver's stash until it is compared.
+pub const PART_MIN: u64 = 8 << 20;
+
+/// Bytes of the file one `Compared` answers at most (whatever the comparison caught up
+/// with meanwhile goes in several): a message stays well under its ranges' caps.
+pub const PART_MAX: u64 = 64 << 20;
+
+/// What a receiver comparing a basis can answer now ([`Basis::poll`]).
+pub struct Decision {
+    /// The blocks below this are answered (all of them when `done`).
+    pub upto: u64,
+    /// What the basis holds of the blocks from the previous decision's `upto` (or 0).
+    pub kept: Kept,
+    /// The chaining values of what it holds, hashed so far, for the verification.
+    pub known: Known,
+    /// Every leaf is compared: the file is accepted (after [`Basis::finish`]), with `kept`
+    /// in `Ready`; else `kept` goes in a `Compared`.
+    pub done: bool,
+}
+
 /// Leaf hashes a sender keeps queued on the control stream, not yet sent, at most: enough
 /// to keep the stream's window full, little enough that a message queued behind them
 /// waits for a few packets, not for megabytes.
@@ -104,6 +127,11 @@ pub struct Basis {
     leaves: u64,
     /// Next leaf to compare; the basis's and the sender's leaves from there, as arrived.
     at: u64,
+    /// Leaves the hasher has handed over: those before it are copied into the temp file
+    /// (where the basis is another file), and no worker touches them any more.
+    taken: u64,
+    /// Blocks below this are answered (see [`Decision`]).
+    answered: u64,
     mine: VecDeque<ChainingValue>,
     theirs: VecDeque<LeafHash>,
     /// Matching leaf ranges, in order.
@@ -220,6 +248,8 @@ impl Basis {
             size,
             leaves: size.div_ceil(LEAF_LEN),
             at: 0,
+            taken: 0,
+            answered: 0,
             mine: VecDeque::new(),
             theirs: VecDeque::new(),
             matched: Vec::new(),
@@ -260,6 +290,7 @@ impl Basis {
             self.theirs.push_front(l);
         }
         self.at = 0;
+        self.taken = 0;
         self.reread = p.subtrees;
         debug_assert_eq!(self.reread.len() as u64 * SUBTREE_LEAVES, first);
         // Emptied for the probe (see `PartFile::empty_for_probe`): a failure here fails
@@ -281,6 +312,7 @@ impl Basis {
             None => return false,
             Some(Ok(l)) => {
                 let n = l.cvs.len() as u64;
+                self.taken += n;
                 if let Some(cv) = l.subtree.filter(|cv| *cv == self.reread[index]) {
                     self.matched.push((self.at, self.at + n));
                     self.known.whole(index, cv);
@@ -307,10 +339,13 @@ impl Basis {
         self.theirs.extend(leaves);
     }
 
-    /// Compares what both sides have hashed so far; once every leaf is compared, what the
-    /// basis holds, in blocks of `block` bytes (and no copy into the temp file is still
-    /// going on).
-    pub fn poll(&mut self, block: u64) -> Option<Kept> {
+    /// Compares what both sides have hashed so far, and says what can be answered, in
+    /// blocks of `block` bytes: once every leaf is compared (and no copy into the temp file
+    /// is still going on), the rest of the file; before, at least [`PART_MIN`] of it more
+    /// than answered, when its leaves are compared and no worker still copies there (not
+    /// while a destination is read where it is: a leaf found different there starts the
+    /// comparison over). Called again until `None` (or `done`).
+    pub fn poll(&mut self, block: u64) -> Option<Decision> {
         while self.at < self.leaves {
             if !self.reread.is_empty() {
                 if self.compare_reread() {
@@ -332,6 +367,7 @@ impl Basis {
                             subtree,
                         })) => {
                             debug_assert_eq!(first, self.at);
+                            self.taken = first + cvs.len() as u64;
                             self.mine.extend(cvs);
                             self.subtree = subtree;
                         }
@@ -373,10 +409,43 @@ impl Basis {
                 self.unchanged = Some(p.ident);
             }
         }
+        let blocks = self.size.div_ceil(block);
         // A copy that failed leaves later ones with the workers: they write into the temp
         // file, so blocks may land there only once they are done.
-        (self.at == self.leaves && self.hash.outstanding() == 0)
-            .then(|| kept(&self.matched, self.size, block))
+        let idle = self.hash.outstanding() == 0;
+        if self.at == self.leaves && idle {
+            return Some(self.decide(block, blocks, true));
+        }
+        if self.probe.is_some() || !self.reread.is_empty() {
+            return None;
+        }
+        let copied = if idle {
+            self.at
+        } else {
+            self.at.min(self.taken)
+        };
+        let upto = ((copied * LEAF_LEN).min(self.size) / block).min(blocks);
+        if upto.saturating_sub(self.answered) * block < PART_MIN {
+            return None;
+        }
+        let upto = upto.min(self.answered + PART_MAX / block);
+        Some(self.decide(block, upto, false))
+    }
+
+    /// Answers the blocks from those answered to `upto`.
+    fn decide(&mut self, block: u64, upto: u64, done: bool) -> Decision {
+        let kept = kept_in(&self.matched, self.size, block, self.answered, upto);
+        self.answered = upto;
+        // Ranges wholly before what is still to answer are done with.
+        let end = (upto * block).min(self.size);
+        self.matched
+            .retain(|&(_, b)| (b * LEAF_LEN).min(self.size) > end);
+        Decision {
+            upto,
+            kept,
+            known: std::mem::take(&mut self.known),
+            done,
+        }
     }
 
     /// The leaves of the subtree before `at` are all compared: what of it is known.
@@ -405,10 +474,10 @@ impl Basis {
         }
     }
 
-    /// What the temp file holds (the chaining values of the matching leaves, hashed from
-    /// it), for the verification once the file is accepted; and, when the destination
-    /// proved the same as the offer throughout, `part` keeps it instead of a copy (the
-    /// chaining values are then the destination's).
+    /// Once the last [`Decision`] is taken: what else the temp file holds (a file of one
+    /// subtree found the same: its root hash), for the verification; and, when the
+    /// destination proved the same as the offer throughout, `part` keeps it instead of a
+    /// copy (the chaining values are then the destination's).
     pub fn finish(mut self, part: &mut PartFile) -> Known {
         if let Some(ident) = self.unchanged {
             if self.leaves <= SUBTREE_LEAVES {
@@ -466,11 +535,16 @@ pub fn pump_sums<'a>(
 /// there are more than [`MAX_HAVE_RANGES`] or [`MAX_SPANS`], those that save least are
 /// left out (sent whole).
 pub fn kept(matched: &[(u64, u64)], size: u64, block: u64) -> Kept {
-    let blocks = size.div_ceil(block);
-    let leaf = |l: u64| (l * LEAF_LEN).min(size);
+    kept_in(matched, size, block, 0, size.div_ceil(block))
+}
+
+/// [`kept`] of the blocks `from..to` alone.
+pub fn kept_in(matched: &[(u64, u64)], size: u64, block: u64, from: u64, to: u64) -> Kept {
+    let (lo, hi) = ((from * block).min(size), (to * block).min(size));
+    let leaf = |l: u64| (l * LEAF_LEN).clamp(lo, hi);
     // The bytes outside the matching leaves, and the blocks they touch: whole, or a span.
     let mut touched: Vec<(u64, u64, u64)> = Vec::new(); // (block, lo, hi) in file offsets
-    let mut at = 0;
+    let mut at = lo;
     let mut gaps: Vec<(u64, u64)> = Vec::new();
     for &(a, b) in matched {
         if leaf(a) > at {
@@ -478,8 +552,8 @@ pub fn kept(matched: &[(u64, u64)], size: u64, block: u64) -> Kept {
         }
         at = at.max(leaf(b));
     }
-    if at < size {
-        gaps.push((at, size));
+    if at < hi {
+        gaps.push((at, hi));
     }
     for (lo, hi) in gaps {
         for b in lo / block..=(hi - 1) / block {
@@ -493,7 +567,7 @@ pub fn kept(matched: &[(u64, u64)], size: u64, block: u64) -> Kept {
     }
     let mut have: Vec<(u64, u64)> = Vec::new();
     let mut spans = Vec::new();
-    let mut next = 0;
+    let mut next = from;
     for &(b, lo, hi) in &touched {
         if next < b {
             have.push((next, b));
@@ -508,8 +582,8 @@ pub fn kept(matched: &[(u64, u64)], size: u64, block: u64) -> Kept {
             });
         }
     }
-    if next < blocks {
-        have.push((next, blocks));
+    if next < to {
+        have.push((next, to));
     }
     if have.len() > MAX_HAVE_RANGES {
         let mut longest: Vec<usize> = (0..have.len()).collect();
@@ -559,6 +633,8 @@ mod tests {
         known: usize,
         /// The destination was kept as it was (the same inode).
         kept: bool,
+        /// `Compared` answers before the last.
+        parts: usize,
     }
 
     /// Copies `new` over a destination holding `old` as a receiver does: the basis hashed
@@ -577,6 +653,19 @@ mod tests {
         new: &[u8],
         feed: impl FnOnce(&mut Basis, &std::path::Path, &[LeafHash]),
     ) -> Rebuilt {
+        rebuild_fed(old, new, feed, 0)
+    }
+
+    /// [`rebuild_with`]; with `step`, the sender's leaves that `feed` did not give come
+    /// `step` at a time, each once those before are compared (as they come over a path
+    /// slower than the hashing). Each answer is told to the landing as a driver does, and
+    /// the blocks it does not hold arrive then, as if sent.
+    fn rebuild_fed(
+        old: &[u8],
+        new: &[u8],
+        feed: impl FnOnce(&mut Basis, &std::path::Path, &[LeafHash]),
+        step: usize,
+    ) -> Rebuilt {
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
         let root = crate::fs::Root::open(dir.path()).unwrap();
@@ -587,23 +676,53 @@ mod tests {
         let mut part = root.create_part("f", len).unwrap();
         let mut b = basis_for(&mut part, len, 0, 0).expect("a basis");
         assert_eq!(b.kind, basis::DEST);
-        feed(&mut b, &dest, &leaf_hashes(new));
+        let theirs = leaf_hashes(new);
+        feed(&mut b, &dest, &theirs);
+        let mut fed = b.at + b.theirs.len() as u64;
         let block = 8952;
-        let kept = poll_until(&mut b, block);
-        let ranges = kept.byte_ranges(block, len);
-        let known = b.finish(&mut part);
-        let n_known = known.len();
-        let mut landing = Landing::start_known(&mut part, len, &ranges, known).unwrap();
-        let mut at = 0;
-        for &(a, b) in ranges.iter().chain([(len, len)].iter()) {
-            if at < a {
-                part.write_at(at, &new[at as usize..a as usize]).unwrap();
-                landing.wrote(&mut part, at, a - at).unwrap();
+        let mut landing = Landing::begin(&mut part, len).unwrap();
+        let (mut held, mut n_known, mut parts, mut answered) = (0, 0, 0, 0);
+        let mut b = Some(b);
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            let basis = b.as_mut().expect("comparing");
+            if step > 0 && fed < theirs.len() as u64 && basis.at == fed {
+                let n = step.min(theirs.len() - fed as usize);
+                basis.sums(fed, theirs[fed as usize..fed as usize + n].to_vec());
+                fed += n as u64;
             }
-            at = b;
+            let Some(mut d) = basis.poll(block) else {
+                assert!(Instant::now() < until, "never compared");
+                std::thread::sleep(Duration::from_millis(1));
+                continue;
+            };
+            if d.done {
+                d.known
+                    .extend(b.take().expect("comparing").finish(&mut part));
+            }
+            n_known += d.known.len();
+            let ranges = d.kept.byte_ranges(block, len);
+            let upto = (d.upto * block).min(len);
+            assert!(ranges.iter().all(|&(a, b)| answered <= a && b <= upto));
+            landing.hold(&mut part, &ranges, upto, d.known).unwrap();
+            // What it does not hold arrives.
+            let mut at = answered;
+            for &(a, b) in ranges.iter().chain([(upto, upto)].iter()) {
+                if at < a {
+                    part.write_at(at, &new[at as usize..a as usize]).unwrap();
+                    landing.wrote(&mut part, at, a - at).unwrap();
+                }
+                at = b;
+            }
+            held += ranges.iter().map(|&(a, b)| b - a).sum::<u64>();
+            answered = upto;
+            if d.done {
+                assert_eq!(upto, len);
+                break;
+            }
+            parts += 1;
         }
         landing.complete(*blake3::hash(new).as_bytes());
-        let until = Instant::now() + Duration::from_secs(30);
         let v = loop {
             if let Some(v) = landing.verdict(&mut part) {
                 break v;
@@ -620,9 +739,10 @@ mod tests {
             .collect();
         assert_eq!(names, ["f"], "a temp file is left");
         Rebuilt {
-            held: ranges.iter().map(|&(a, b)| b - a).sum(),
+            held,
             known: n_known,
             kept: std::fs::metadata(&dest).unwrap().ino() == ino,
+            parts,
         }
     }
 
@@ -653,8 +773,9 @@ mod tests {
     fn poll_until(b: &mut Basis, block: u64) -> Kept {
         let until = Instant::now() + Duration::from_secs(30);
         loop {
-            if let Some(k) = b.poll(block) {
-                return k;
+            if let Some(d) = b.poll(block) {
+                assert!(d.done, "a small file is answered at once");
+                return d.kept;
             }
             assert!(Instant::now() < until, "never compared");
             std::thread::sleep(Duration::from_millis(1));
@@ -871,6 +992,32 @@ mod tests {
         // cut are (the cut subtree goes to the workers only once 12 are taken).
         assert!(held <= len - 5 * m - LEAF_LEN as usize, "{held}");
         assert!(held >= 12 * m, "{held}");
+    }
+
+    /// A file of several [`PART_MIN`]s whose leaves come slower than the basis is hashed is
+    /// answered in parts as they are compared, the blocks of each arriving before the rest
+    /// is compared: it holds exactly what an answer all at once holds (a changed leaf costs
+    /// its 4096 bytes, an appended tail its own), and the result verifies from the chaining
+    /// values handed over with the parts.
+    #[test]
+    fn a_big_file_is_answered_in_parts_as_its_leaves_are_compared() {
+        let old = data(3 * PART_MIN as usize, 5);
+        // Some in every subtree: those astride an answer's end have bytes written before
+        // the answer that makes them whole.
+        let changed: Vec<usize> = (0..384).map(|k| 7 + k * 16).collect();
+        let mut new = leaves_changed(&old, &changed);
+        new.extend(data(70_000, 6));
+        let r = rebuild_fed(&old, &new, |_, _, _| {}, 512);
+        assert!(
+            r.parts >= 2,
+            "answered in {} parts before the last",
+            r.parts
+        );
+        assert_eq!(r.held, old.len() as u64 - 384 * LEAF_LEN);
+        assert!(r.known > 0);
+        // The same, the leaves all at once.
+        let once = rebuild(&old, &new, |_| {});
+        assert_eq!(once.held, r.held);
     }
 
     /// Leaves of 4096 in blocks of 10 000: a changed leaf costs its 4096 bytes, wherever it

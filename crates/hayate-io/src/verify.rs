@@ -809,6 +809,12 @@ impl Known {
         }
     }
 
+    /// What `other` knows too.
+    pub fn extend(&mut self, other: Known) {
+        self.subtrees.extend(other.subtrees);
+        self.root = self.root.or(other.root);
+    }
+
     /// A file of one subtree is known whole: this is its root hash.
     pub fn root(&mut self, hash: blake3::Hash) {
         self.root = Some(hash);
@@ -838,6 +844,10 @@ pub struct Landing {
     tree: Option<StreamHash>,
     /// The sender's hash, once every block has landed: the verdict is due.
     expect: Option<[u8; 32]>,
+    /// The byte ranges the temp file held before any arrived ([`hold`](Self::hold)).
+    held: Vec<(u64, u64)>,
+    /// Chaining values of held bytes of subtrees not wholly told yet.
+    pending: Known,
 }
 
 impl Landing {
@@ -849,12 +859,6 @@ impl Landing {
         size: u64,
         have: &[(u64, u64)],
     ) -> std::io::Result<Self> {
-        if part.writes_in_order() {
-            return Ok(Landing {
-                tree: None,
-                expect: None,
-            });
-        }
         Self::start_known(part, size, have, Known::default())
     }
 
@@ -866,13 +870,24 @@ impl Landing {
         have: &[(u64, u64)],
         known: Known,
     ) -> std::io::Result<Self> {
+        let mut l = Self::begin(part, size)?;
+        l.hold(part, have, size, known)?;
+        Ok(l)
+    }
+
+    /// Starts hashing a `size`-byte file written into `part`, of which what it already
+    /// holds is told later, piece by piece ([`hold`](Self::hold)): a delta's receiver
+    /// answers the blocks whose leaves it has compared while it compares the others.
+    pub fn begin(part: &mut crate::fs::PartFile, size: u64) -> std::io::Result<Self> {
         if part.writes_in_order() {
             return Ok(Landing {
                 tree: None,
                 expect: None,
+                held: Vec::new(),
+                pending: Known::default(),
             });
         }
-        let mut hash = StreamHash::new(part.file()?.try_clone()?, size);
+        let hash = StreamHash::new(part.file()?.try_clone()?, size);
         if hash.filled.len() > 1 {
             // A file of one subtree hashes to its root directly, from the file.
             let mut feed = Feed {
@@ -885,30 +900,65 @@ impl Landing {
                 feed.wrote(at, data)
             })));
         }
+        Ok(Landing {
+            tree: Some(hash),
+            expect: None,
+            held: Vec::new(),
+            pending: Known::default(),
+        })
+    }
+
+    /// The byte ranges `have` (in order, disjoint, beyond those told before) are in the
+    /// temp file `part` already: they count as landed, hashed by the workers unless `known`
+    /// has their chaining values. What is beyond `upto` is not told yet: the chaining values
+    /// of a subtree reaching past it wait until it is (its bytes may be held or arrive).
+    /// Subtrees this makes whole go to the workers once what was written into them before
+    /// is in the file (as for [`wrote`](Self::wrote)).
+    pub fn hold(
+        &mut self,
+        part: &mut crate::fs::PartFile,
+        have: &[(u64, u64)],
+        upto: u64,
+        known: Known,
+    ) -> std::io::Result<()> {
+        let Some(hash) = &mut self.tree else {
+            return Ok(());
+        };
+        let size = hash.size;
         let mut whole = Vec::new();
-        let mut ranges: Vec<(u64, u64)> = Vec::new();
         for &(a, b) in have {
             let (start, end) = (a.min(size), b.min(size));
             whole.extend(hash.landed(start, end.saturating_sub(start)));
             if start < end {
-                match ranges.last_mut() {
+                match self.held.last_mut() {
                     Some(last) if last.1 >= start => last.1 = last.1.max(end),
-                    _ => ranges.push((start, end)),
+                    _ => self.held.push((start, end)),
                 }
             }
         }
-        if let Some(root) = known.root.filter(|_| hash.filled.len() == 1) {
-            if inside(&ranges, 0, size) {
-                hash.shared.lock().expect("hash state").single = Some(root);
-                whole.clear();
+        self.pending.extend(known);
+        if upto >= size {
+            if let Some(root) = self.pending.root.take() {
+                if hash.filled.len() == 1 && inside(&self.held, 0, size) {
+                    hash.shared.lock().expect("hash state").single = Some(root);
+                    whole.clear();
+                }
             }
         }
         if hash.filled.len() > 1 {
-            for (i, k) in known.subtrees {
+            let told: Vec<usize> = self
+                .pending
+                .subtrees
+                .keys()
+                .copied()
+                .filter(|&i| i as u64 * SUBTREE_LEN + hash.subtree_len(i) <= upto)
+                .collect();
+            for i in told {
+                let k = self.pending.subtrees.remove(&i).expect("listed");
                 let start = i as u64 * SUBTREE_LEN;
                 let len = hash.subtree_len(i);
                 match k {
-                    KnownSubtree::Whole(cv) if inside(&ranges, start, start + len) => {
+                    KnownSubtree::Whole(cv) if inside(&self.held, start, start + len) => {
                         hash.shared.lock().expect("hash state").cvs[i] = Some(cv);
                         whole.retain(|&w| w != i);
                     }
@@ -917,7 +967,7 @@ impl Landing {
                         for (j, cv) in k.0.iter_mut().enumerate() {
                             let a = start + j as u64 * LEAF_LEN;
                             let b = (a + LEAF_LEN).min(start + len);
-                            if cv.is_some() && (a >= b || !inside(&ranges, a, b)) {
+                            if cv.is_some() && (a >= b || !inside(&self.held, a, b)) {
                                 *cv = None;
                             }
                         }
@@ -926,11 +976,10 @@ impl Landing {
                 }
             }
         }
-        hash.submit(&whole);
-        Ok(Landing {
-            tree: Some(hash),
-            expect: None,
-        })
+        match hash.jobs(&whole) {
+            Some(jobs) => part.after_writes(move || jobs.send()),
+            None => Ok(()),
+        }
     }
 
     /// `len` bytes were written at `offset` through `part`; whole subtrees go to the workers
@@ -1029,7 +1078,13 @@ impl Sending {
         let r = self.file.read_block(offset, buf);
         for (start, data) in self.file.take_chunks() {
             let i = (start / SUBTREE_LEN) as usize;
-            if i >= self.next && !self.submitted[i] && self.hash.submit_read(i, data) {
+            // With leaf hashes asked for, their pass hashes the file (blocks go while it
+            // does, a delta's receiver answering them as it compares).
+            if self.sums.is_none()
+                && i >= self.next
+                && !self.submitted[i]
+                && self.hash.submit_read(i, data)
+            {
                 self.submitted[i] = true;
             }
         }

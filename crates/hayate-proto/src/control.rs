@@ -104,6 +104,16 @@ pub(crate) enum Ctrl {
     TunnelReply {
         result: Result<(), String>,
     },
+    /// Receiver, after `WantSums` and before `Ready`: the leaves of blocks below `upto` are
+    /// compared. Of the blocks from the previous `Compared`'s `upto` (or 0) to this one it
+    /// holds `have` and `parts` (as in `Ready`); the sender may send the rest of them now,
+    /// while the receiver compares the others.
+    Compared {
+        xfer: u32,
+        upto: u64,
+        have: Vec<(u64, u64)>,
+        parts: Vec<BlockSpan>,
+    },
 }
 
 /// The bytes `from..to` of `block`: of a block the receiver holds in part (a delta whose
@@ -642,6 +652,16 @@ mod tests {
                 have: Vec::new(),
                 parts: Vec::new(),
                 path: Some("d/f".into()),
+            },
+            Ctrl::Compared {
+                xfer: 4,
+                upto: 5000,
+                have: vec![(0, 4000), (4001, 5000)],
+                parts: vec![BlockSpan {
+                    block: 4000,
+                    from: 0,
+                    to: 4096,
+                }],
             },
             Ctrl::Sent {
                 xfer: 2,

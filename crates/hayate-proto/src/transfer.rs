@@ -92,6 +92,9 @@ pub(crate) struct Outgoing {
     pub basis: Option<u8>,
     /// Blocks the receiver holds in part (`Ready`'s `parts`): the bytes of each still to send.
     spans: HashMap<u64, (u32, u32)>,
+    /// A delta's receiver has compared the leaves of the blocks below this (`Compared`):
+    /// they may go before its `Ready`.
+    pub upto: u64,
 }
 
 /// Result of applying a loss map.
@@ -136,7 +139,38 @@ impl Outgoing {
             sums_wanted: false,
             basis: None,
             spans: HashMap::new(),
+            upto: 0,
         }
+    }
+
+    /// Data flows: the receiver accepted the file, or has compared some of it (a delta).
+    pub fn flowing(&self) -> bool {
+        self.ready || self.upto > 0
+    }
+
+    /// Blocks below this may go now: all of them, but for a delta's receiver still
+    /// comparing (those it has compared).
+    fn limit(&self) -> u64 {
+        if self.ready || self.basis.is_none() {
+            self.layout.blocks()
+        } else {
+            self.upto
+        }
+    }
+
+    /// The receiver compared the blocks below `upto` (`Compared`): of those it holds `have`
+    /// and `spans`, the rest may go. Returns the bytes of `have` that had gone already (see
+    /// [`mark_have`](Self::mark_have)). Ignored once it said `Ready`, or for an `upto` not
+    /// beyond the last.
+    pub fn on_compared(&mut self, upto: u64, have: &[(u64, u64)], spans: &[BlockSpan]) -> u64 {
+        let upto = upto.min(self.layout.blocks());
+        if self.ready || self.basis.is_none() || upto <= self.upto {
+            return 0;
+        }
+        self.upto = upto;
+        let settled = self.mark_have(have);
+        self.mark_spans(spans);
+        settled
     }
 
     /// The receiver holds these blocks in part (a delta): only each span's bytes are sent.
@@ -202,7 +236,7 @@ impl Outgoing {
     /// Next block that has never been sent, skipping blocks the receiver already has.
     pub fn peek_new(&self) -> Option<u64> {
         let b = self.acked.next_zero(self.next_new);
-        (b < self.layout.blocks()).then_some(b)
+        (b < self.limit()).then_some(b)
     }
 
     /// Next block to retransmit (dropping entries acknowledged meanwhile), and whether it
@@ -383,10 +417,13 @@ impl Outgoing {
         is_lost: impl Fn(u64) -> bool,
         tagged: impl Fn(u64) -> bool,
     ) -> MapOutcome {
-        let n = self.layout.blocks();
+        // Before `Ready`, the blocks a delta's receiver compared: a map may show blocks it
+        // holds of a `Compared` not yet here (behind the map in its packet, or lost), which
+        // that credits, not the map (they were never sent).
+        let n = self.limit();
         let mut out = MapOutcome::default();
         let mut ack = |o: &mut Self, a: u64, b: u64| {
-            let (bytes, t, spurious) = o.ack_range(a, b, largest, &tagged);
+            let (bytes, t, spurious) = o.ack_range(a, b.min(n), largest, &tagged);
             out.newly_acked_bytes += bytes;
             out.tagged_acked_bytes += t;
             out.spurious_blocks += spurious;
@@ -409,9 +446,11 @@ impl Outgoing {
         // every later map's budget, and when the in-flight cap held the retransmissions
         // back, the blocks beyond them were never declared lost, so what was in flight
         // never fell under the cap (a sender stalled for good, pinging).
+        // Blocks sent with the offer beyond what a delta's receiver has compared wait in
+        // its stash, unwritten: not lost.
         let mut b = lm.top.max(self.base);
         let mut budget = 4096;
-        while b < self.next_new && budget > 0 {
+        while b < self.next_new.min(n) && budget > 0 {
             let pn = self.last_pn(b);
             if pn == QUEUED || self.acked.get(b) {
                 b += 1;
@@ -477,6 +516,9 @@ pub(crate) struct Incoming {
     pub sums_received: u64,
     /// Blocks held in part (delta), and the bytes of each still to come.
     spans: HashMap<u64, (u32, u32)>,
+    /// A delta's leaves are compared for the blocks below this (`Compared` sent): those
+    /// are written as they come, before the file is accepted.
+    pub horizon: u64,
 }
 
 /// What [`Incoming::check`] makes of an arriving block.
@@ -509,7 +551,19 @@ impl Incoming {
             sums: Vec::new(),
             sums_received: 0,
             spans: HashMap::new(),
+            horizon: 0,
         }
+    }
+
+    /// Blocks of it may be written: it is accepted, or some compared (a delta).
+    pub fn taking(&self) -> bool {
+        self.accepted || self.horizon > 0
+    }
+
+    /// Whether `block` is written when it comes (else, sent with the offer, it is kept
+    /// until it is: see `stash`).
+    pub fn takes(&self, block: u64) -> bool {
+        self.accepted || block < self.horizon
     }
 
     /// Blocks held in part: only each span's bytes are to come (and be written). Spans
@@ -600,7 +654,7 @@ impl Incoming {
     pub fn missing_ranges(&self) -> Vec<(u64, u64)> {
         let mut out = Vec::new();
         let n = self.layout.blocks();
-        if !self.accepted {
+        if !self.taking() {
             // Not accepted yet (a delta's receiver still comparing leaves): nothing written,
             // and no map of blocks allocated to look into.
             if n > 0 {
@@ -883,5 +937,42 @@ mod tests {
         assert_eq!(rx.check(1000, 2), DataVerdict::New);
         // The short last block, whole: its span.
         assert_eq!(rx.placement(1000, &block[..3]), (10_001, &block[1..3]));
+    }
+
+    /// Before `Ready`, a delta's sender sends only the blocks its receiver compared, and a
+    /// loss map that shows blocks beyond those (held ones, of a `Compared` behind the map
+    /// or lost) acknowledges none of them: `Compared` credits them, as had.
+    #[test]
+    fn a_delta_sender_sends_what_was_compared_and_credits_held_blocks_once() {
+        let layout = Layout::new(100 * 10, 10);
+        let mut tx = Outgoing::new(1, "f".into(), layout);
+        tx.basis = Some(1);
+        assert!(!tx.flowing());
+        assert_eq!(tx.peek_new(), None, "nothing before an answer");
+        assert_eq!(tx.on_compared(40, &[(0, 10)], &[]), 0);
+        assert!(tx.flowing());
+        for b in 10..40 {
+            assert_eq!(tx.peek_new(), Some(b));
+            tx.on_sent(b, b);
+        }
+        assert_eq!(tx.peek_new(), None, "nothing beyond the answer");
+        // The receiver has 10..40 and holds 40..60 (its next answer, not here yet).
+        let lm = LossMapFrame {
+            xfer: 1,
+            cum: 60,
+            top: 60,
+            start: 60,
+            end: 60,
+            gaps: Vec::new(),
+        };
+        let out = tx.on_loss_map(&lm, 39, |_| true, |_| false);
+        assert_eq!(out.newly_acked_bytes, 30 * 10);
+        assert_eq!(out.lost_blocks, 0);
+        assert_eq!(tx.on_compared(70, &[(40, 60)], &[]), 0);
+        assert_eq!(tx.bytes_had, 30 * 10);
+        assert_eq!(tx.peek_new(), Some(60));
+        // An answer not beyond the last is ignored.
+        tx.on_compared(50, &[(60, 70)], &[]);
+        assert_eq!(tx.peek_new(), Some(60));
     }
 }

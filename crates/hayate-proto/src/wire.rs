@@ -14,7 +14,9 @@ use std::ops::Range;
 /// 10: the sharing policy in `Params`.
 /// 11: hellos padded to the MTU they offer or agree: the padding proves the path carries it;
 ///     ACK's `store_room` (the receiver's storage window).
-pub const VERSION: u8 = 12;
+/// 12: control bytes paced and counted; `Ready`'s `parts` (blocks held in part).
+/// 13: `Compared`: a delta's receiver lets blocks flow as its comparison goes.
+pub const VERSION: u8 = 13;
 /// The first three bytes of every hello (ClientHello, ServerHello, HelloReject, HelloRetry):
 /// ASCII `HYT`.
 pub const MAGIC: [u8; 3] = *b"HYT";

@@ -319,7 +319,7 @@ fn client_hello_layout_is_byte_exact() {
     assert_eq!(h.len(), 1200);
     assert_eq!(&h[0..3], b"HYT");
     assert_eq!(h[3], 0x01);
-    assert_eq!(h[4], 0x0c);
+    assert_eq!(h[4], 0x0d);
     assert_eq!(h[5..13], u64::from(c.client_cid()).to_be_bytes());
     assert_eq!(h[77..79], [0x23, 0x45]);
     assert!(h[79..1168].iter().all(|&b| b == 0));
@@ -336,7 +336,7 @@ fn client_hello_layout_is_byte_exact() {
     };
     let b = ch.encode();
     assert_eq!(b.len(), CLIENT_HELLO_LEN);
-    assert_eq!(&b[..5], b"HYT\x01\x0c");
+    assert_eq!(&b[..5], b"HYT\x01\x0d");
     assert_eq!(b[5..13], [0, 0, 0, 0, 5, 6, 7, 8]);
     assert_eq!(b[13..45], [0xaa; 32]);
     assert_eq!(b[45..77], [0xbb; 32]);
@@ -366,7 +366,7 @@ fn server_hello_and_reject_layouts_are_byte_exact() {
     };
     let b = sh.encode();
     assert_eq!(b.len(), 120);
-    assert_eq!(&b[..5], b"HYT\x02\x0c");
+    assert_eq!(&b[..5], b"HYT\x02\x0d");
     assert_eq!(b[5..13], [0, 0, 0, 0, 5, 6, 7, 8]);
     assert_eq!(b[13..21], [0, 0, 0, 0, 0x15, 0x16, 0x17, 0x18]);
     assert_eq!(b[21..53], [0xaa; 32]);
@@ -390,7 +390,7 @@ fn server_hello_and_reject_layouts_are_byte_exact() {
     };
     let b = rj.encode();
     assert_eq!(b.len(), 48);
-    assert_eq!(&b[..5], b"HYT\x04\x0c");
+    assert_eq!(&b[..5], b"HYT\x04\x0d");
     assert_eq!(b[5..13], [1, 2, 3, 4, 5, 6, 7, 8]);
     assert_eq!(b[13..45], [0xaa; 32]);
     assert_eq!(b[45], 3);
@@ -405,7 +405,7 @@ fn server_hello_and_reject_layouts_are_byte_exact() {
     let p = psk(10);
     let c = ClientHandshake::new(&p, 1500);
     let s = accept(&p, &c.datagram(AddrFamily::V4), 1500);
-    assert_eq!(&s.reply[..5], b"HYT\x02\x0c");
+    assert_eq!(&s.reply[..5], b"HYT\x02\x0d");
     assert_eq!(s.reply[5..13], u64::from(c.client_cid()).to_be_bytes());
     assert_eq!(s.reply[13..21], u64::from(s.server_cid).to_be_bytes());
     assert_eq!(s.reply[87], 0);

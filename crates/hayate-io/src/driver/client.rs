@@ -23,7 +23,7 @@ use super::engine::{self, Flow, Net, Policy};
 use super::link::{Links, StreamLink, STREAM_PEER};
 use super::resume::save_progress;
 use super::{dest_mode, systime, StopFlag};
-use crate::delta::{basis_for, keep_small_if_same, pump_sums, Basis, Kept};
+use crate::delta::{basis_for, keep_small_if_same, pump_sums, Basis};
 use crate::fs::{
     self, create_local_part, create_local_part_inplace, EntryKind, PartFile, Root, SourceError,
     SourceFile,
@@ -741,37 +741,72 @@ fn settle_update_hashes(
 }
 
 /// Goes on with the downloads compared with a basis: the sender's leaf hashes that came are
-/// compared with the basis's, and once all are, the download is accepted with the blocks
-/// that matched.
+/// compared with the basis's, and the blocks whose leaves are compared answered (the
+/// download is received from the first), the file accepted once every leaf is.
 fn settle_bases(conn: &mut Connection, files: &mut Files, s: &mut Session<'_>) {
     let bs = conn.block_size() as u64;
-    let done: Vec<(XferId, Kept)> = files
+    let xfers: Vec<XferId> = files
         .act
-        .iter_mut()
-        .filter_map(|(x, a)| {
-            let b = a.basis.as_mut()?;
-            for (first, leaves) in conn.take_sums(*x) {
+        .iter()
+        .filter(|(_, a)| a.basis.is_some())
+        .map(|(x, _)| *x)
+        .collect();
+    for xfer in xfers {
+        while let Some(a) = files.act.get_mut(&xfer) {
+            let Some(b) = a.basis.as_mut() else {
+                break;
+            };
+            for (first, leaves) in conn.take_sums(xfer) {
                 b.sums(first, leaves);
             }
-            Some((*x, b.poll(bs)?))
-        })
-        .collect();
-    for (xfer, have) in done {
-        let a = files.act.get_mut(&xfer).expect("listed");
-        let b = a.basis.take().expect("listed");
-        let kind = b.kind;
-        let known = match a.part.as_mut() {
-            Some(p) => b.finish(p),
-            None => Known::default(),
-        };
-        if !start_download(conn, s, xfer, a, &have, kind, known) {
-            files.act.remove(&xfer);
+            let kind = b.kind;
+            let Some(mut d) = b.poll(bs) else {
+                break;
+            };
+            if a.landing.is_none() && !begin_download(conn, s, xfer, a) {
+                files.act.remove(&xfer);
+                break;
+            }
+            if d.done {
+                let b = a.basis.take().expect("listed");
+                if let Some(p) = a.part.as_mut() {
+                    d.known.extend(b.finish(p));
+                }
+            }
+            let (Some(landing), Some(p)) = (a.landing.as_mut(), a.part.as_mut()) else {
+                break;
+            };
+            let ranges = d.kept.byte_ranges(bs, a.size);
+            if let Err(e) = landing.hold(p, &ranges, (d.upto * bs).min(a.size), d.known) {
+                let r = &mut s.results[a.idx];
+                let e = format!("cannot write {}: {e}", r.local.display());
+                r.error = Some(FileError::Local(e.clone()));
+                conn.reject(xfer, &format!("client {e}"));
+                if let Some(a) = files.act.remove(&xfer) {
+                    if let Some(p) = a.part {
+                        p.discard();
+                    }
+                }
+                break;
+            }
+            let kept: u64 = ranges.iter().map(|&(a, b)| b - a).sum();
+            let r = &mut s.results[a.idx];
+            if kind == basis::DEST {
+                r.reused_bytes += kept;
+            } else {
+                r.resumed_bytes += kept;
+            }
+            if d.done {
+                conn.accept_with(xfer, &d.kept.have, &d.kept.spans, None);
+                break;
+            }
+            conn.accept_compared(xfer, d.upto, &d.kept.have, &d.kept.spans);
         }
     }
 }
 
 /// Accepts download `xfer` into a temp file or standard output: at once, or, when there is
-/// a basis (what an earlier run left there, or the file at the destination), once the far
+/// a basis (what an earlier run left there, or the file at the destination), as the far
 /// side's leaf hashes are compared with it (`settle_bases`). False if that failed (said in
 /// its result: the transfer is over).
 fn accept_download(
@@ -806,44 +841,35 @@ fn accept_download(
             a.basis = Some(b);
             true
         }
-        None => start_download(
-            conn,
-            s,
-            xfer,
-            a,
-            &Kept::default(),
-            basis::RESUME,
-            Known::default(),
-        ),
+        None => {
+            if !begin_download(conn, s, xfer, a) {
+                return false;
+            }
+            if let (Some(l), Some(p)) = (a.landing.as_mut(), a.part.as_mut()) {
+                // Holding nothing: nothing to wait for, nothing to fail.
+                let _ = l.hold(p, &[], size, Known::default());
+            }
+            conn.accept_with(xfer, &[], &[], None);
+            true
+        }
     }
 }
 
-/// Accepts download `xfer` into its temp file (in `a`), which holds what `have` says
-/// already (`kind` says from what; `known`: the chaining values of some of it).
-fn start_download(
+/// Starts receiving download `xfer` into its temp file (in `a`): its verification starts;
+/// what the file already holds is told to it and the sender next. False if that failed
+/// (said in its result and to the sender: the transfer is over).
+fn begin_download(
     conn: &mut Connection,
     s: &mut Session<'_>,
     xfer: XferId,
     a: &mut Active,
-    have: &Kept,
-    kind: u8,
-    known: Known,
 ) -> bool {
     let r = &mut s.results[a.idx];
-    let bs = conn.block_size() as u64;
-    let size = a.size;
     let p = a.part.as_mut().expect("opened");
-    let ranges = have.byte_ranges(bs, size);
-    match Landing::start_known(p, size, &ranges, known) {
+    match Landing::begin(p, a.size) {
         Ok(landing) => {
-            let kept = ranges.iter().map(|&(a, b)| b - a).sum();
-            if kind == basis::DEST {
-                r.reused_bytes = kept;
-            } else {
-                r.resumed_bytes = kept;
-            }
             a.landing = Some(landing);
-            conn.accept_with(xfer, &have.have, &have.spans, None);
+            (r.reused_bytes, r.resumed_bytes) = (0, 0);
             true
         }
         Err(e) => {

@@ -23,7 +23,7 @@ use super::link::{Links, StreamLink};
 use super::resume::save_progress;
 use super::tunnel::FarEnd;
 use super::{dest_mode, systime, StopFlag};
-use crate::delta::{basis_for, keep_small_if_same, pump_sums, Basis, Kept};
+use crate::delta::{basis_for, keep_small_if_same, pump_sums, Basis};
 use crate::fs::{Entry, EntryKind, FsError, PartFile, Root, SourceError, SourceFile};
 use crate::udp::UdpSocket;
 use crate::verify::{HashError, Known, Landing, ReceiveError, Sending, WholeHash};
@@ -135,9 +135,17 @@ struct SessionFiles {
     offering: HashMap<XferId, (Download, WholeHash)>,
     /// Uploads offered with `--update`, received or skipped once the file there is hashed.
     deciding: HashMap<XferId, Deciding>,
-    /// Uploads compared leaf by leaf with a basis (delta, verified resume), accepted once
-    /// every leaf is.
-    bases: HashMap<XferId, (Upload, PartFile, Basis)>,
+    /// Uploads compared leaf by leaf with a basis (delta, verified resume).
+    bases: HashMap<XferId, Comparing>,
+}
+
+/// An upload compared leaf by leaf with a basis (delta, verified resume): its blocks are
+/// answered as their leaves are compared (`Compared`), the file once every leaf is.
+struct Comparing {
+    basis: Basis,
+    /// The upload and its temp file, until a first block is answered: then it is received
+    /// (in `SessionFiles::inc`).
+    waiting: Option<(Upload, PartFile)>,
 }
 
 impl SessionFiles {
@@ -242,24 +250,51 @@ fn settle_update_hashes(c: &mut Connection, f: &mut SessionFiles) {
 }
 
 /// Goes on with the uploads compared with a basis: the sender's leaf hashes that came are
-/// compared with the basis's, and once all are, the upload is accepted with the blocks
-/// that matched.
+/// compared with the basis's, and the blocks whose leaves are compared answered (the
+/// upload is received from the first), the file accepted once every leaf is.
 fn settle_bases(c: &mut Connection, f: &mut SessionFiles) {
     let bs = c.block_size() as u64;
-    let done: Vec<(XferId, Kept)> = f
-        .bases
-        .iter_mut()
-        .filter_map(|(x, (_, _, b))| {
-            for (first, leaves) in c.take_sums(*x) {
-                b.sums(first, leaves);
+    let xfers: Vec<XferId> = f.bases.keys().copied().collect();
+    for xfer in xfers {
+        while let Some(cmp) = f.bases.get_mut(&xfer) {
+            for (first, leaves) in c.take_sums(xfer) {
+                cmp.basis.sums(first, leaves);
             }
-            Some((*x, b.poll(bs)?))
-        })
-        .collect();
-    for (xfer, have) in done {
-        let (up, mut part, b) = f.bases.remove(&xfer).expect("listed");
-        let known = b.finish(&mut part);
-        start_upload(c, f, xfer, part, up, &have, known);
+            let Some(mut d) = cmp.basis.poll(bs) else {
+                break;
+            };
+            if let Some((up, part)) = cmp.waiting.take() {
+                if !take_upload(c, f, xfer, part, up) {
+                    f.bases.remove(&xfer);
+                    break;
+                }
+            }
+            let Some(inc) = f.inc.get_mut(&xfer) else {
+                // Failed meanwhile.
+                f.bases.remove(&xfer);
+                break;
+            };
+            if d.done {
+                let b = f.bases.remove(&xfer).expect("listed").basis;
+                d.known.extend(b.finish(&mut inc.part));
+            }
+            let ranges = d.kept.byte_ranges(bs, inc.size);
+            let upto = (d.upto * bs).min(inc.size);
+            if let Err(e) = inc.landing.hold(&mut inc.part, &ranges, upto, d.known) {
+                c.reject(xfer, &format!("cannot write {}: {e}", inc.path));
+                f.bases.remove(&xfer);
+                if let Some(inc) = f.inc.remove(&xfer) {
+                    inc.part.discard();
+                }
+                break;
+            }
+            if d.done {
+                let placed = (inc.flags & flags::INTO_DIR != 0).then(|| inc.path.clone());
+                c.accept_with(xfer, &d.kept.have, &d.kept.spans, placed.as_deref());
+                break;
+            }
+            c.accept_compared(xfer, d.upto, &d.kept.have, &d.kept.spans);
+        }
     }
 }
 
@@ -1079,7 +1114,7 @@ fn on_event(
         Event::Rejected { xfer, reason } => {
             f.out.remove(&xfer);
             f.offering.remove(&xfer);
-            if let Some((_, part, _)) = f.bases.remove(&xfer) {
+            if let Some((_, part)) = f.bases.remove(&xfer).and_then(|b| b.waiting) {
                 part.drop_unstarted();
             }
             if let Some(d) = f.deciding.remove(&xfer) {
@@ -1124,7 +1159,7 @@ fn on_event(
             for (_, d) in f.deciding.drain() {
                 d.part.drop_unstarted();
             }
-            for (_, (_, part, _)) in f.bases.drain() {
+            for (_, part) in f.bases.drain().filter_map(|(_, b)| b.waiting) {
                 part.drop_unstarted();
             }
             f.out.clear();
@@ -1180,7 +1215,7 @@ fn skip_upload(c: &mut Connection, xfer: XferId, part: PartFile, reason: &str) {
 }
 
 /// Receives an upload into its temp file: at once, or, when there is a basis (what an
-/// earlier run left there, or the file at the destination), once the sender's leaf hashes
+/// earlier run left there, or the file at the destination), as the sender's leaf hashes
 /// are compared with it (`settle_bases`).
 fn accept_upload(
     c: &mut Connection,
@@ -1190,37 +1225,49 @@ fn accept_upload(
     up: Upload,
 ) {
     match basis_for(&mut part, up.size, up.flags, up.mtime) {
-        Some(b) => {
-            c.want_sums(xfer, b.kind);
-            f.bases.insert(xfer, (up, part, b));
+        Some(basis) => {
+            c.want_sums(xfer, basis.kind);
+            f.bases.insert(
+                xfer,
+                Comparing {
+                    basis,
+                    waiting: Some((up, part)),
+                },
+            );
         }
-        None => start_upload(c, f, xfer, part, up, &Kept::default(), Known::default()),
+        None => {
+            if take_upload(c, f, xfer, part, up) {
+                let inc = f.inc.get_mut(&xfer).expect("taken");
+                // Holding nothing: nothing to wait for, nothing to fail.
+                let _ = inc
+                    .landing
+                    .hold(&mut inc.part, &[], inc.size, Known::default());
+                let placed = (inc.flags & flags::INTO_DIR != 0).then(|| inc.path.clone());
+                c.accept_with(xfer, &[], &[], placed.as_deref());
+            }
+        }
     }
 }
 
-/// Accepts an upload into its temp file, which holds what `have` says already (`known`:
-/// the chaining values of some of it).
-fn start_upload(
+/// Receives an upload into its temp file (its verification started): what the file
+/// already holds is told to its landing and the sender next. False if that failed (the
+/// upload is rejected).
+fn take_upload(
     c: &mut Connection,
     f: &mut SessionFiles,
     xfer: XferId,
     mut part: PartFile,
     up: Upload,
-    have: &Kept,
-    known: Known,
-) {
-    let bs = c.block_size() as u64;
-    let ranges = have.byte_ranges(bs, up.size);
-    let landing = match Landing::start_known(&mut part, up.size, &ranges, known) {
+) -> bool {
+    let landing = match Landing::begin(&mut part, up.size) {
         Ok(l) => l,
         Err(e) => {
             c.reject(xfer, &format!("{}: {e}", up.path));
             // Short of space, say (the reserve failed): what this run made goes.
             part.drop_unstarted();
-            return;
+            return false;
         }
     };
-    let placed = (up.flags & flags::INTO_DIR != 0).then(|| up.path.clone());
     f.inc.insert(
         xfer,
         Incoming {
@@ -1235,7 +1282,7 @@ fn start_upload(
             landing,
         },
     );
-    c.accept_with(xfer, &have.have, &have.spans, placed.as_deref());
+    true
 }
 
 /// Sends a file asked for, offering it (with its hash for `--update`).

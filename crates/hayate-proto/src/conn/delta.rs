@@ -6,7 +6,7 @@
 //! messages. See `docs/PROTOCOL.md`, "Delta transfers".
 
 use super::{Connection, Ctrl};
-use crate::control::{LeafHash, LEAF_LEN, SUMS_PER_MESSAGE};
+use crate::control::{BlockSpan, LeafHash, LEAF_LEN, SUMS_PER_MESSAGE};
 use crate::transfer::XferId;
 
 impl Connection {
@@ -22,6 +22,47 @@ impl Connection {
                 self.say_twice(&Ctrl::WantSums { xfer, basis });
             }
         }
+    }
+
+    /// Receiver, while it compares `xfer`'s leaves (after [`want_sums`](Self::want_sums),
+    /// before accepting it): those of the blocks below `upto` are compared. Of the blocks
+    /// from the previous call's `upto` (or 0) to this one, the basis holds `have` and
+    /// `spans` (as for [`accept_with`](Self::accept_with)); the sender sends the rest of them
+    /// now, and they are written as they come. `accept_with` then names what the basis holds
+    /// of the blocks from the last `upto` on.
+    pub fn accept_compared(
+        &mut self,
+        xfer: XferId,
+        upto: u64,
+        have: &[(u64, u64)],
+        spans: &[BlockSpan],
+    ) {
+        let Some(inc) = self.xfers.incoming.get_mut(&xfer) else {
+            return;
+        };
+        let upto = upto.min(inc.layout.blocks());
+        if inc.accepted || !inc.sums_asked || upto <= inc.horizon {
+            return;
+        }
+        let from = inc.horizon;
+        let have = super::transfers::clip(have, from, upto);
+        let spans: Vec<BlockSpan> = spans
+            .iter()
+            .filter(|sp| (from..upto).contains(&sp.block))
+            .copied()
+            .collect();
+        inc.allocate();
+        inc.mark_have(&have);
+        let parts = inc.mark_spans(&spans);
+        inc.horizon = upto;
+        // Blocks sent with the offer that are now compared are written.
+        self.xfers.stash_pending |= inc.stash.keys().next().is_some_and(|&b| b < upto);
+        self.ctrl.tx.push(&Ctrl::Compared {
+            xfer,
+            upto,
+            have,
+            parts,
+        });
     }
 
     /// Receiver: the pieces of leaf hashes of `xfer` that arrived since the last call, in
@@ -84,6 +125,19 @@ impl Connection {
             }
             Some(_) => {}
             None => self.stats.dropped_unexpected += 1,
+        }
+    }
+
+    pub(super) fn on_compared(
+        &mut self,
+        xfer: XferId,
+        upto: u64,
+        have: &[(u64, u64)],
+        parts: &[BlockSpan],
+    ) {
+        // A transfer given up meanwhile is no more.
+        if let Some(o) = self.xfers.outgoing.get_mut(&xfer) {
+            self.xfers.retired_in_flight += o.on_compared(upto, have, parts);
         }
     }
 

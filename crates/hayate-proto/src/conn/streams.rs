@@ -250,6 +250,12 @@ impl Connection {
                 }
             }
             Ctrl::WantSums { xfer, basis } => self.on_want_sums(xfer, basis),
+            Ctrl::Compared {
+                xfer,
+                upto,
+                have,
+                parts,
+            } => self.on_compared(xfer, upto, &have, &parts),
             Ctrl::Sums {
                 xfer,
                 first,

@@ -109,7 +109,7 @@ impl Connection {
             || self
                 .xfers.outgoing
                 .values()
-                .any(|o| o.ready && o.next_new > 0 && !o.all_acked())
+                .any(|o| o.flowing() && o.next_new > 0 && !o.all_acked())
             || self.xfers.outgoing.values().any(|o| o.sent_announced)
             // Sent out, its hash still being computed: the receiver waits for it, so keep
             // the session alive meanwhile.

@@ -170,12 +170,21 @@ impl Connection {
         if let Some(inc) = self.xfers.incoming.get_mut(&xfer) {
             inc.accepted = true;
             inc.allocate();
-            inc.mark_have(have);
-            let parts = inc.mark_spans(spans);
+            // After `Compared` messages (a delta's comparison), only what lies beyond them:
+            // the blocks below were answered there, and some may have arrived since.
+            let from = inc.horizon;
+            let have = clip(have, from, u64::MAX);
+            let spans: Vec<BlockSpan> = spans
+                .iter()
+                .filter(|sp| sp.block >= from)
+                .copied()
+                .collect();
+            inc.mark_have(&have);
+            let parts = inc.mark_spans(&spans);
             if let Some(p) = path {
                 inc.path = p.to_string();
             }
-            let have = inc.have_ranges();
+            let have = if from > 0 { have } else { inc.have_ranges() };
             // The sender stops at its eager limit until this comes (see `offer`).
             self.say_twice(&Ctrl::Ready {
                 xfer,
@@ -294,7 +303,12 @@ impl Connection {
         // Before its Ready (which may travel behind the first loss map in the same packet)
         // a map can only show resumed blocks: those are credited by Ready, not counted as
         // deliveries (they would inflate the delivery rate).
-        let Some(o) = self.xfers.outgoing.get_mut(&lm.xfer).filter(|o| o.ready) else {
+        let Some(o) = self
+            .xfers
+            .outgoing
+            .get_mut(&lm.xfer)
+            .filter(|o| o.flowing())
+        else {
             return;
         };
         let out = o.on_loss_map(lm, largest, is_lost, caught_up);
@@ -337,8 +351,9 @@ impl Connection {
             self.stats.dropped_malformed += 1;
             return;
         }
-        if !inc.accepted {
-            // Sent with the offer: kept until it is accepted, within `STASH_BYTES`.
+        if !inc.takes(block) {
+            // Sent with the offer: kept until it is accepted (or, a delta, compared),
+            // within `STASH_BYTES`.
             if verdict == DataVerdict::New && !inc.stash.contains_key(&block) {
                 let stashed: usize = self.xfers.incoming.values().map(|i| i.stash_bytes).sum();
                 if stashed + payload.len() <= STASH_BYTES {
@@ -410,15 +425,21 @@ impl Connection {
             .xfers
             .incoming
             .iter()
-            .filter(|(_, i)| i.accepted && !i.stash.is_empty())
+            .filter(|(_, i)| i.stash.keys().next().is_some_and(|&b| i.takes(b)))
             .map(|(x, _)| *x)
             .collect();
         for xfer in ids {
             let Some(inc) = self.xfers.incoming.get_mut(&xfer) else {
                 continue;
             };
-            let stash = std::mem::take(&mut inc.stash);
-            inc.stash_bytes = 0;
+            // Of a delta still comparing, the blocks beyond what it compared stay.
+            let rest = if inc.accepted {
+                BTreeMap::new()
+            } else {
+                inc.stash.split_off(&inc.horizon)
+            };
+            let stash = std::mem::replace(&mut inc.stash, rest);
+            inc.stash_bytes = inc.stash.values().map(Vec::len).sum();
             for (block, data) in stash {
                 let fresh = self
                     .xfers
@@ -462,8 +483,8 @@ impl Connection {
             || !self.window_full()
                 && (self.stream_sendable()
                     || self.xfers.outgoing.values().any(|o| {
-                        (o.ready && o.has_retx())
-                            || ((o.ready
+                        (o.flowing() && o.has_retx())
+                            || ((o.flowing()
                                 || (o.eager && *room.get_or_insert_with(|| self.eager_room())))
                                 && o.peek_new().is_some())
                     }))
@@ -475,7 +496,7 @@ impl Connection {
             .xfers
             .outgoing
             .values()
-            .filter(|o| !o.ready)
+            .filter(|o| !o.flowing())
             .map(|o| o.sent_bytes)
             .sum();
         sent < EAGER_BYTES
@@ -487,7 +508,7 @@ impl Connection {
             .incoming
             .range(self.xfers.map_rotation..)
             .chain(self.xfers.incoming.range(..self.xfers.map_rotation))
-            .filter(|(_, i)| i.accepted)
+            .filter(|(_, i)| i.taking())
             .map(|(id, _)| *id)
             .collect();
         for id in ids {
@@ -509,7 +530,9 @@ impl Connection {
 
     pub(super) fn maybe_announce(&mut self, xfer: XferId) {
         let src_hash = match self.xfers.outgoing.get_mut(&xfer) {
-            Some(o) if !o.sent_announced && o.peek_new().is_none() => {
+            // Not before `Ready`: a delta's sender may have sent all it was answered so
+            // far, and its hash be known, long before.
+            Some(o) if o.ready && !o.sent_announced && o.peek_new().is_none() => {
                 if o.hash.is_none() {
                     // Trailing blocks the receiver already had: hashed on the next poll, or
                     // by the driver, which says so with `set_source_hash`.
@@ -621,4 +644,12 @@ impl Connection {
             self.fail_outgoing(xfer, reason.to_string());
         }
     }
+}
+
+/// The block ranges of `have` within `[from, to)`.
+pub(super) fn clip(have: &[(u64, u64)], from: u64, to: u64) -> Vec<(u64, u64)> {
+    have.iter()
+        .map(|&(a, b)| (a.max(from), b.min(to)))
+        .filter(|&(a, b)| a < b)
+        .collect()
 }

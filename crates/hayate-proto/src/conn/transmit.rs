@@ -91,7 +91,7 @@ impl Connection {
         let (xfer, block, second, len) = loop {
             let mut pick: Option<(XferId, u64, Option<bool>)> = None;
             for o in self.xfers.outgoing.values_mut() {
-                if !o.ready || unread.contains(&o.id) {
+                if !o.flowing() || unread.contains(&o.id) {
                     continue;
                 }
                 if let Some((b, second)) = o.pop_retx() {
@@ -108,7 +108,7 @@ impl Connection {
                     if unread.contains(&o.id) {
                         continue;
                     }
-                    if o.ready || (o.eager && *room.get_or_insert_with(|| self.eager_room())) {
+                    if o.flowing() || (o.eager && *room.get_or_insert_with(|| self.eager_room())) {
                         if let Some(b) = o.peek_new() {
                             pick = Some((o.id, b, None));
                             break;
