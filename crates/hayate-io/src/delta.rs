@@ -1,8 +1,10 @@
 //! Delta transfers and verified resume, the receiver's half: a file it already holds (the
 //! one at the destination, or the temp file an interrupted copy left) is its *basis*; it
 //! hashes the basis into [`LEAF_LEN`] leaves on the worker threads while the sender's leaf
-//! hashes come in (`Ctrl::Sums`), compares them in order, and accepts the file with the
-//! blocks that lie wholly inside matching leaves as `have`. Those the sender never sends:
+//! hashes come in (`Ctrl::Sums`), compares them in order, and answers the blocks whose
+//! leaves are compared as it goes ([`Decision`]: in `Compared` messages of 8-64 MiB of the
+//! file, the rest in `Ready`), the blocks that lie wholly inside matching leaves as `have`,
+//! so the sender sends the others while the rest is compared. Those the sender never sends:
 //! the file at the destination is copied into the temp file as it is hashed (the copy is
 //! what is hashed), or (resume) they are there already. The whole-file BLAKE3 is verified
 //! at the end as for any transfer, from the chaining values of the leaves kept and what

@@ -573,8 +573,8 @@ struct Active {
     /// A download offered with `--update` over a local file of its size: skipped if that
     /// file hashes to the far side's hash (the first), else accepted.
     compare: Option<([u8; 32], WholeHash)>,
-    /// A download compared leaf by leaf with a basis (delta, verified resume): accepted
-    /// once every leaf is.
+    /// A download compared leaf by leaf with a basis (delta, verified resume): its blocks
+    /// answered as their leaves are compared, the file once every leaf is.
     basis: Option<Basis>,
 }
 
