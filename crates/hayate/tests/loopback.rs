@@ -2449,16 +2449,25 @@ fn delta_upload_sends_only_what_changed() {
     delta_cases(true);
 }
 
-/// A file big enough that hashing it takes a while: the uploader sends no blocks while the
-/// receiver compares (it sent 200-350 KB of them here when it went on until `Ready`).
+/// A file big enough that hashing it takes a while, answered in parts as it is compared
+/// (`Compared`): the sender sends no block the receiver has not answered (it sent 200-350
+/// KB of them here when it went on until the answer), the parts' accounts add up; both
+/// ways.
 #[test]
-fn a_delta_upload_holds_its_blocks_while_the_receiver_compares() {
+fn a_big_delta_sends_only_what_it_was_answered_both_ways() {
     let fx = Fx::new();
     let old = random_bytes(64 << 20, 7);
     let mut new = old.clone();
     scatter_pages(&mut new, 20, 8);
-    let f = delta_copy(&fx, "big.bin", &old, &new, true, &[]);
-    assert_eq!(f["moved_bytes"].as_u64(), Some(20 * 4096), "{f}");
+    for upload in [true, false] {
+        let f = delta_copy(&fx, "big.bin", &old, &new, upload, &[]);
+        assert_eq!(f["moved_bytes"].as_u64(), Some(20 * 4096), "{f}");
+        assert_eq!(
+            f["reused_bytes"].as_u64(),
+            Some((64 << 20) - 20 * 4096),
+            "{f}"
+        );
+    }
 }
 
 #[test]
