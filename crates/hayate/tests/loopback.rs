@@ -2475,6 +2475,50 @@ fn delta_download_sends_only_what_changed() {
     delta_cases(false);
 }
 
+/// A delta download killed while it is still compared (blocks of it answered and landed)
+/// leaves no resume state: its temp file holds the destination only as far as the copy
+/// got, so the rerun compares the destination again and sends what changed (had it taken
+/// that temp file for its basis, it would have sent the rest of the file).
+#[test]
+fn a_delta_killed_while_compared_reruns_from_the_destination() {
+    let fx = Fx::new();
+    let old = random_bytes(64 << 20, 31);
+    let mut new = old.clone();
+    scatter_pages(&mut new, 40, 32);
+    fs::write(fx.root.join("d.bin"), &new).unwrap();
+    let dst = fx.local.join("d.bin");
+    fs::write(&dst, &old).unwrap();
+    // Older than the source: copied as it is compared (not read where it is first).
+    let then = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000);
+    fs::File::options()
+        .write(true)
+        .open(&dst)
+        .unwrap()
+        .set_times(fs::FileTimes::new().set_modified(then))
+        .unwrap();
+    // 256 KiB of leaf hashes at 1 Mbit/s: compared over about 2 s, in parts of 8 MiB.
+    let mut cmd = hayate();
+    cmd.args(["cp", "--key-file", &s(&fx.key), "--rate", "1M"]);
+    cmd.args([fx.url("d.bin"), s(&dst)]);
+    let client = spawn_cmd(&mut cmd);
+    let part = fx.local.join(".d.bin.hayate-part");
+    assert!(eventually(Duration::from_secs(10), || part.exists()));
+    std::thread::sleep(Duration::from_millis(1300));
+    signal(client.pid(), libc::SIGKILL);
+    let _ = client.wait(Duration::from_secs(10));
+    assert!(part.exists(), "the temp file went: the kill came too late");
+    assert!(
+        !fx.local.join(".d.bin.hayate-state").exists(),
+        "a resume state was saved while the file was compared"
+    );
+    let r = fx.cp(&["--json".to_string(), fx.url("d.bin"), s(&dst)]);
+    r.assert_ok();
+    assert!(fs::read(&dst).unwrap() == new, "the result differs");
+    let f = &r.json()["files"][0];
+    assert!(f["moved_bytes"].as_u64().unwrap() <= 40 * 4096, "{f}");
+    assert_eq!(part_files(&fx.local), Vec::<String>::new());
+}
+
 /// Overwrites `len` bytes of `path` at `at` with fresh bytes.
 fn damage(path: &Path, at: u64, len: usize) {
     use std::os::unix::fs::FileExt;

@@ -1985,10 +1985,25 @@ impl<'a> Session<'a> {
     }
 }
 
-/// Writes down what a download already has, for a rerun.
+/// Writes down what a download already has, for a rerun: not while it is still compared
+/// with a basis (see [`let_go`]).
 fn save_download_state(conn: &Connection, xfer: XferId, a: &mut Active) {
-    if let Some(part) = &mut a.part {
+    if let (Some(part), None) = (&mut a.part, &a.basis) {
         save_progress(conn, xfer, part, a.size, a.mtime, &mut a.saved);
+    }
+}
+
+/// A download's temp file when the download ends unfinished: kept for a rerun to resume;
+/// but not one still compared with the file at the destination, which holds that file only
+/// as far as its copy got, and no resume state (a rerun compares the destination again, and
+/// would send the rest of the file if it took that temp file for its basis).
+fn let_go(a: Active) {
+    if let Some(p) = a.part {
+        if a.basis.is_some() {
+            p.drop_unstarted();
+        } else {
+            p.abandon();
+        }
     }
 }
 
@@ -2171,9 +2186,7 @@ fn run_job(opts: ClientOptions, job: Job, stop: StopFlag, ui: &mut dyn Ui) -> Re
             why: why.clone(),
             unfinished,
         });
-        if let Some(p) = a.part {
-            p.abandon();
-        }
+        let_go(a);
     }
     for (up, _) in files.hashing.drain(..) {
         s.results[up.idx]
@@ -2399,9 +2412,7 @@ impl Policy for Client<'_, '_> {
                         }
                     } else {
                         save_download_state(conn, xfer, &mut a);
-                        if let Some(p) = a.part {
-                            p.abandon();
-                        }
+                        let_go(a);
                     }
                 }
             }
@@ -2456,10 +2467,9 @@ impl Policy for Client<'_, '_> {
                         ));
                         return;
                     }
-                    if let Some(p) = a.part {
-                        p.abandon();
-                    }
-                    s.on_refused(conn, a.idx, reason);
+                    let idx = a.idx;
+                    let_go(a);
+                    s.on_refused(conn, idx, reason);
                 }
             }
             Event::Placed { xfer, path } => {

@@ -93,6 +93,25 @@ struct Incoming {
     no_space: bool,
     /// Its hash, computed as blocks land.
     landing: Landing,
+    /// Accepted whole (`Ready` sent): not a delta whose leaves are still compared.
+    answered: bool,
+}
+
+impl Incoming {
+    /// The upload ends unfinished: its temp file stays for a rerun to resume, with its
+    /// resume state; but not one still compared with the file at the destination, which
+    /// holds that file only as far as its copy got, and no resume state (a rerun compares
+    /// the destination again, and would send the rest of the file if it took that temp
+    /// file for its basis).
+    fn let_go(mut self, c: &Connection, xfer: XferId) {
+        if self.answered {
+            self.saved = None;
+            save_state(c, xfer, &mut self);
+            self.part.abandon();
+        } else {
+            self.part.drop_unstarted();
+        }
+    }
 }
 
 /// An upload as offered.
@@ -290,6 +309,7 @@ fn settle_bases(c: &mut Connection, f: &mut SessionFiles) {
             }
             if d.done {
                 let placed = (inc.flags & flags::INTO_DIR != 0).then(|| inc.path.clone());
+                inc.answered = true;
                 c.accept_with(xfer, &d.kept.have, &d.kept.spans, placed.as_deref());
                 break;
             }
@@ -337,9 +357,12 @@ fn settle_verified(c: &mut Connection, f: &mut SessionFiles, addr: SocketAddr, l
     }
 }
 
-/// Writes down what an incoming file already has, so a rerun can resume it.
+/// Writes down what an incoming file already has, so a rerun can resume it: not while it
+/// is still compared (see [`Incoming::let_go`]).
 fn save_state(c: &Connection, xfer: XferId, inc: &mut Incoming) {
-    save_progress(c, xfer, &mut inc.part, inc.size, inc.mtime, &mut inc.saved);
+    if inc.answered {
+        save_progress(c, xfer, &mut inc.part, inc.size, inc.mtime, &mut inc.saved);
+    }
 }
 
 pub(crate) fn to_wire(e: Entry) -> MetaEntry {
@@ -725,14 +748,12 @@ impl<'l> Server<'l> {
                 }
             }
             for x in old {
-                if let Some(mut inc) = f.inc.remove(&x) {
-                    inc.saved = None;
-                    save_state(c, x, &mut inc);
+                if let Some(inc) = f.inc.remove(&x) {
                     (self.log)(&format!(
                         "{}: superseded by a newer upload of the same file",
                         inc.path
                     ));
-                    inc.part.abandon();
+                    inc.let_go(c, x);
                     c.reject(x, "superseded by a newer upload of the same file");
                 }
             }
@@ -897,12 +918,22 @@ fn abandon(f: SessionFiles, log: Log<'_>) {
     for (_, d) in f.deciding {
         d.part.drop_unstarted();
     }
+    for (_, part) in f.bases.into_values().filter_map(|b| b.waiting) {
+        part.drop_unstarted();
+    }
     for (_, inc) in f.inc {
         if inc.part.in_place() {
             log(&format!(
                 "incomplete upload into {} (a device or FIFO: nothing kept)",
                 inc.path
             ));
+        } else if !inc.answered {
+            log(&format!(
+                "incomplete upload into {} (still compared: nothing kept)",
+                inc.path
+            ));
+            inc.part.drop_unstarted();
+            continue;
         } else {
             log(&format!(
                 "incomplete upload kept as {} (a rerun resumes it)",
@@ -1093,15 +1124,13 @@ fn on_event(
                 log(&format!("{addr}: upload {} failed: {reason}", d.up.path));
                 d.part.drop_unstarted();
             }
-            if let Some(mut inc) = f.inc.remove(&xfer) {
+            if let Some(inc) = f.inc.remove(&xfer) {
                 log(&format!("{addr}: upload {} failed: {reason}", inc.path));
                 if inc.no_space {
                     // Keeping it would leave the disk full for everything else.
                     inc.part.discard();
                 } else {
-                    inc.saved = None;
-                    save_state(c, xfer, &mut inc);
-                    inc.part.abandon();
+                    inc.let_go(c, xfer);
                 }
             }
         }
@@ -1120,9 +1149,8 @@ fn on_event(
             if let Some(d) = f.deciding.remove(&xfer) {
                 d.part.drop_unstarted();
             }
-            if let Some(mut inc) = f.inc.remove(&xfer) {
-                save_state(c, xfer, &mut inc);
-                inc.part.abandon();
+            if let Some(inc) = f.inc.remove(&xfer) {
+                inc.let_go(c, xfer);
             }
             log(&format!("{addr}: client aborted a transfer: {reason}"));
         }
@@ -1151,10 +1179,8 @@ fn on_event(
                 )),
                 Some(e) => log(&format!("{addr}: session ended: {e}")),
             }
-            for (x, mut inc) in f.inc.drain() {
-                inc.saved = None;
-                save_state(c, x, &mut inc);
-                inc.part.abandon();
+            for (x, inc) in f.inc.drain() {
+                inc.let_go(c, x);
             }
             for (_, d) in f.deciding.drain() {
                 d.part.drop_unstarted();
@@ -1238,6 +1264,7 @@ fn accept_upload(
         None => {
             if take_upload(c, f, xfer, part, up) {
                 let inc = f.inc.get_mut(&xfer).expect("taken");
+                inc.answered = true;
                 // Holding nothing: nothing to wait for, nothing to fail.
                 let _ = inc
                     .landing
@@ -1280,6 +1307,7 @@ fn take_upload(
             saved: None,
             no_space: false,
             landing,
+            answered: false,
         },
     );
     true
