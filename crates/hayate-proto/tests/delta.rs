@@ -53,6 +53,24 @@ fn file_hash(size: u64) -> [u8; 32] {
 
 #[test]
 fn blocks_flow_as_their_leaves_are_compared_and_not_beyond() {
+    answered_in_parts(0);
+}
+
+/// The same with every 13th datagram lost either way: a lost `Compared`, leaf hashes or
+/// blocks are sent again, and still nothing beyond an answer is sent or written.
+#[test]
+fn answers_in_parts_survive_loss() {
+    answered_in_parts(13);
+}
+
+/// An upload whose receiver answers in three parts; `lose`: every so many datagrams of
+/// each direction are lost (0: none).
+fn answered_in_parts(lose: u64) {
+    let mut sent = [0u64; 2];
+    let mut lost = |dir: usize| {
+        sent[dir] += 1;
+        lose > 0 && sent[dir].is_multiple_of(lose)
+    };
     let t0 = Instant::now();
     let psk = Psk::from_bytes([9; 32]);
     let addr = "192.0.2.1:4000".parse().unwrap();
@@ -79,10 +97,13 @@ fn blocks_flow_as_their_leaves_are_compared_and_not_beyond() {
     let mut held = Vec::new();
     let mut verified = None;
     let mut settle = 0;
-    for _ in 0..400_000 {
+    for _ in 0..2_000_000 {
         now += Duration::from_micros(20);
         while let Some(n) = c.poll_transmit(now, &mut buf, &mut Source) {
             let d = &mut buf[..n];
+            if cid.is_some() && lost(0) {
+                continue;
+            }
             match ep.route(now, addr, d) {
                 Route::NewConn(id, mut reply) => {
                     cid = Some(id);
@@ -160,7 +181,9 @@ fn blocks_flow_as_their_leaves_are_compared_and_not_beyond() {
             _ => {}
         }
         while let Some(n) = s.poll_transmit(now, &mut sbuf, &mut Source) {
-            c.handle_datagram(now, &mut sbuf[..n], &mut sink);
+            if !lost(1) {
+                c.handle_datagram(now, &mut sbuf[..n], &mut sink);
+            }
         }
         if c.poll_timeout(now).is_some_and(|t| t <= now) {
             c.handle_timeout(now);
@@ -186,6 +209,9 @@ fn blocks_flow_as_their_leaves_are_compared_and_not_beyond() {
         "a block came twice"
     );
     let st = c.stats();
+    if lose > 0 {
+        assert!(st.data_packets_retransmitted > 0, "nothing was lost");
+    }
     let held_bytes: u64 =
         held.iter().map(|&(x, y)| (y - x) * bs).sum::<u64>() - (blocks * bs - size);
     // What the receiver held was not counted as delivered (the last blocks may have gone
