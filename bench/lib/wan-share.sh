@@ -3,7 +3,9 @@
 #   1. two hayate transfers, the second starting 5 s after the first: their goodput while
 #      both run, and Jain's fairness index (the issue's target: >= 0.95 once both run);
 #   2. hayate next to one TCP CUBIC stream (iperf3, buffers raised) that was there first:
-#      what each gets while both run, once per policy in SHARE_POLICIES (`--policy`).
+#      what each gets while both run, once per policy in SHARE_POLICIES (`--policy`); the
+#      policy `tcp` puts a second CUBIC stream where hayate would be (the reference: what
+#      TCP itself gets as the newcomer in the same window).
 # Sourced by bench/wan after its helpers (prof_start, set_tcp_bufs, run_hayate's key, ...).
 
 # Per-second goodput of a `hayate cp --interval 1` log as "seconds-since-T0 bits/s" lines,
@@ -75,6 +77,10 @@ run_share() { # RATE RTT LOSS BUF_BDP
     # 2. hayate next to a CUBIC stream that started 5 s earlier, per policy.
     local pol c
     for pol in ${SHARE_POLICIES//,/ }; do
+        if [ "$pol" = tcp ]; then
+            share_tcp_pair
+            continue
+        fi
         c=c-$pol
         echo "   hayate --policy $pol next to a TCP CUBIC stream ..." >&2
         set_tcp_bufs raised
@@ -110,6 +116,43 @@ run_share() { # RATE RTT LOSS BUF_BDP
     done
     kill "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
     prof_stop
+}
+
+# A TCP CUBIC stream joining another 5 s later, measured as hayate is next to one.
+share_tcp_pair() {
+    echo "   TCP CUBIC next to a TCP CUBIC stream (the reference) ..." >&2
+    set_tcp_bufs raised
+    local p2=$((IPERF_PORT + 1)) s1 s2 c1 c2 t0 lb n mt mb pct
+    ip netns exec "$WAN_NS_S" iperf3 -s -1 -p "$IPERF_PORT" -B "$WAN_SERVER_IP" >"$WAN_LOG/share-ref-server1.log" 2>&1 &
+    s1=$!
+    ip netns exec "$WAN_NS_S" iperf3 -s -1 -p "$p2" -B "$WAN_SERVER_IP" >"$WAN_LOG/share-ref-server2.log" 2>&1 &
+    s2=$!
+    sleep 0.3
+    t0=$(now_s)
+    ip netns exec "$WAN_NS_C" iperf3 -c "$WAN_SERVER_IP" -p "$IPERF_PORT" -t 30 -C cubic --json \
+        >"$WAN_LOG/share-ref-1.json" 2>"$WAN_LOG/share-ref-1.err" &
+    c1=$!
+    sleep 5
+    lb=$(now_s)
+    ip netns exec "$WAN_NS_C" iperf3 -c "$WAN_SERVER_IP" -p "$p2" -t 20 -C cubic --json \
+        >"$WAN_LOG/share-ref-2.json" 2>"$WAN_LOG/share-ref-2.err" &
+    c2=$!
+    wait "$c1" "$c2" 2>/dev/null
+    kill "$s1" "$s2" 2>/dev/null; wait "$s1" "$s2" 2>/dev/null
+    set_tcp_bufs default
+    jq -r '.intervals[]?.sum | "\(.start) \(.bits_per_second)"' "$WAN_LOG/share-ref-1.json" \
+        >"$WAN_LOG/share-ref-1.tsv" 2>/dev/null
+    # The second stream's seconds, on the first one's clock (as for hayate's), and its own.
+    jq -r '.intervals[]?.sum | "\(.start) \(.bits_per_second) \(.start)"' "$WAN_LOG/share-ref-2.json" 2>/dev/null |
+        awk -v o="$(echo "$lb - $t0" | bc -l)" '{ printf "%.3f %s %s\n", $1 + o, $2, $3 }' >"$WAN_LOG/share-ref-2.tsv"
+    read -r mb mt n < <(awk 'NR == FNR { t[int($1)] = $2; next }
+        $3 > 2 && (int($1) in t) { n++; sh += $2; st += t[int($1)] }
+        END { if (!n) print "- - 0"; else printf "%.0f %.0f %d\n", sh / n, st / n, n }' \
+        "$WAN_LOG/share-ref-1.tsv" "$WAN_LOG/share-ref-2.tsv")
+    pct=-
+    [ "$n" != 0 ] && pct=$(awk -v h="$mb" -v t="$mt" 'BEGIN { printf "%.0f", t * 100 / (h + t) }')
+    SHARE_ROWS+=("| TCP CUBIC + TCP CUBIC (reference) | CUBIC (from 0 s, raised bufs) | $(fmt_mbps "$mt") | the first's share $pct % | $n s both running |")
+    SHARE_ROWS+=("| TCP CUBIC + TCP CUBIC (reference) | CUBIC (from 5 s) | $(fmt_mbps "$mb") | | |")
 }
 
 print_share_table() {
