@@ -879,29 +879,26 @@ impl Landing {
     /// holds is told later, piece by piece ([`hold`](Self::hold)): a delta's receiver
     /// answers the blocks whose leaves it has compared while it compares the others.
     pub fn begin(part: &mut crate::fs::PartFile, size: u64) -> std::io::Result<Self> {
-        if part.writes_in_order() {
-            return Ok(Landing {
-                tree: None,
-                expect: None,
-                held: Vec::new(),
-                pending: Known::default(),
-            });
-        }
-        let hash = StreamHash::new(part.file()?.try_clone()?, size);
-        if hash.filled.len() > 1 {
-            // A file of one subtree hashes to its root directly, from the file.
-            let mut feed = Feed {
-                shared: hash.shared.clone(),
-                size,
-                next: u64::MAX,
-                cur: None,
-            };
-            part.observe_writes(Arc::new(Mutex::new(move |at: u64, data: &[u8]| {
-                feed.wrote(at, data)
-            })));
-        }
+        let tree = if part.writes_in_order() {
+            None
+        } else {
+            let hash = StreamHash::new(part.file()?.try_clone()?, size);
+            if hash.filled.len() > 1 {
+                // A file of one subtree hashes to its root directly, from the file.
+                let mut feed = Feed {
+                    shared: hash.shared.clone(),
+                    size,
+                    next: u64::MAX,
+                    cur: None,
+                };
+                part.observe_writes(Arc::new(Mutex::new(move |at: u64, data: &[u8]| {
+                    feed.wrote(at, data)
+                })));
+            }
+            Some(hash)
+        };
         Ok(Landing {
-            tree: Some(hash),
+            tree,
             expect: None,
             held: Vec::new(),
             pending: Known::default(),

@@ -6,24 +6,12 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use hayate_proto::conn::{BlockSink, BlockSource, Config, Connection, StorageError};
-use hayate_proto::crypto::Psk;
-use hayate_proto::endpoint::{Endpoint, Route};
-use hayate_proto::rng::Rng;
-use hayate_proto::wire::AddrFamily;
+use hayate_proto::conn::{BlockSink, StorageError};
+use hayate_proto::endpoint::Route;
 use hayate_proto::{Event, XferId};
 
-/// File bytes: byte i of the file is `i as u8`.
-struct Source;
-
-impl BlockSource for Source {
-    fn read(&mut self, _: XferId, offset: u64, buf: &mut [u8]) -> Result<(), StorageError> {
-        for (i, b) in buf.iter_mut().enumerate() {
-            *b = (offset + i as u64) as u8;
-        }
-        Ok(())
-    }
-}
+mod common;
+use common::{endpoint_and_client, file_hash, Source};
 
 /// Every write, by offset: its length, and how many times it came.
 #[derive(Default)]
@@ -44,11 +32,6 @@ impl BlockSink for Sink {
         w.1 += 1;
         Ok(())
     }
-}
-
-fn file_hash(size: u64) -> [u8; 32] {
-    let data: Vec<u8> = (0..size).map(|i| i as u8).collect();
-    *blake3::hash(&data).as_bytes()
 }
 
 #[test]
@@ -72,16 +55,8 @@ fn answered_in_parts(lose: u64) {
         lose > 0 && sent[dir].is_multiple_of(lose)
     };
     let t0 = Instant::now();
-    let psk = Psk::from_bytes([9; 32]);
     let addr = "192.0.2.1:4000".parse().unwrap();
-    let mut ep = Endpoint::with_rng(psk.clone(), Config::default(), t0, Rng::seeded(1));
-    let mut c = Connection::client_with_rng(
-        Config::default(),
-        &psk,
-        AddrFamily::V4,
-        t0,
-        &mut Rng::seeded(2),
-    );
+    let (mut ep, mut c) = endpoint_and_client(t0);
     c.hash_sources_outside();
     let size: u64 = 12 << 20;
     let xfer = c.send_file("f.bin", size, 0o644, 0);
@@ -99,7 +74,7 @@ fn answered_in_parts(lose: u64) {
     let mut settle = 0;
     for _ in 0..2_000_000 {
         now += Duration::from_micros(20);
-        while let Some(n) = c.poll_transmit(now, &mut buf, &mut Source) {
+        while let Some(n) = c.poll_transmit(now, &mut buf, &mut Source::default()) {
             let d = &mut buf[..n];
             if cid.is_some() && lost(0) {
                 continue;
@@ -180,7 +155,7 @@ fn answered_in_parts(lose: u64) {
             ),
             _ => {}
         }
-        while let Some(n) = s.poll_transmit(now, &mut sbuf, &mut Source) {
+        while let Some(n) = s.poll_transmit(now, &mut sbuf, &mut Source::default()) {
             if !lost(1) {
                 c.handle_datagram(now, &mut sbuf[..n], &mut sink);
             }

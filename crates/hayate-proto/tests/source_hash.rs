@@ -5,28 +5,12 @@
 
 use std::time::{Duration, Instant};
 
-use hayate_proto::conn::{BlockSink, BlockSource, Config, Connection, StorageError};
-use hayate_proto::crypto::Psk;
+use hayate_proto::conn::{BlockSink, Connection, StorageError};
 use hayate_proto::endpoint::{Endpoint, Route};
-use hayate_proto::rng::Rng;
-use hayate_proto::wire::AddrFamily;
 use hayate_proto::{Event, XferId};
 
-/// File bytes: byte i of the file is `i as u8`; counts what the sender read.
-#[derive(Default)]
-struct Source {
-    read_bytes: u64,
-}
-
-impl BlockSource for Source {
-    fn read(&mut self, _: XferId, offset: u64, buf: &mut [u8]) -> Result<(), StorageError> {
-        for (i, b) in buf.iter_mut().enumerate() {
-            *b = (offset + i as u64) as u8;
-        }
-        self.read_bytes += buf.len() as u64;
-        Ok(())
-    }
-}
+mod common;
+use common::{endpoint_and_client, file_hash, Source};
 
 #[derive(Default)]
 struct Sink {
@@ -40,24 +24,11 @@ impl BlockSink for Sink {
     }
 }
 
-fn file_hash(size: u64) -> [u8; 32] {
-    let data: Vec<u8> = (0..size).map(|i| i as u8).collect();
-    *blake3::hash(&data).as_bytes()
-}
-
 #[test]
 fn a_resumed_send_reads_only_what_is_missing_and_waits_for_the_drivers_hash() {
     let t0 = Instant::now();
-    let psk = Psk::from_bytes([9; 32]);
     let addr = "192.0.2.1:4000".parse().unwrap();
-    let mut ep = Endpoint::with_rng(psk.clone(), Config::default(), t0, Rng::seeded(1));
-    let mut c = Connection::client_with_rng(
-        Config::default(),
-        &psk,
-        AddrFamily::V4,
-        t0,
-        &mut Rng::seeded(2),
-    );
+    let (mut ep, mut c) = endpoint_and_client(t0);
     c.hash_sources_outside();
     let size: u64 = 20 << 20;
     let xfer = c.send_file("f.bin", size, 0o644, 0);
@@ -166,15 +137,7 @@ struct Pair {
 impl Pair {
     fn new() -> Pair {
         let t0 = Instant::now();
-        let psk = Psk::from_bytes([9; 32]);
-        let ep = Endpoint::with_rng(psk.clone(), Config::default(), t0, Rng::seeded(1));
-        let c = Connection::client_with_rng(
-            Config::default(),
-            &psk,
-            AddrFamily::V4,
-            t0,
-            &mut Rng::seeded(2),
-        );
+        let (ep, c) = endpoint_and_client(t0);
         let mut p = Pair {
             c,
             ep,
