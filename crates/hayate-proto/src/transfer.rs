@@ -450,9 +450,16 @@ impl Outgoing {
         // its stash, unwritten: not lost.
         let mut b = lm.top.max(self.base);
         let mut budget = 4096;
-        while b < self.next_new.min(n) && budget > 0 {
+        let sent_end = self.next_new.min(n);
+        while b < sent_end && budget > 0 {
+            if self.acked.get(b) {
+                // Held by the receiver (resume, delta) or acknowledged: a run of them can
+                // be most of a file, above the highest block that arrived.
+                b = self.acked.next_zero_before(b, sent_end);
+                continue;
+            }
             let pn = self.last_pn(b);
-            if pn == QUEUED || self.acked.get(b) {
+            if pn == QUEUED {
                 b += 1;
                 continue;
             }
@@ -598,10 +605,15 @@ impl Incoming {
         }
     }
 
+    /// Blocks held already (resume, delta): received, but not data that arrived. They do
+    /// not raise `top`: the loss maps cover what the sender has sent, and a delta's held
+    /// ranges answered far ahead of its data would have them walk thousands of gaps (the
+    /// changed blocks not sent yet) at a few hundred a map, acknowledging what is in flight
+    /// only once a rotation came round to it (the emulated WAN, 250 ms, 10 % changed:
+    /// seconds with 17 MB in flight and nothing acknowledged).
     pub fn mark_have(&mut self, have: &[(u64, u64)]) {
         for &(a, b) in have {
             self.received.set_range(a, b);
-            self.top = self.top.max(b.min(self.layout.blocks()));
         }
         self.cum = self.received.next_zero(0);
     }
@@ -674,6 +686,8 @@ impl Incoming {
     /// Build the next loss map: gaps from the rotating cursor upwards, at most `max_gaps`.
     /// The caller shrinks `max_gaps` to what fits its packet.
     pub fn loss_map(&mut self, max_gaps: usize) -> LossMapFrame {
+        // Everything below `cum` is here, held or arrived.
+        self.top = self.top.max(self.cum);
         if self.cursor < self.cum || self.cursor >= self.top {
             self.cursor = self.cum;
         }
@@ -974,5 +988,28 @@ mod tests {
         // An answer not beyond the last is ignored.
         tx.on_compared(50, &[(60, 70)], &[]);
         assert_eq!(tx.peek_new(), Some(60));
+    }
+
+    /// Blocks held (resume, delta) do not raise the loss map's top: a delta answered far
+    /// ahead of its data has its maps cover what was sent, not walk the changed blocks not
+    /// sent yet, a few hundred gaps a map.
+    #[test]
+    fn held_blocks_beyond_the_data_are_not_mapped() {
+        let layout = Layout::new(10_000 * 10, 10);
+        let mut rx = Incoming::new(1, "f".into(), layout);
+        rx.allocate();
+        rx.accepted = true;
+        // Every other block held, to the end: a changed one between each two.
+        let have: Vec<(u64, u64)> = (0..5000).map(|i| (2 * i, 2 * i + 1)).collect();
+        rx.mark_have(&have);
+        rx.on_written(1, 10);
+        rx.on_written(3, 10);
+        let lm = rx.loss_map(100);
+        assert_eq!((lm.cum, lm.top, lm.gaps.len()), (5, 5, 0));
+        rx.on_written(7, 10);
+        let lm = rx.loss_map(100);
+        assert_eq!((lm.cum, lm.top), (5, 8));
+        assert_eq!(lm.gaps, vec![5..6]);
+        lm.validate().unwrap();
     }
 }
