@@ -605,12 +605,37 @@ impl Incoming {
         }
     }
 
+    /// What the receiver holds of the blocks from `horizon` (those not answered yet) to
+    /// `to`: `have` and `spans` outside them are left out (answered before, or not yet),
+    /// the rest marked. Returns what was marked, for the answer.
+    pub fn mark_held(
+        &mut self,
+        have: &[(u64, u64)],
+        spans: &[BlockSpan],
+        to: u64,
+    ) -> (Vec<(u64, u64)>, Vec<BlockSpan>) {
+        let from = self.horizon;
+        let have: Vec<(u64, u64)> = have
+            .iter()
+            .map(|&(a, b)| (a.max(from), b.min(to)))
+            .filter(|&(a, b)| a < b)
+            .collect();
+        let spans: Vec<BlockSpan> = spans
+            .iter()
+            .filter(|sp| (from..to).contains(&sp.block))
+            .copied()
+            .collect();
+        self.allocate();
+        self.mark_have(&have);
+        let parts = self.mark_spans(&spans);
+        (have, parts)
+    }
+
     /// Blocks held already (resume, delta): received, but not data that arrived. They do
-    /// not raise `top`: the loss maps cover what the sender has sent, and a delta's held
+    /// not raise `top`: the loss maps cover what the sender has sent; a delta's held
     /// ranges answered far ahead of its data would have them walk thousands of gaps (the
     /// changed blocks not sent yet) at a few hundred a map, acknowledging what is in flight
-    /// only once a rotation came round to it (the emulated WAN, 250 ms, 10 % changed:
-    /// seconds with 17 MB in flight and nothing acknowledged).
+    /// only once a rotation came round to it.
     pub fn mark_have(&mut self, have: &[(u64, u64)]) {
         for &(a, b) in have {
             self.received.set_range(a, b);

@@ -44,16 +44,7 @@ impl Connection {
         if inc.accepted || !inc.sums_asked || upto <= inc.horizon {
             return;
         }
-        let from = inc.horizon;
-        let have = super::transfers::clip(have, from, upto);
-        let spans: Vec<BlockSpan> = spans
-            .iter()
-            .filter(|sp| (from..upto).contains(&sp.block))
-            .copied()
-            .collect();
-        inc.allocate();
-        inc.mark_have(&have);
-        let parts = inc.mark_spans(&spans);
+        let (have, parts) = inc.mark_held(have, spans, upto);
         inc.horizon = upto;
         // Blocks sent with the offer that are now compared are written.
         self.xfers.stash_pending |= inc.stash.keys().next().is_some_and(|&b| b < upto);

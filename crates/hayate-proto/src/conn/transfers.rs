@@ -169,18 +169,10 @@ impl Connection {
     ) {
         if let Some(inc) = self.xfers.incoming.get_mut(&xfer) {
             inc.accepted = true;
-            inc.allocate();
             // After `Compared` messages (a delta's comparison), only what lies beyond them:
             // the blocks below were answered there, and some may have arrived since.
             let from = inc.horizon;
-            let have = clip(have, from, u64::MAX);
-            let spans: Vec<BlockSpan> = spans
-                .iter()
-                .filter(|sp| sp.block >= from)
-                .copied()
-                .collect();
-            inc.mark_have(&have);
-            let parts = inc.mark_spans(&spans);
+            let (have, parts) = inc.mark_held(have, spans, u64::MAX);
             if let Some(p) = path {
                 inc.path = p.to_string();
             }
@@ -644,12 +636,4 @@ impl Connection {
             self.fail_outgoing(xfer, reason.to_string());
         }
     }
-}
-
-/// The block ranges of `have` within `[from, to)`.
-pub(super) fn clip(have: &[(u64, u64)], from: u64, to: u64) -> Vec<(u64, u64)> {
-    have.iter()
-        .map(|&(a, b)| (a.max(from), b.min(to)))
-        .filter(|&(a, b)| a < b)
-        .collect()
 }
