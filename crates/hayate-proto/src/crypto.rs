@@ -1,6 +1,7 @@
 //! Pre-shared key, per-packet AEAD (AES-256-GCM, sealed in place) and the replay window.
 
 use std::fmt;
+use std::sync::Arc;
 
 use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey, AES_256_GCM};
 use ring::rand::{SecureRandom, SystemRandom};
@@ -195,6 +196,19 @@ impl PacketKey {
         total
     }
 
+    /// Seals the whole datagram `d`, written as [`seal`](Self::seal) expects with room for
+    /// the tag at its end (a datagram `Connection::poll_transmit_deferred` left unsealed).
+    ///
+    /// # Panics
+    /// If `d` is shorter than a header and a tag.
+    pub fn seal_datagram(&self, d: &mut [u8], pn: u64) -> usize {
+        let plain_len = d
+            .len()
+            .checked_sub(SEALED_HEADER_LEN + TAG_LEN)
+            .expect("seal_datagram: shorter than a sealed packet");
+        self.seal(d, plain_len, pn)
+    }
+
     /// Opens a whole sealed datagram in place and returns its plaintext; `pn` is the full
     /// packet number ([`crate::wire::decode_pn`] of the header's). Any failure (short, forged,
     /// corrupt, wrong key, wrong pn) is `Err`; the buffer's contents are then unspecified.
@@ -213,8 +227,9 @@ impl PacketKey {
 /// Keys of one session, named from the owner's point of view.
 #[derive(Debug)]
 pub struct SessionKeys {
-    /// Seals what this side sends.
-    pub send: PacketKey,
+    /// Seals what this side sends (shared with a driver that seals off the protocol's
+    /// thread, see `Connection::poll_transmit_deferred`).
+    pub send: Arc<PacketKey>,
     /// Opens what the peer sends.
     pub recv: PacketKey,
 }

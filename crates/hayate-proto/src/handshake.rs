@@ -1,6 +1,8 @@
 //! The two-message handshake (PROTOCOL.md, "Handshake"): PSK-MACed ClientHello, PSK+DH-MACed
 //! ServerHello, and the key schedule that turns them into per-session AES-GCM keys.
 
+use std::sync::Arc;
+
 use ring::hkdf::{KeyType, Prk, Salt, HKDF_SHA256};
 use ring::hmac;
 use x25519_dalek::{PublicKey, StaticSecret};
@@ -301,7 +303,7 @@ impl ClientHandshake {
                     server_cid: sh.server_cid,
                     mtu: sh.mtu,
                     keys: SessionKeys {
-                        send: PacketKey::new(&s.c2s),
+                        send: Arc::new(PacketKey::new(&s.c2s)),
                         recv: PacketKey::new(&s.s2c),
                     },
                 })
@@ -448,7 +450,7 @@ pub fn accept_verified(
         // Never longer than the hello: no amplification.
         reply_len: hello_datagram_len(sh.mtu, fam).min(hello.len()),
         keys: SessionKeys {
-            send: PacketKey::new(&s.s2c),
+            send: Arc::new(PacketKey::new(&s.s2c)),
             recv: PacketKey::new(&s.c2s),
         },
     })

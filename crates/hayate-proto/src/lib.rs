@@ -33,7 +33,7 @@ pub mod wire;
 
 pub use conn::{
     BlockSink, BlockSource, CcTraceRow, Config, Connection, Event, FileOffer, NoFiles,
-    ReceiverState, Side, Stats, StorageError,
+    ReceiverState, Side, Stats, StorageError, Transmit,
 };
 pub use endpoint::{Endpoint, Route};
 pub use transfer::XferId;

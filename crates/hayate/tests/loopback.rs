@@ -29,6 +29,10 @@ impl Fx {
     }
     /// [`Fx::new`] with these options for the server.
     fn with_server_args(args: &[&str]) -> Fx {
+        Fx::with_server(&[], args)
+    }
+    /// [`Fx::new`] with these environment variables and options for the server.
+    fn with_server(env: &[(&str, &Path)], args: &[&str]) -> Fx {
         let tmp = tempfile::Builder::new()
             .prefix("hayate-loopback-")
             .tempdir()
@@ -40,7 +44,7 @@ impl Fx {
             fs::create_dir(d).unwrap();
         }
         let key = keygen(tmp.path(), "key");
-        let srv = Server::start_with(&root, &key, &[], args);
+        let srv = Server::start_with(&root, &key, env, args);
         Fx {
             tmp,
             root,
@@ -172,6 +176,51 @@ fn roundtrip_256_mib() {
     let t = std::time::Instant::now();
     roundtrip(256 << 20, &["--rate", "max"]);
     eprintln!("256 MiB up and down in {:.1} s", t.elapsed().as_secs_f64());
+}
+
+/// The names of process `pid`'s threads.
+fn thread_names(pid: i32) -> Vec<String> {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(|t| fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .collect()
+}
+
+/// Both sides seal and send on a `hayate-seal` thread (the default on hosts of 4 cores or
+/// more; on fewer, as on CI's, the loop's thread seals): a file goes up and comes back
+/// down, paced so that the copies last a while, verified and whole both ways, and each
+/// process had the thread while it copied.
+#[test]
+fn a_copy_sealed_on_seal_threads_is_verified_both_ways() {
+    let fx = Fx::with_server(&[("HAYATE_SEAL", Path::new("thread"))], &[]);
+    let seal = |pid| thread_names(pid).iter().any(|n| n == "hayate-seal");
+    assert!(seal(fx.srv.pid()), "the server has no seal thread");
+    let src = fx.local.join("src.bin");
+    let len = 24 << 20;
+    let hash = write_random(&src, len, 9);
+    let down = fx.local.join("down.bin");
+    for (from, to) in [(s(&src), fx.url("up.bin")), (fx.url("up.bin"), s(&down))] {
+        let mut cmd = hayate();
+        cmd.env("HAYATE_SEAL", "thread")
+            .args(["cp", "--json", "--rate", "300M", "--key-file"])
+            .arg(&fx.key)
+            .args([&from, &to]);
+        let mut job = spawn_cmd(&mut cmd);
+        let mut sealing = false;
+        while !job.try_finished() {
+            sealing |= seal(job.pid());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let run = job.wait(Duration::from_secs(60));
+        run.assert_ok();
+        check_json(&run, len, &hash);
+        assert!(sealing, "{from} -> {to}: the client had no seal thread");
+    }
+    assert_eq!(hash_file(&fx.root.join("up.bin")), hash);
+    assert_eq!(hash_file(&down), hash);
 }
 
 #[test]

@@ -320,10 +320,16 @@ fn transmit<F: BlockSource>(
         // The clock now, not the turn's: a turn that took in a backlog ran for ms since
         // then, and an ACK built with that time tells the sender its data waited here less
         // than it did (the rest reads as a queue on the path: 10 ms at 1 Gbit/s).
-        let Some(n) = conn.poll_transmit(Instant::now(), links.slot(), files) else {
+        let Some(t) = conn.poll_transmit_deferred(Instant::now(), links.slot(), files) else {
             return false;
         };
-        links.commit(addr, n);
+        let seal = match (t.seal_pn, conn.send_key()) {
+            (None, _) => None,
+            (Some(pn), Some(key)) => Some((key, pn)),
+            // Never: the core seals only with keys. Plaintext must not leave.
+            (Some(_), None) => continue,
+        };
+        links.commit(addr, t.len, seal);
     }
 }
 
@@ -334,6 +340,7 @@ pub(crate) fn run<P: Policy>(p: &mut P, net: &mut Net<P::Files>) -> io::Result<(
     // wake the loop through this.
     let waker = LoopWaker::install();
     let r = turns(p, net, &waker);
+    net.links.finish();
     net.flush_traces();
     r
 }

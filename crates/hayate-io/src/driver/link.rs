@@ -7,11 +7,13 @@ use std::collections::VecDeque;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::sync::Arc;
 use std::time::Instant;
 
+use hayate_proto::crypto::PacketKey;
 use hayate_proto::ReceiverState;
 
-use super::SendBatch;
+use super::batch::{SealPlace, SendBatch};
 use crate::clock::wait_any_until;
 use crate::udp::{RecvBufs, UdpSocket};
 
@@ -174,7 +176,7 @@ fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
 pub struct Links {
     /// The UDP socket, if this driver has one (not on a client that carries its data over
     /// the ssh channel only).
-    pub udp: Option<UdpSocket>,
+    pub udp: Option<Arc<UdpSocket>>,
     /// The ssh channel (or another byte stream), if this driver uses one; datagrams for
     /// [`STREAM_PEER`] go here.
     pub stream: Option<StreamLink>,
@@ -183,14 +185,28 @@ pub struct Links {
 }
 
 impl Links {
-    /// Links over the given paths, with a send batch of up to 64 datagrams of 64 KiB.
+    /// Links over the given paths, with a send batch of up to 64 datagrams of 64 KiB, sealed
+    /// where [`SealPlace::from_host`] says.
     pub fn new(udp: Option<UdpSocket>, stream: Option<StreamLink>) -> Self {
+        Self::sealing(udp, stream, SealPlace::from_host())
+    }
+
+    /// As [`new`](Self::new), sealing UDP datagrams at `seal` (the stream's are always
+    /// sealed on the loop's thread: its queue is the loop's).
+    pub fn sealing(udp: Option<UdpSocket>, stream: Option<StreamLink>, seal: SealPlace) -> Self {
+        let udp = udp.map(Arc::new);
+        let thread = udp.clone().filter(|_| seal == SealPlace::Thread);
         Self {
             udp,
             stream,
-            batch: SendBatch::new(65536, 64),
+            batch: SendBatch::new(65536, 64, thread),
             rbufs: RecvBufs::new(32),
         }
+    }
+
+    /// Whether a `hayate-seal` thread seals and sends the UDP datagrams.
+    pub fn seals_on_thread(&self) -> bool {
+        self.batch.seals_on_thread()
     }
 
     /// Every datagram that arrived on either path, handed to `f` with its sender and when
@@ -217,14 +233,19 @@ impl Links {
         self.batch.slot()
     }
 
-    /// Sends the `n` bytes just written into `slot()` to `dest`.
-    pub fn commit(&mut self, dest: SocketAddr, n: usize) {
+    /// Sends the `n` bytes just written into `slot()` to `dest`, sealed first with the key
+    /// under the packet number if `seal` says so.
+    pub fn commit(&mut self, dest: SocketAddr, n: usize, seal: Option<(&Arc<PacketKey>, u64)>) {
         if dest == STREAM_PEER {
             if let Some(s) = &mut self.stream {
-                s.send(&self.batch.slot()[..n]);
+                let d = &mut self.batch.slot()[..n];
+                if let Some((key, pn)) = seal {
+                    key.seal_datagram(d, pn);
+                }
+                s.send(d);
             }
         } else if let Some(sock) = &self.udp {
-            self.batch.commit(sock, dest, n);
+            self.batch.commit(sock, dest, n, seal);
         }
     }
 
@@ -255,6 +276,17 @@ impl Links {
     pub fn flush(&mut self) {
         if let Some(sock) = &self.udp {
             self.batch.flush(sock);
+        }
+        if let Some(s) = &mut self.stream {
+            s.flush();
+        }
+    }
+
+    /// Sends what is batched and waits until the kernel has every datagram (the seal
+    /// thread's queue is empty): the loop's last packets are out before it returns.
+    pub fn finish(&mut self) {
+        if let Some(sock) = &self.udp {
+            self.batch.finish(sock);
         }
         if let Some(s) = &mut self.stream {
             s.flush();

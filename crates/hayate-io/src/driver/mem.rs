@@ -699,7 +699,7 @@ struct Probe<'a> {
 
 impl Probe<'_> {
     fn drops(net: &Net<Mem>) -> u64 {
-        net.links.udp.as_ref().map_or(0, UdpSocket::kernel_drops)
+        net.links.udp.as_ref().map_or(0, |s| s.kernel_drops())
     }
 
     /// The test's session and its sink, once there is one.

@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use hayate_proto::control::flags;
 use hayate_proto::Connection;
 
-pub use batch::SendBatch;
+pub use batch::{SealPlace, SendBatch};
 
 /// Set from a signal handler to make a loop stop cleanly.
 #[derive(Debug, Clone, Default)]

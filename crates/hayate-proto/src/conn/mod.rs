@@ -6,11 +6,12 @@
 //! [`BlockSink`], so the core never touches a file.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::cc::{Feedback, RateConfig, RememberedPath};
 use crate::control::{Ctrl, CtrlRecv, CtrlSend};
-use crate::crypto::{Psk, ReplayWindow};
+use crate::crypto::{PacketKey, Psk, ReplayWindow};
 use crate::pacer::Pacer;
 use crate::rng::Rng;
 use crate::rtt::{RttEstimator, WindowedMin};
@@ -37,6 +38,16 @@ pub use paths::ReceiverState;
 pub use stats::{CcTraceRow, Stats};
 pub use storage::{BlockSink, BlockSource, NoFiles, StorageError};
 pub use transfers::{FileOffer, MAX_INCOMING_BLOCKS, MAX_OPEN_INCOMING};
+
+/// A datagram [`Connection::poll_transmit_deferred`] wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// Its length, the AEAD tag included.
+    pub len: usize,
+    /// Still to be sealed, under this packet number, with [`Connection::send_key`]
+    /// (`PacketKey::seal_datagram`); None: it goes as it is (a hello).
+    pub seal_pn: Option<u64>,
+}
 
 use paths::PathData;
 use spaces::PacketSpace;
@@ -167,6 +178,8 @@ impl Connection {
             },
             space: PacketSpace {
                 keys: None,
+                defer_seal: false,
+                unsealed: None,
                 replay: ReplayWindow::new(),
                 largest_rx: None,
                 ack_pending: 0,
@@ -438,6 +451,29 @@ impl Connection {
         if eliciting {
             self.schedule_ack(now_us, has_data);
         }
+    }
+
+    /// As [`poll_transmit`](Self::poll_transmit), but a sealed packet is left for the caller
+    /// to seal ([`Transmit::seal_pn`], with [`send_key`](Self::send_key)), so that a driver
+    /// can seal on another thread than the protocol's. The datagram's length already counts
+    /// the tag; its last 16 bytes are where it goes.
+    pub fn poll_transmit_deferred(
+        &mut self,
+        now: Instant,
+        buf: &mut [u8],
+        src: &mut dyn BlockSource,
+    ) -> Option<Transmit> {
+        self.space.defer_seal = true;
+        self.space.unsealed = None;
+        let len = self.poll_transmit(now, buf, src);
+        self.space.defer_seal = false;
+        let seal_pn = self.space.unsealed.take();
+        len.map(|len| Transmit { len, seal_pn })
+    }
+
+    /// The key that seals what this side sends, once the handshake agreed it.
+    pub fn send_key(&self) -> Option<&Arc<PacketKey>> {
+        self.space.keys.as_ref().map(|k| &k.send)
     }
 
     /// Write the next datagram to send into `buf` (at least `max_datagram()` bytes) and

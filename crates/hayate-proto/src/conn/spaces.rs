@@ -53,6 +53,10 @@ pub(super) struct SentRecord {
 /// was sent.
 pub(super) struct PacketSpace {
     pub(super) keys: Option<SessionKeys>,
+    /// The driver seals what `poll_transmit` writes (`Connection::poll_transmit_deferred`).
+    pub(super) defer_seal: bool,
+    /// The packet number of the datagram just written and left unsealed.
+    pub(super) unsealed: Option<u64>,
 
     // Receiving packets from the peer.
     pub(super) replay: ReplayWindow,

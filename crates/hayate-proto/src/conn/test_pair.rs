@@ -23,6 +23,9 @@ pub(crate) struct TunnelPair {
     pub(crate) to_client: VecDeque<(Instant, Vec<u8>)>,
     /// This many of the client's next datagrams are lost.
     pub(crate) lose_to_server: u32,
+    /// The client's datagrams are sealed as a driver seals them off the protocol's thread
+    /// (`poll_transmit_deferred`, then `send_key`).
+    pub(crate) seal_in_driver: bool,
 }
 
 impl TunnelPair {
@@ -46,6 +49,7 @@ impl TunnelPair {
             to_server: VecDeque::new(),
             to_client: VecDeque::new(),
             lose_to_server: 0,
+            seal_in_driver: false,
         };
         p.run(Duration::from_millis(500));
         p.c.open_tunnel("127.0.0.1", 22);
@@ -53,6 +57,18 @@ impl TunnelPair {
         assert!(p.c.is_established());
         assert!(p.server().has_tunnel());
         p
+    }
+
+    fn client_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        if !self.seal_in_driver {
+            return self.c.poll_transmit(now, buf, &mut NoFiles);
+        }
+        let t = self.c.poll_transmit_deferred(now, buf, &mut NoFiles)?;
+        if let Some(pn) = t.seal_pn {
+            let key = self.c.send_key().expect("sealed only with keys");
+            key.seal_datagram(&mut buf[..t.len], pn);
+        }
+        Some(t.len)
     }
 
     pub(crate) fn server(&mut self) -> &mut Connection {
@@ -90,7 +106,7 @@ impl TunnelPair {
                 self.c.handle_timeout(now);
             }
             while self.c.poll_event().is_some() {}
-            while let Some(n) = self.c.poll_transmit(now, &mut buf, &mut NoFiles) {
+            while let Some(n) = self.client_transmit(now, &mut buf) {
                 if self.lose_to_server > 0 {
                     self.lose_to_server -= 1;
                     continue;

@@ -184,8 +184,7 @@ impl Connection {
         o.sent_bytes += len as u64;
         wire::write_sealed_header(buf, self.peer_cid, pn);
         wire::write_data_header(&mut buf[hdr..], xfer, block);
-        let keys = self.space.keys.as_ref().expect("established");
-        let total = keys.send.seal(buf, wire::DATA_HEADER_LEN + len, pn);
+        let total = self.seal_packet(buf, wire::DATA_HEADER_LEN + len, pn);
         self.space.next_pn += 1;
         self.record_sent(now_us, true);
         self.stats.data_packets_sent += 1;
@@ -206,7 +205,7 @@ impl Connection {
         buf: &mut [u8],
         fill: impl FnOnce(&mut Writer<'_>),
     ) -> Option<usize> {
-        let keys = self.space.keys.as_ref()?;
+        self.space.keys.as_ref()?;
         let hdr = wire::SEALED_HEADER_LEN;
         let limit = self.path.payload_limit - wire::TAG_LEN;
         let pn = self.space.next_pn;
@@ -214,9 +213,66 @@ impl Connection {
         let mut w = Writer::new(&mut buf[hdr..limit]);
         fill(&mut w);
         let n = w.pos();
-        let total = keys.send.seal(buf, n, pn);
+        let total = self.seal_packet(buf, n, pn);
         self.space.next_pn += 1;
         self.record_sent(now_us, false);
         Some(total)
+    }
+
+    /// Seals the datagram in `buf` (its sealed header, then `plain_len` bytes) under `pn`
+    /// and returns its length; while the driver seals (`poll_transmit_deferred`), leaves it
+    /// as it is and notes `pn` for the driver.
+    pub(super) fn seal_packet(&mut self, buf: &mut [u8], plain_len: usize, pn: u64) -> usize {
+        let total = wire::SEALED_HEADER_LEN + plain_len + wire::TAG_LEN;
+        if self.space.defer_seal {
+            assert!(buf.len() >= total, "no room for the tag");
+            self.space.unsealed = Some(pn);
+            return total;
+        }
+        let keys = self.space.keys.as_ref().expect("sealed only with keys");
+        keys.send.seal(buf, plain_len, pn)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::conn::test_pair::TunnelPair;
+    use crate::conn::NoFiles;
+
+    /// What `poll_transmit_deferred` writes is the datagram `poll_transmit` would write,
+    /// but unsealed: the peer refuses it as it is (an authentication failure, counted,
+    /// nothing changed) and takes it once the driver seals it with `send_key`. A stream
+    /// sent that way, with the client's every datagram sealed by its driver, arrives whole.
+    #[test]
+    fn a_deferred_datagram_is_refused_until_the_driver_seals_it() {
+        let mut p = TunnelPair::new(Duration::from_millis(1));
+        p.seal_in_driver = true;
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i * 13) as u8).collect();
+        assert_eq!(p.c.stream_write(&data), data.len());
+        let mut buf = vec![0u8; 1500];
+        let now = p.now;
+        let t =
+            p.c.poll_transmit_deferred(now, &mut buf, &mut NoFiles)
+                .expect("stream bytes to send");
+        let pn = t
+            .seal_pn
+            .expect("an established session's datagrams are sealed");
+        let mut d = buf[..t.len].to_vec();
+        p.to_server.push_back((now, d.clone()));
+        p.run(Duration::from_millis(1));
+        assert_eq!(p.server().stats().dropped_auth, 1);
+        assert!(p.server().stream_peek().is_empty());
+        let key = p.c.send_key().expect("keys").clone();
+        assert_eq!(key.seal_datagram(&mut d, pn), t.len);
+        p.to_server.push_back((p.now, d));
+        p.run(Duration::from_secs(3));
+        assert_eq!(p.server().stats().dropped_auth, 1);
+        assert!(
+            p.server().stream_peek() == &data[..],
+            "the stream did not arrive whole"
+        );
+        assert!(p.c.stats().data_packets_sent > 100);
     }
 }

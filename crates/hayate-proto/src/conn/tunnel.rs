@@ -237,7 +237,7 @@ impl Connection {
 
     /// One STREAM chunk in a sealed packet, as `send_data` sends a block.
     pub(super) fn send_stream(&mut self, now_us: u64, buf: &mut [u8]) -> Option<usize> {
-        let keys = self.space.keys.as_ref()?;
+        self.space.keys.as_ref()?;
         let hdr = wire::SEALED_HEADER_LEN;
         let limit = self.path.payload_limit - wire::TAG_LEN;
         let t = self.tunnel.as_mut()?;
@@ -255,7 +255,7 @@ impl Connection {
             w.put_varint(c.len as u64).expect("sized");
         }
         wire::write_sealed_header(buf, self.peer_cid, pn);
-        let total = keys.send.seal(buf, h + c.len, pn);
+        let total = self.seal_packet(buf, h + c.len, pn);
         self.space.next_pn += 1;
         self.record_sent(now_us, true);
         self.stats.data_packets_sent += 1;
