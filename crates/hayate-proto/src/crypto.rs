@@ -136,7 +136,7 @@ pub(crate) fn fill_random(buf: &mut [u8]) {
 }
 
 /// Why a packet could not be opened.
-#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error, Clone, Copy, PartialEq, Eq)]
 pub enum CryptoError {
     /// Too short to hold a sealed header and a tag.
     #[error("packet shorter than header + tag")]
@@ -144,6 +144,28 @@ pub enum CryptoError {
     /// The tag does not verify: corrupted, forged, or sealed under another key.
     #[error("packet failed to authenticate")]
     Auth,
+}
+
+/// A sealed datagram opened in place under a session's receive key
+/// ([`PacketKey::open_datagram`]): its packet number, and the plaintext's length after the
+/// header. Only this module makes one; a driver that opens off the protocol's thread hands
+/// it to the core with the datagram (`Connection::handle_opened_at`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Opened {
+    pn: u64,
+    plain_len: usize,
+}
+
+impl Opened {
+    /// The packet number it opened under.
+    pub fn pn(&self) -> u64 {
+        self.pn
+    }
+
+    /// The plaintext's length; it starts right after the sealed header.
+    pub fn plain_len(&self) -> usize {
+        self.plain_len
+    }
 }
 
 /// One direction's AES-256-GCM key.
@@ -224,14 +246,23 @@ impl PacketKey {
     }
 }
 
+impl PacketKey {
+    /// [`open`](Self::open), for a driver that opens on another thread than the core's:
+    /// the plaintext is left in `d` after the header, and the result says how long it is.
+    pub fn open_datagram(&self, d: &mut [u8], pn: u64) -> Result<Opened, CryptoError> {
+        let plain_len = self.open(d, pn)?.len();
+        Ok(Opened { pn, plain_len })
+    }
+}
+
 /// Keys of one session, named from the owner's point of view.
 #[derive(Debug)]
 pub struct SessionKeys {
     /// Seals what this side sends (shared with a driver that seals off the protocol's
     /// thread, see `Connection::poll_transmit_deferred`).
     pub send: Arc<PacketKey>,
-    /// Opens what the peer sends.
-    pub recv: PacketKey,
+    /// Opens what the peer sends (shared as `send` is).
+    pub recv: Arc<PacketKey>,
 }
 
 /// Packet numbers the window remembers: a pn this far or further below the highest is old.

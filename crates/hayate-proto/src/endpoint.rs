@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::conn::{BlockSink, Config, Connection};
-use crate::crypto::Psk;
+use crate::crypto::{CryptoError, Opened, Psk};
 use crate::handshake::{self, HandshakeError};
 use crate::retry::RetryTokens;
 use crate::rng::Rng;
@@ -311,9 +311,42 @@ impl Endpoint {
         data: &mut [u8],
         sink: &mut dyn BlockSink,
     ) -> Option<Vec<u8>> {
+        self.handle_input(cid, now, arrived, from, data, None, sink)
+    }
+
+    /// [`handle`](Self::handle) for a datagram the driver opened already under the
+    /// session's receive key, or failed to (see `Connection::handle_opened_at`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn handle_opened(
+        &mut self,
+        cid: Cid,
+        now: Instant,
+        arrived: Instant,
+        from: SocketAddr,
+        data: &mut [u8],
+        opened: Result<Opened, CryptoError>,
+        sink: &mut dyn BlockSink,
+    ) -> Option<Vec<u8>> {
+        self.handle_input(cid, now, arrived, from, data, Some(opened), sink)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn handle_input(
+        &mut self,
+        cid: Cid,
+        now: Instant,
+        arrived: Instant,
+        from: SocketAddr,
+        data: &mut [u8],
+        opened: Option<Result<Opened, CryptoError>>,
+        sink: &mut dyn BlockSink,
+    ) -> Option<Vec<u8>> {
         let e = self.conns.get_mut(&cid)?;
         let len = data.len() as u64;
-        let taken = e.conn.handle_datagram_at(now, arrived, data, sink);
+        let taken = match opened {
+            None => e.conn.handle_datagram_at(now, arrived, data, sink),
+            Some(o) => e.conn.handle_opened_at(now, arrived, data, o, sink),
+        };
         if from == e.addr {
             // An answer that came back by the old path validates nothing.
             if taken {

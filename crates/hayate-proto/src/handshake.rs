@@ -304,7 +304,7 @@ impl ClientHandshake {
                     mtu: sh.mtu,
                     keys: SessionKeys {
                         send: Arc::new(PacketKey::new(&s.c2s)),
-                        recv: PacketKey::new(&s.s2c),
+                        recv: Arc::new(PacketKey::new(&s.s2c)),
                     },
                 })
             }
@@ -451,7 +451,7 @@ pub fn accept_verified(
         reply_len: hello_datagram_len(sh.mtu, fam).min(hello.len()),
         keys: SessionKeys {
             send: Arc::new(PacketKey::new(&s.s2c)),
-            recv: PacketKey::new(&s.c2s),
+            recv: Arc::new(PacketKey::new(&s.c2s)),
         },
     })
 }

@@ -209,6 +209,11 @@ struct Fixture {
 const SIZE: u64 = 48 << 20;
 
 fn fixture() -> Fixture {
+    fixture_with(&[])
+}
+
+/// [`fixture`] with these environment variables for the server.
+fn fixture_with(env: &[(&str, &std::path::Path)]) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
     let dst = dir.path().join("dst");
@@ -216,7 +221,7 @@ fn fixture() -> Fixture {
     std::fs::create_dir_all(&dst).unwrap();
     let key = keygen(dir.path(), "k");
     let hash = write_random(&root.join("f.bin"), SIZE, 37);
-    let server = Server::start(&root, &key);
+    let server = Server::start_with_env(&root, &key, env);
     Fixture {
         _dir: dir,
         server,
@@ -267,7 +272,23 @@ fn report(case: &str, attacker_sent: u64, attacker_got: u64, run: &Run, pid: i32
 
 #[test]
 fn a_replayed_datagram_from_another_address_gets_nothing_and_moves_nothing() {
-    let fx = fixture();
+    replays(&fixture());
+}
+
+/// The server's AEAD on threads (the default on hosts of 4 cores or more): what its
+/// `hayate-open` thread opens still meets the core's replay and forgery checks.
+#[test]
+fn with_the_aead_on_threads_replays_and_forgeries_change_nothing() {
+    let threads = [("HAYATE_AEAD", std::path::Path::new("threads"))];
+    for case in [replays, forgeries] {
+        let fx = fixture_with(&threads);
+        let names = thread_names(fx.server.pid());
+        assert!(names.iter().any(|n| n == "hayate-open"), "{names:?}");
+        case(&fx);
+    }
+}
+
+fn replays(fx: &Fixture) {
     let relay = Relay::start(fx.server_addr());
     let client = fx.download(&relay);
     let captured = relay.captured(20);
@@ -340,7 +361,10 @@ fn a_client_whose_port_changes_mid_transfer_finishes() {
 
 #[test]
 fn forged_truncated_oversized_and_flipped_datagrams_change_nothing() {
-    let fx = fixture();
+    forgeries(&fixture());
+}
+
+fn forgeries(fx: &Fixture) {
     let relay = Relay::start(fx.server_addr());
     let client = fx.download(&relay);
     let captured = relay.captured(30);

@@ -178,46 +178,41 @@ fn roundtrip_256_mib() {
     eprintln!("256 MiB up and down in {:.1} s", t.elapsed().as_secs_f64());
 }
 
-/// The names of process `pid`'s threads.
-fn thread_names(pid: i32) -> Vec<String> {
-    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
-        return Vec::new();
-    };
-    tasks
-        .filter_map(|t| fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .map(|n| n.trim().to_string())
-        .collect()
-}
-
-/// Both sides seal and send on a `hayate-seal` thread (the default on hosts of 4 cores or
-/// more; on fewer, as on CI's, the loop's thread seals): a file goes up and comes back
-/// down, paced so that the copies last a while, verified and whole both ways, and each
-/// process had the thread while it copied.
+/// Both sides' AEAD on threads (the default on hosts of 4 cores or more; on fewer, as on
+/// CI's, the loop's thread seals and opens): a `hayate-seal` thread seals and sends, a
+/// `hayate-open` thread receives and opens. A file goes up and comes back down, paced so
+/// that the copies last a while, verified and whole both ways, and each process had both
+/// threads while it copied.
 #[test]
-fn a_copy_sealed_on_seal_threads_is_verified_both_ways() {
-    let fx = Fx::with_server(&[("HAYATE_SEAL", Path::new("thread"))], &[]);
-    let seal = |pid| thread_names(pid).iter().any(|n| n == "hayate-seal");
-    assert!(seal(fx.srv.pid()), "the server has no seal thread");
+fn a_copy_with_its_aead_on_threads_is_verified_both_ways() {
+    let fx = Fx::with_server(&[("HAYATE_AEAD", Path::new("threads"))], &[]);
+    let aead_threads = |pid| {
+        let names = thread_names(pid);
+        ["hayate-seal", "hayate-open"]
+            .iter()
+            .all(|t| names.iter().any(|n| n == t))
+    };
+    assert!(aead_threads(fx.srv.pid()), "the server has no AEAD threads");
     let src = fx.local.join("src.bin");
     let len = 24 << 20;
     let hash = write_random(&src, len, 9);
     let down = fx.local.join("down.bin");
     for (from, to) in [(s(&src), fx.url("up.bin")), (fx.url("up.bin"), s(&down))] {
         let mut cmd = hayate();
-        cmd.env("HAYATE_SEAL", "thread")
+        cmd.env("HAYATE_AEAD", "threads")
             .args(["cp", "--json", "--rate", "300M", "--key-file"])
             .arg(&fx.key)
             .args([&from, &to]);
         let mut job = spawn_cmd(&mut cmd);
-        let mut sealing = false;
+        let mut threads = false;
         while !job.try_finished() {
-            sealing |= seal(job.pid());
+            threads |= aead_threads(job.pid());
             std::thread::sleep(Duration::from_millis(5));
         }
         let run = job.wait(Duration::from_secs(60));
         run.assert_ok();
         check_json(&run, len, &hash);
-        assert!(sealing, "{from} -> {to}: the client had no seal thread");
+        assert!(threads, "{from} -> {to}: the client had no AEAD threads");
     }
     assert_eq!(hash_file(&fx.root.join("up.bin")), hash);
     assert_eq!(hash_file(&down), hash);

@@ -3,9 +3,9 @@
 //!
 //! Sealing (AES-256-GCM, a quarter to a third of a sending loop's CPU) happens here, just
 //! before the send: on the loop's thread, or, where the host has cores to spare
-//! ([`SealPlace::Thread`]), on a `hayate-seal` thread that seals and sends each batch while
-//! the loop builds the next. The protocol core leaves its datagrams unsealed for this
-//! (`Connection::poll_transmit_deferred`).
+//! ([`AeadPlace::Threads`](super::link::AeadPlace)), on a `hayate-seal` thread that seals and
+//! sends each batch while the loop builds the next. The protocol core leaves its datagrams
+//! unsealed for this (`Connection::poll_transmit_deferred`).
 
 use std::io;
 use std::net::SocketAddr;
@@ -24,32 +24,6 @@ use crate::udp::UdpSocket;
 /// waits while the thread works through one, few enough that what the core counted as sent
 /// leaves within a fraction of a millisecond.
 const BATCHES_IN_FLIGHT: usize = 4;
-
-/// Where datagrams are sealed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SealPlace {
-    /// On the loop's thread, as each datagram joins its batch.
-    Loop,
-    /// On a thread of its own, which also sends.
-    Thread,
-}
-
-impl SealPlace {
-    /// A thread where the host has at least 4 cores: on fewer, a copy's loop, its disk and
-    /// hash workers and its peer already fill them, and CPU moved to another thread is not
-    /// CPU saved (the seal thread's hand-offs cost more than they free). `HAYATE_SEAL=loop`
-    /// or `=thread` chooses instead (benchmarks, tests).
-    pub fn from_host() -> SealPlace {
-        match std::env::var("HAYATE_SEAL").as_deref() {
-            Ok("thread") => SealPlace::Thread,
-            Ok("loop") => SealPlace::Loop,
-            _ if std::thread::available_parallelism().map_or(1, |n| n.get()) >= 4 => {
-                SealPlace::Thread
-            }
-            _ => SealPlace::Loop,
-        }
-    }
-}
 
 /// Datagrams for one destination in one buffer, at `i * seg` each.
 struct Batch {
@@ -304,6 +278,7 @@ mod tests {
     use hayate_proto::wire;
 
     use super::*;
+    use crate::driver::link::AeadPlace;
     use crate::udp::{RecvBufs, DEFAULT_RECV_BATCH};
 
     fn lo() -> SocketAddr {
@@ -337,7 +312,7 @@ mod tests {
     /// until all of it is out.
     #[test]
     fn datagrams_are_sealed_under_their_numbers_and_sent_in_order_on_either_thread() {
-        for place in [SealPlace::Loop, SealPlace::Thread] {
+        for place in [AeadPlace::Loop, AeadPlace::Threads] {
             let tx = Arc::new(UdpSocket::bind(lo()).unwrap());
             let rx = [
                 UdpSocket::bind(lo()).unwrap(),
@@ -348,9 +323,9 @@ mod tests {
                 Arc::new(PacketKey::new(&[1; 32])),
                 Arc::new(PacketKey::new(&[2; 32])),
             ];
-            let thread = (place == SealPlace::Thread).then(|| tx.clone());
+            let thread = (place == AeadPlace::Threads).then(|| tx.clone());
             let mut b = SendBatch::new(2048, 8, thread);
-            assert_eq!(b.seals_on_thread(), place == SealPlace::Thread);
+            assert_eq!(b.seals_on_thread(), place == AeadPlace::Threads);
             // Per destination: (pn if sealed, plaintext) in the order sent.
             let mut sent: [Vec<(Option<u64>, Vec<u8>)>; 2] = [Vec::new(), Vec::new()];
             for i in 0..300u64 {

@@ -250,21 +250,28 @@ impl<F: BlockSource + BlockSink + Default> Net<F> {
         match conns {
             Conns::One { conn, peer } => {
                 let f = files.entry(conn.my_cid()).or_default();
-                links.recv(&mut |from, at, d| {
+                links.recv(&mut |from, at, d, opened| {
                     if from == *peer {
-                        conn.handle_datagram_at(now, at, d, f);
+                        match opened {
+                            None => conn.handle_datagram_at(now, at, d, f),
+                            Some(o) => conn.handle_opened_at(now, at, d, o, f),
+                        };
                     }
                 })?;
             }
             Conns::Many(ep) => {
-                links.recv(&mut |from, at, d| {
+                links.recv(&mut |from, at, d, opened| {
                     if !p.admits(from) {
                         return;
                     }
                     match ep.route(now, from, d) {
                         Route::Conn(cid) => {
                             let f = files.entry(cid).or_default();
-                            if let Some(challenge) = ep.handle(cid, now, at, from, d, f) {
+                            let challenge = match opened {
+                                None => ep.handle(cid, now, at, from, d, f),
+                                Some(o) => ep.handle_opened(cid, now, at, from, d, o, f),
+                            };
+                            if let Some(challenge) = challenge {
                                 replies.push((from, challenge));
                             }
                         }
@@ -297,6 +304,7 @@ impl<F: BlockSource + BlockSink + Default> Net<F> {
         if let Conns::Many(ep) = &mut self.conns {
             for cid in ep.reap(now) {
                 self.traces.remove(&cid);
+                self.links.forget_key(cid);
                 if let Some(f) = self.files.remove(&cid) {
                     p.reaped(cid, f);
                 }
@@ -382,6 +390,9 @@ fn turns<P: Policy>(p: &mut P, net: &mut Net<P::Files>, waker: &LoopWaker) -> io
                 conn,
                 files: files.entry(cid).or_default(),
             };
+            if let Some(key) = s.conn.recv_key() {
+                links.learn_key(cid, key);
+            }
             s.conn.set_receiver_state(ReceiverState {
                 store_room: BlockSink::room(&*s.files),
                 ..rx

@@ -11,9 +11,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use hayate_proto::crypto::PacketKey;
+use hayate_proto::wire::Cid;
 use hayate_proto::ReceiverState;
 
-use super::batch::{SealPlace, SendBatch};
+use super::batch::SendBatch;
+use super::open::{OpenThread, Opening, RecvBatch};
 use crate::clock::wait_any_until;
 use crate::udp::{RecvBufs, UdpSocket};
 
@@ -171,6 +173,37 @@ fn set_nonblocking(fd: &OwnedFd) -> io::Result<()> {
     Ok(())
 }
 
+/// What [`Links::recv`] hands each datagram to: its sender, its arrival, its bytes, and
+/// whether a thread opened it already.
+pub type OnDatagram<'a> = dyn FnMut(SocketAddr, Instant, &mut [u8], Opening) + 'a;
+
+/// Where the AEAD (sealing what is sent, opening what arrives) runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AeadPlace {
+    /// On the loop's thread.
+    Loop,
+    /// A `hayate-seal` thread seals and sends the UDP datagrams, a `hayate-open` thread
+    /// receives and opens them: the loop does neither.
+    Threads,
+}
+
+impl AeadPlace {
+    /// Threads where the host has at least 4 cores: on fewer, a copy's loop, its disk and
+    /// hash workers and its peer already fill them, and CPU moved to another thread is not
+    /// CPU saved (the hand-offs cost more than they free). `HAYATE_AEAD=loop` or `=threads`
+    /// chooses instead (benchmarks, tests).
+    pub fn from_host() -> AeadPlace {
+        match std::env::var("HAYATE_AEAD").as_deref() {
+            Ok("threads") => AeadPlace::Threads,
+            Ok("loop") => AeadPlace::Loop,
+            _ if std::thread::available_parallelism().map_or(1, |n| n.get()) >= 4 => {
+                AeadPlace::Threads
+            }
+            _ => AeadPlace::Loop,
+        }
+    }
+}
+
 /// The paths a driver sends and receives on: a UDP socket, a stream, or both (a far side
 /// started over ssh listens on both until the client picks one).
 pub struct Links {
@@ -182,25 +215,30 @@ pub struct Links {
     pub stream: Option<StreamLink>,
     batch: SendBatch,
     rbufs: RecvBufs,
+    /// Receives and opens the UDP datagrams, with [`AeadPlace::Threads`].
+    opener: Option<OpenThread>,
 }
 
 impl Links {
-    /// Links over the given paths, with a send batch of up to 64 datagrams of 64 KiB, sealed
-    /// where [`SealPlace::from_host`] says.
+    /// Links over the given paths, with a send batch of up to 64 datagrams of 64 KiB, the
+    /// AEAD where [`AeadPlace::from_host`] says.
     pub fn new(udp: Option<UdpSocket>, stream: Option<StreamLink>) -> Self {
-        Self::sealing(udp, stream, SealPlace::from_host())
+        Self::with_aead(udp, stream, AeadPlace::from_host())
     }
 
-    /// As [`new`](Self::new), sealing UDP datagrams at `seal` (the stream's are always
-    /// sealed on the loop's thread: its queue is the loop's).
-    pub fn sealing(udp: Option<UdpSocket>, stream: Option<StreamLink>, seal: SealPlace) -> Self {
+    /// As [`new`](Self::new), with the UDP datagrams' AEAD at `aead` (the stream's is always
+    /// on the loop's thread: its queues are the loop's).
+    pub fn with_aead(udp: Option<UdpSocket>, stream: Option<StreamLink>, aead: AeadPlace) -> Self {
         let udp = udp.map(Arc::new);
-        let thread = udp.clone().filter(|_| seal == SealPlace::Thread);
+        let threads = udp.clone().filter(|_| aead == AeadPlace::Threads);
+        // Without the threads (the system refused one) the loop does the work.
+        let opener = threads.clone().and_then(|s| OpenThread::start(s).ok());
         Self {
             udp,
             stream,
-            batch: SendBatch::new(65536, 64, thread),
+            batch: SendBatch::new(65536, 64, threads),
             rbufs: RecvBufs::new(32),
+            opener,
         }
     }
 
@@ -209,21 +247,49 @@ impl Links {
         self.batch.seals_on_thread()
     }
 
-    /// Every datagram that arrived on either path, handed to `f` with its sender and when
-    /// it arrived (the kernel's timestamp on UDP; now on the stream, whose own buffering
-    /// hides it).
-    pub fn recv(&mut self, f: &mut dyn FnMut(SocketAddr, Instant, &mut [u8])) -> io::Result<()> {
-        if let Some(sock) = &self.udp {
+    /// Whether a `hayate-open` thread receives and opens the UDP datagrams.
+    pub fn opens_on_thread(&self) -> bool {
+        self.opener.is_some()
+    }
+
+    /// Datagrams to session `cid` open with `key` (a no-op unless a thread opens them).
+    pub fn learn_key(&mut self, cid: Cid, key: &Arc<PacketKey>) {
+        if let Some(o) = &mut self.opener {
+            o.learn(cid, key);
+        }
+    }
+
+    /// Session `cid` is gone.
+    pub fn forget_key(&mut self, cid: Cid) {
+        if let Some(o) = &mut self.opener {
+            o.forget(cid);
+        }
+    }
+
+    /// Every datagram that arrived on either path, handed to `f` with its sender, when it
+    /// arrived (the kernel's timestamp on UDP; now on the stream, whose own buffering hides
+    /// it), and whether a thread opened it already (`None`: as it came).
+    pub fn recv(&mut self, f: &mut OnDatagram<'_>) -> io::Result<()> {
+        if let Some(o) = &mut self.opener {
+            o.take(&mut |b: &mut RecvBatch| {
+                let RecvBatch { bufs, meta } = b;
+                for ((from, d), &(_, at, opened)) in bufs.datagrams().zip(meta.iter()) {
+                    if from != STREAM_PEER {
+                        f(from, at, d, opened);
+                    }
+                }
+            })?;
+        } else if let Some(sock) = &self.udp {
             sock.recv_batch(&mut self.rbufs)?;
             for (from, at, d) in self.rbufs.datagrams_at() {
                 if from != STREAM_PEER {
-                    f(from, at, d);
+                    f(from, at, d, None);
                 }
             }
         }
         if let Some(s) = &mut self.stream {
             let now = Instant::now();
-            s.recv(&mut |from, d| f(from, now, d));
+            s.recv(&mut |from, d| f(from, now, d, None));
         }
         Ok(())
     }
@@ -316,7 +382,9 @@ impl Links {
     ) -> io::Result<()> {
         let mut fds = Vec::with_capacity(3 + extra.len());
         fds.extend_from_slice(extra);
-        if let Some(s) = &self.udp {
+        if let Some(o) = &self.opener {
+            fds.push((o.fd(), libc::POLLIN));
+        } else if let Some(s) = &self.udp {
             fds.push((s.as_fd(), libc::POLLIN));
         }
         if let Some(s) = self.stream.as_ref().filter(|s| !s.eof) {

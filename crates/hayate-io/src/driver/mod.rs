@@ -7,6 +7,7 @@ pub mod client;
 mod engine;
 pub mod link;
 pub mod mem;
+mod open;
 pub(crate) mod resume;
 pub mod server;
 pub mod tunnel;
@@ -18,7 +19,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use hayate_proto::control::flags;
 use hayate_proto::Connection;
 
-pub use batch::{SealPlace, SendBatch};
+pub use batch::SendBatch;
 
 /// Set from a signal handler to make a loop stop cleanly.
 #[derive(Debug, Clone, Default)]

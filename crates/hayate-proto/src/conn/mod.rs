@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use crate::cc::{Feedback, RateConfig, RememberedPath};
 use crate::control::{Ctrl, CtrlRecv, CtrlSend};
-use crate::crypto::{PacketKey, Psk, ReplayWindow};
+use crate::crypto::{CryptoError, Opened, PacketKey, Psk, ReplayWindow};
 use crate::pacer::Pacer;
 use crate::rng::Rng;
 use crate::rtt::{RttEstimator, WindowedMin};
@@ -331,6 +331,38 @@ impl Connection {
         data: &mut [u8],
         sink: &mut dyn BlockSink,
     ) -> bool {
+        self.handle_input(now, arrived, data, None, sink)
+    }
+
+    /// [`handle_datagram_at`](Self::handle_datagram_at) for a sealed datagram a driver
+    /// opened already, on another thread, under this session's receive key
+    /// ([`recv_key`](Self::recv_key), `PacketKey::open_datagram`), or failed to open (then
+    /// `data` is garbage and only counted). Everything else is checked as for any datagram:
+    /// that it is for this session, fresh (not a replay), and well formed.
+    pub fn handle_opened_at(
+        &mut self,
+        now: Instant,
+        arrived: Instant,
+        data: &mut [u8],
+        opened: Result<Opened, CryptoError>,
+        sink: &mut dyn BlockSink,
+    ) -> bool {
+        self.handle_input(now, arrived, data, Some(opened), sink)
+    }
+
+    /// The key that opens what the peer sends, once the handshake agreed it.
+    pub fn recv_key(&self) -> Option<&Arc<PacketKey>> {
+        self.space.keys.as_ref().map(|k| &k.recv)
+    }
+
+    fn handle_input(
+        &mut self,
+        now: Instant,
+        arrived: Instant,
+        data: &mut [u8],
+        opened: Option<Result<Opened, CryptoError>>,
+        sink: &mut dyn BlockSink,
+    ) -> bool {
         let now_us = self.now_us(now);
         // Not capped at `now`: a driver reads the clock once per loop, so a datagram often
         // arrived after the `now` it is handled with, and capping it would date it early
@@ -343,7 +375,7 @@ impl Connection {
             self.stats.dropped_unexpected += 1;
             return false;
         }
-        let Some((pn, plain)) = self.open_packet(data) else {
+        let Some((pn, plain)) = self.open_packet(data, opened) else {
             return false;
         };
         self.space.replay.mark(pn);

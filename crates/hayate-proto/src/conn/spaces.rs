@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 
 use crate::cc::Feedback;
-use crate::crypto::{ReplayWindow, SessionKeys};
+use crate::crypto::{CryptoError, Opened, ReplayWindow, SessionKeys};
 use crate::transfer::REORDER_PACKETS;
 use crate::wire::{self, AckFrame, Frame, Writer};
 
@@ -322,8 +322,13 @@ impl Connection {
     /// Authenticates a datagram as a packet of this session: sealed, for our connection
     /// id, not a replay, opening under the peer's key, and every frame parsing (checked
     /// before any acts, so a malformed tail cannot leave a packet half-applied). Returns its
-    /// packet number and plaintext; a datagram that fails is counted and dropped.
-    pub(super) fn open_packet<'a>(&mut self, data: &'a mut [u8]) -> Option<(u64, &'a [u8])> {
+    /// packet number and plaintext; a datagram that fails is counted and dropped. `opened`:
+    /// the driver opened it already (or failed to), see `Connection::handle_opened_at`.
+    pub(super) fn open_packet<'a>(
+        &mut self,
+        data: &'a mut [u8],
+        opened: Option<Result<Opened, CryptoError>>,
+    ) -> Option<(u64, &'a [u8])> {
         match wire::peek_kind(data) {
             Ok(wire::PacketKind::Sealed) => {}
             Ok(_) => {
@@ -344,19 +349,40 @@ impl Connection {
             self.stats.dropped_malformed += 1;
             return None;
         };
-        let pn = wire::decode_pn(pn_bits, self.space.largest_rx.map_or(0, |(l, _)| l + 1));
+        let pn = match &opened {
+            // The number it opened under: the nonce proves it.
+            Some(Ok(o)) => o.pn(),
+            _ => wire::decode_pn(pn_bits, self.space.largest_rx.map_or(0, |(l, _)| l + 1)),
+        };
         if !self.space.replay.is_fresh(pn) {
             self.stats.dropped_replay += 1;
             return None;
         }
-        let keys = self
-            .space
-            .keys
-            .as_ref()
-            .expect("sealed packets only after keys");
-        let plain = match keys.recv.open(data, pn) {
-            Ok(p) => p,
-            Err(_) => {
+        let plain: &[u8] = match opened {
+            None => {
+                let keys = self
+                    .space
+                    .keys
+                    .as_ref()
+                    .expect("sealed packets only after keys");
+                match keys.recv.open(data, pn) {
+                    Ok(p) => p,
+                    Err(_) => {
+                        self.stats.dropped_auth += 1;
+                        return None;
+                    }
+                }
+            }
+            Some(Ok(o)) => {
+                match data.get(wire::SEALED_HEADER_LEN..wire::SEALED_HEADER_LEN + o.plain_len()) {
+                    Some(p) => p,
+                    None => {
+                        self.stats.dropped_malformed += 1;
+                        return None;
+                    }
+                }
+            }
+            Some(Err(_)) => {
                 self.stats.dropped_auth += 1;
                 return None;
             }
@@ -402,5 +428,79 @@ impl Connection {
         } else {
             0
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::conn::test_pair::TunnelPair;
+    use crate::crypto::CryptoError;
+
+    /// A server whose driver opens its datagrams (`Endpoint::handle_opened`) takes a
+    /// stream whole; a datagram the driver failed to open, and an opened one delivered
+    /// twice, change nothing and are counted (authentication, replay), as when the core
+    /// opens them itself.
+    #[test]
+    fn datagrams_a_driver_opened_still_face_the_replay_and_session_checks() {
+        let mut p = TunnelPair::new(Duration::from_millis(1));
+        p.open_in_driver = Some(None);
+        let data: Vec<u8> = (0..100_000u32).map(|i| (i * 7) as u8).collect();
+        assert_eq!(p.c.stream_write(&data), data.len());
+        p.run(Duration::from_secs(2));
+        assert!(
+            p.server().stream_peek() == &data[..],
+            "the stream did not arrive whole"
+        );
+
+        // A datagram the driver could not open: only counted.
+        let cid = p.cid;
+        let before = p.server().stats();
+        let now = p.now;
+        let mut junk = vec![0u8; 200];
+        crate::wire::write_sealed_header(&mut junk, cid, 1 << 20);
+        let addr = "192.0.2.1:4000".parse().unwrap();
+        let r = p.ep.handle_opened(
+            cid,
+            now,
+            now,
+            addr,
+            &mut junk,
+            Err(CryptoError::Auth),
+            &mut crate::conn::NoFiles,
+        );
+        assert!(r.is_none());
+        let after = p.server().stats();
+        assert_eq!(after.dropped_auth, before.dropped_auth + 1);
+        assert_eq!(after.packets_received, before.packets_received);
+
+        // The client's next datagram, opened, delivered twice: the second is a replay.
+        p.c.stream_write(b"one more");
+        let mut buf = vec![0u8; 1500];
+        let n =
+            p.c.poll_transmit(p.now, &mut buf, &mut crate::conn::NoFiles)
+                .expect("a datagram");
+        let key = p.server().recv_key().unwrap().clone();
+        let bits = crate::wire::sealed_pn_bits(&buf[..n]).unwrap();
+        let pn = crate::wire::decode_pn(bits, 0);
+        for _ in 0..2 {
+            let mut d = buf[..n].to_vec();
+            let opened = key.open_datagram(&mut d, pn);
+            assert!(opened.is_ok());
+            p.ep.handle_opened(
+                cid,
+                now,
+                now,
+                addr,
+                &mut d,
+                opened,
+                &mut crate::conn::NoFiles,
+            );
+        }
+        let last = p.server().stats();
+        assert_eq!(last.packets_received, after.packets_received + 1);
+        assert_eq!(last.dropped_replay, after.dropped_replay + 1);
+        assert!(p.server().stream_peek().ends_with(b"one more"));
     }
 }

@@ -2,13 +2,14 @@
 //! with a delay each way, in virtual time (the tunnel's and the timers' unit tests).
 
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::conn::{Connection, Event, NoFiles};
 use crate::crypto::Psk;
 use crate::endpoint::{Endpoint, Route};
 use crate::rng::Rng;
-use crate::wire::{AddrFamily, Cid};
+use crate::wire::{self, AddrFamily, Cid};
 use crate::Config;
 
 /// A client and its server session with a tunnel, over a path of `delay` each way, in
@@ -26,6 +27,9 @@ pub(crate) struct TunnelPair {
     /// The client's datagrams are sealed as a driver seals them off the protocol's thread
     /// (`poll_transmit_deferred`, then `send_key`).
     pub(crate) seal_in_driver: bool,
+    /// The server's datagrams are opened as a driver opens them off the protocol's thread
+    /// (`recv_key`, then `Endpoint::handle_opened`); the highest pn it opened.
+    pub(crate) open_in_driver: Option<Option<u64>>,
 }
 
 impl TunnelPair {
@@ -50,6 +54,7 @@ impl TunnelPair {
             to_client: VecDeque::new(),
             lose_to_server: 0,
             seal_in_driver: false,
+            open_in_driver: None,
         };
         p.run(Duration::from_millis(500));
         p.c.open_tunnel("127.0.0.1", 22);
@@ -57,6 +62,22 @@ impl TunnelPair {
         assert!(p.c.is_established());
         assert!(p.server().has_tunnel());
         p
+    }
+
+    fn server_receive(&mut self, id: Cid, now: Instant, addr: SocketAddr, d: &mut [u8]) {
+        let Some(largest) = self.open_in_driver else {
+            self.ep.handle(id, now, now, addr, d, &mut NoFiles);
+            return;
+        };
+        let key = self.server().recv_key().expect("keys").clone();
+        let bits = wire::sealed_pn_bits(d).expect("sealed");
+        let pn = wire::decode_pn(bits, largest.map_or(0, |l| l + 1));
+        let opened = key.open_datagram(d, pn);
+        if opened.is_ok() && largest.is_none_or(|l| pn > l) {
+            self.open_in_driver = Some(Some(pn));
+        }
+        self.ep
+            .handle_opened(id, now, now, addr, d, opened, &mut NoFiles);
     }
 
     fn client_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
@@ -92,9 +113,7 @@ impl TunnelPair {
                         self.cid = id;
                         self.to_client.push_back((due, reply));
                     }
-                    Route::Conn(id) => {
-                        self.ep.handle(id, now, now, addr, &mut d, &mut NoFiles);
-                    }
+                    Route::Conn(id) => self.server_receive(id, now, addr, &mut d),
                     _ => {}
                 }
             }

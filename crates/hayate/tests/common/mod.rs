@@ -458,3 +458,14 @@ pub fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
         thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// The names of process `pid`'s threads.
+pub fn thread_names(pid: i32) -> Vec<String> {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .collect()
+}
