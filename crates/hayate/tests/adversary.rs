@@ -275,7 +275,7 @@ fn a_replayed_datagram_from_another_address_gets_nothing_and_moves_nothing() {
     replays(&fixture());
 }
 
-/// The server's AEAD on threads (the default on hosts of 4 cores or more): what its
+/// The server's AEAD on threads (the default where a daemon has the cores for it): what its
 /// `hayate-open` thread opens still meets the core's replay and forgery checks.
 #[test]
 fn with_the_aead_on_threads_replays_and_forgeries_change_nothing() {

@@ -178,7 +178,7 @@ fn roundtrip_256_mib() {
     eprintln!("256 MiB up and down in {:.1} s", t.elapsed().as_secs_f64());
 }
 
-/// Both sides' AEAD on threads (the default on hosts of 4 cores or more; on fewer, as on
+/// Both sides' AEAD on threads (the default for a client on 4 cores or more; on fewer, as on
 /// CI's, the loop's thread seals and opens): a `hayate-seal` thread seals and sends, a
 /// `hayate-open` thread receives and opens. A file goes up and comes back down, paced so
 /// that the copies last a while, verified and whole both ways, and each process had both

@@ -188,15 +188,17 @@ pub enum AeadPlace {
 }
 
 impl AeadPlace {
-    /// Threads where the host has at least 4 cores: on fewer, a copy's loop, its disk and
-    /// hash workers and its peer already fill them, and CPU moved to another thread is not
-    /// CPU saved (the hand-offs cost more than they free). `HAYATE_AEAD=loop` or `=threads`
-    /// chooses instead (benchmarks, tests).
-    pub fn from_host() -> AeadPlace {
+    /// For a process that runs `loops` loops at once: threads where the host has two cores
+    /// for each loop's own and two to spare (a client, one loop: 4 cores). Where the loops,
+    /// the disk and hash workers and the peer already fill the cores (2 cores; a daemon with
+    /// a loop per core), CPU moved to another thread is not CPU saved: the hand-offs cost
+    /// more than they free. `HAYATE_AEAD=loop` or `=threads` chooses instead (benchmarks,
+    /// tests).
+    pub fn for_loops(loops: usize) -> AeadPlace {
         match std::env::var("HAYATE_AEAD").as_deref() {
             Ok("threads") => AeadPlace::Threads,
             Ok("loop") => AeadPlace::Loop,
-            _ if std::thread::available_parallelism().map_or(1, |n| n.get()) >= 4 => {
+            _ if std::thread::available_parallelism().map_or(1, |n| n.get()) >= 2 * loops + 2 => {
                 AeadPlace::Threads
             }
             _ => AeadPlace::Loop,
@@ -221,9 +223,9 @@ pub struct Links {
 
 impl Links {
     /// Links over the given paths, with a send batch of up to 64 datagrams of 64 KiB, the
-    /// AEAD where [`AeadPlace::from_host`] says.
+    /// AEAD where [`AeadPlace::for_loops`] says for a process of one loop.
     pub fn new(udp: Option<UdpSocket>, stream: Option<StreamLink>) -> Self {
-        Self::with_aead(udp, stream, AeadPlace::from_host())
+        Self::with_aead(udp, stream, AeadPlace::for_loops(1))
     }
 
     /// As [`new`](Self::new), with the UDP datagrams' AEAD at `aead` (the stream's is always

@@ -19,7 +19,7 @@ use hayate_proto::{
 };
 
 use super::engine::{self, Flow, Net, Policy, Session};
-use super::link::{Links, StreamLink};
+use super::link::{AeadPlace, Links, StreamLink};
 use super::resume::save_progress;
 use super::tunnel::FarEnd;
 use super::{dest_mode, systime, StopFlag};
@@ -445,7 +445,8 @@ fn serve_group(
                 if i == 0 {
                     srv.log_listening(&sock, count)?;
                 }
-                let r = srv.run(Links::new(Some(sock), None), opts, shard);
+                let links = Links::with_aead(Some(sock), None, AeadPlace::for_loops(count));
+                let r = srv.run(links, opts, shard);
                 if r.is_err() {
                     stop.stop();
                 }
