@@ -28,7 +28,10 @@
 //! window is from 2 s to half a second before the upload's end, **hayate %** is steady as
 //! above and **cross %** the cross traffic's data rate over the same window, over capacity ×
 //! 1448/1500 (a TCP segment's data share) × (1 − loss). On the link whose rate changes the
-//! capacity is the rate's mean over that window.
+//! capacity is the rate's mean over that window. In `cubic-late` the upload joins a CUBIC
+//! flow that has run for 5 s, and the window starts 2 s after it joined. Beside TCP,
+//! **compete s** says how long after it started the upload's controller first competed
+//! (`--policy fair`'s `compete` state), `-` if never.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -86,6 +89,10 @@ const MODELS: &[(&str, &str)] = &[
         "1-BDP FIFO, the sender's host wakes it 0-4 ms late every time it waits (cores busy)",
     ),
     ("cubic", "1-BDP FIFO, beside one TCP CUBIC bulk flow"),
+    (
+        "cubic-late",
+        "1-BDP FIFO, joining a TCP CUBIC bulk flow 5 s after it started (its queue standing)",
+    ),
     ("bbr", "1-BDP FIFO, beside one BBR-like bulk flow"),
     (
         "onoff",
@@ -94,7 +101,10 @@ const MODELS: &[(&str, &str)] = &[
 ];
 
 /// Models with cross traffic: their table has a cross % column.
-const CROSS: &[&str] = &["cubic", "bbr", "onoff"];
+const CROSS: &[&str] = &["cubic", "cubic-late", "bbr", "onoff"];
+
+/// When the upload joins the cross traffic in `cubic-late`, µs.
+const LATE_JOIN_US: u64 = 5_000_000;
 
 /// A TCP segment's data share of the wire bytes.
 const TCP_DATA_SHARE: f64 = 1448.0 / 1500.0;
@@ -120,6 +130,9 @@ struct Outcome {
     drops: u64,
     /// The cross traffic's data rate, % (models with cross traffic).
     cross_pct: f64,
+    /// Seconds from the upload's start until its controller first competed (beside
+    /// TCP), if it did.
+    compete_s: Option<f64>,
     error: Option<String>,
 }
 
@@ -205,12 +218,12 @@ fn scenario(row: &Row) -> (Scenario, f64, f64) {
             ];
         }
         "busyhost" => sc.client_wake_late_us = 2_000,
-        "cubic" | "bbr" => {
+        "cubic" | "cubic-late" | "bbr" => {
             let flow = TcpSpec {
                 start_us: 0,
                 stop_us: u64::MAX,
             };
-            if row.model == "cubic" {
+            if row.model != "bbr" {
                 sc.tcp_flows = vec![flow];
             } else {
                 sc.bbr_flows = vec![flow];
@@ -245,26 +258,52 @@ fn scenario(row: &Row) -> (Scenario, f64, f64) {
         // Sharing, the upload takes longer.
         sc.limit_us = row.secs * 20_000_000;
     }
+    if row.model == "cubic-late" {
+        // The scenario's own client only keeps the simulation going; the upload is a
+        // second client's, which joins once CUBIC's queue stands.
+        let mut late = sc.another_client(LATE_JOIN_US);
+        late.uploads = std::mem::take(&mut sc.uploads);
+        sc.uploads = vec![("tiny".into(), data(1000))];
+        sc.extra_clients.push(late);
+        sc.limit_us += LATE_JOIN_US;
+    }
     (sc, capacity, row.loss)
 }
 
 fn run_row(row: &Row, trace: Option<&Path>) -> Outcome {
     let (mut sc, capacity, loss) = scenario(row);
-    sc.cc_trace = trace.is_some();
+    let beside_tcp = matches!(row.model, "cubic" | "cubic-late" | "bbr");
+    // Beside TCP the trace says when the controller began to compete.
+    sc.cc_trace = trace.is_some() || beside_tcp;
+    for c in &mut sc.extra_clients {
+        c.cc_trace = sc.cc_trace;
+    }
     let r = sim::run(&sc);
+    // The upload's client: the second in `cubic-late`.
+    let up = &r.clients[if row.model == "cubic-late" { 1 } else { 0 }];
     if let Some(dir) = trace {
         let name = format!(
             "{}-{}ms-{}-{}.tsv",
             row.model, row.rtt_ms, row.loss, row.seed
         );
-        if let Err(e) = write_trace(&dir.join(&name), &r.clients[0].cc_trace) {
+        if let Err(e) = write_trace(&dir.join(&name), &up.cc_trace) {
             eprintln!("sim-matrix: cannot write {}: {e}", dir.join(name).display());
         }
     }
-    let t = &r.server_rx_trace;
+    let compete_s = beside_tcp
+        .then(|| {
+            up.cc_trace
+                .iter()
+                .find(|t| t.state == "compete")
+                // The controller's clock starts with its connection.
+                .map(|t| t.feedback.now_us as f64 / 1e6)
+        })
+        .flatten();
+    let t = &up.server_rx_trace;
     let peak = t.iter().copied().max().unwrap_or(0);
     let last_full = t.iter().rposition(|&b| b * 2 >= peak).unwrap_or(0);
-    let a = 20usize;
+    // From 2 s after the upload began.
+    let a = (up.start_us / 100_000) as usize + 20;
     let mut b = t.len().saturating_sub(5);
     // Sharing the link or losing half of it, the upload's rate falls below half its peak
     // before the end.
@@ -287,7 +326,7 @@ fn run_row(row: &Row, trace: Option<&Path>) -> Outcome {
     }
     let cross = match row.model {
         "onoff" => mean_over(&r.short_rx_trace),
-        "cubic" | "bbr" => mean_over(&r.tcp_rx_trace[0]),
+        "cubic" | "cubic-late" | "bbr" => mean_over(&r.tcp_rx_trace[0]),
         _ => 0.0,
     };
     let hist = &r.fwd_queue_delay_hist;
@@ -300,7 +339,7 @@ fn run_row(row: &Row, trace: Option<&Path>) -> Outcome {
             acc * 2 >= total
         })
         .unwrap_or(0);
-    let c = &r.client;
+    let c = &up.stats;
     Outcome {
         ok: r.ok,
         steady_pct: 100.0 * steady / (capacity * payload_share() * (1.0 - loss)),
@@ -308,6 +347,7 @@ fn run_row(row: &Row, trace: Option<&Path>) -> Outcome {
         q50_ms: q50 as f64 * 0.1,
         drops: r.fwd_queue_drops + r.fwd_aqm_drops + r.fwd_policer_drops,
         cross_pct: 100.0 * cross / (capacity * TCP_DATA_SHARE * (1.0 - loss)),
+        compete_s,
         error: r.error.clone(),
     }
 }
@@ -447,8 +487,16 @@ fn main() {
             println!("\n{}: {desc}", row.model);
             if CROSS.contains(&row.model) {
                 println!(
-                    "{:>7} {:>6} {:>6} {:>9} {:>8} {:>7} {:>7} {:>7}  result",
-                    "rtt ms", "loss %", "seed", "hayate %", "cross %", "retx %", "q50 ms", "drops"
+                    "{:>7} {:>6} {:>6} {:>9} {:>8} {:>7} {:>7} {:>7} {:>10}  result",
+                    "rtt ms",
+                    "loss %",
+                    "seed",
+                    "hayate %",
+                    "cross %",
+                    "retx %",
+                    "q50 ms",
+                    "drops",
+                    "compete s"
                 );
             } else {
                 println!(
@@ -463,8 +511,11 @@ fn main() {
             format!("FAILED: {}", o.error.as_deref().unwrap_or("?"))
         };
         if CROSS.contains(&row.model) {
+            let compete = o
+                .compete_s
+                .map_or_else(|| "-".to_string(), |t| format!("{t:.1}"));
             println!(
-                "{:>7} {:>6.2} {:>6} {:>9.1} {:>8.1} {:>7.2} {:>7.1} {:>7}  {}",
+                "{:>7} {:>6.2} {:>6} {:>9.1} {:>8.1} {:>7.2} {:>7.1} {:>7} {:>10}  {}",
                 row.rtt_ms,
                 row.loss * 100.0,
                 row.seed,
@@ -473,6 +524,7 @@ fn main() {
                 o.retx_pct,
                 o.q50_ms,
                 o.drops,
+                compete,
                 result
             );
         } else {
