@@ -1319,10 +1319,11 @@ fn a_remembered_path_starts_near_its_rate() {
         "{:?}",
         states(&second)
     );
-    // The handshake, the round trip that confirms the path and half a round trip at half
-    // the rate: 90 % within 4 round trips of the start, where the search took 6-7.
+    // The handshake (whose round trip confirms the path) and half a round trip at half the
+    // rate: 90 % within 4 round trips of the start, where the search took 6-7. Waiting for
+    // the first data's round trip to confirm it cost one more (1 000 ms here).
     assert!(
-        t2 <= 1_000 && t2 + 400 <= t1,
+        t2 <= 800 && t2 + 600 <= t1,
         "90 % after {t2} ms, {t1} without"
     );
     assert!(

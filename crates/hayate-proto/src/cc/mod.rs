@@ -120,6 +120,10 @@ pub trait RateControl: Send + std::fmt::Debug {
     /// Before the session sends anything: the path as an earlier session measured it. A
     /// controller may start from it (once the path confirms it) or ignore it.
     fn remember(&mut self, _path: RememberedPath) {}
+    /// The handshake took `rtt_us` (the client's hello to the server's answer, timed from
+    /// the hello's first sending), at `now_us`, before any data: a controller holding a
+    /// remembered path may take it as the first RTT sample that confirms the path.
+    fn on_handshake_rtt(&mut self, _now_us: u64, _rtt_us: u64) {}
     /// What this session measured of the path, when that is worth remembering: the rate was
     /// found (not only searched for), and not held down by a rate cap or an application
     /// slower than the path. `None` otherwise.

@@ -54,6 +54,9 @@ pub(super) struct Hello {
     pub(super) next_send_us: u64,
     pub(super) backoff_us: u64,
     pub(super) deadline_us: u64,
+    /// When each attempt first went out, µs: its answer times the handshake's round trip
+    /// (from the first sending: a resent hello's answer reads long, never short).
+    pub(super) first_sent_us: Vec<Option<u64>>,
 }
 
 impl Hello {
@@ -71,6 +74,7 @@ impl Hello {
         }
         attempts.insert(0, first);
         Hello {
+            first_sent_us: vec![None; attempts.len()],
             attempts,
             offered: 0,
             due: vec![],
@@ -93,6 +97,7 @@ impl Hello {
             self.backoff_us = (self.backoff_us * 2).min(1_000_000);
         }
         let i = self.due.remove(0);
+        self.first_sent_us[i].get_or_insert(now_us);
         Some(&self.attempts[i])
     }
 
@@ -196,10 +201,11 @@ impl Connection {
             self.count_handshake_drop(&last);
             return Some(false);
         }
-        for hs in &h.attempts {
+        for (i, hs) in h.attempts.iter().enumerate() {
             match hs.handle(&self.psk, data) {
                 Ok(est) => {
-                    self.on_server_hello(now_us, est);
+                    let rtt_us = h.first_sent_us[i].map(|t| now_us.saturating_sub(t));
+                    self.on_server_hello(now_us, est, rtt_us);
                     return Some(true);
                 }
                 Err(HandshakeError::Rejected(r)) => {
@@ -238,12 +244,16 @@ impl Connection {
         }
     }
 
-    /// Client: the server proved the key; the session takes the agreed MTU and keys.
-    fn on_server_hello(&mut self, now_us: u64, est: ClientEstablished) {
+    /// Client: the server proved the key; the session takes the agreed MTU and keys, and
+    /// the rate controller the handshake's round trip (`rtt_us`).
+    fn on_server_hello(&mut self, now_us: u64, est: ClientEstablished, rtt_us: Option<u64>) {
         self.peer_cid = est.server_cid;
         self.path.mtu = est.mtu;
         self.path.block_size = wire::block_size(est.mtu, self.path.fam);
         self.path.payload_limit = wire::udp_payload_limit(est.mtu, self.path.fam);
+        if let Some(rtt_us) = rtt_us {
+            self.path.cc.on_handshake_rtt(now_us, rtt_us);
+        }
         self.path.pacer = Pacer::new(self.path.payload_limit);
         self.path.pacer.set_rate(self.path.cc.pacing_rate());
         self.space.keys = Some(est.keys);

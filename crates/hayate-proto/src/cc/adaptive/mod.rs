@@ -75,11 +75,13 @@
 //! | Low | Startup | as Startup's queue exit, whether or not deliveries still grow | Drain | (a queue there as it starts is someone else's: no newcomer's claim) |
 //!
 //! **Careful resume** (RFC 9959). A session given a remembered path ([`RememberedPath`]:
-//! the rate and minimum RTT an earlier session to the same peer found, and its age) runs
-//! Startup's first round trip as usual (Reconnaissance), then, inside Startup:
+//! the rate and minimum RTT an earlier session to the same peer found, and its age) waits in
+//! Startup for the path's first RTT sample (Reconnaissance): the handshake's round trip
+//! (`RateControl::on_handshake_rtt`, before any data), or else the first data's. Then,
+//! inside Startup:
 //!
 //! ```text
-//!   Reconnaissance --first RTT sample, within [resume_rtt_low, resume_rtt_high] x the
+//!   Reconnaissance --first RTT sample (the handshake's), within [resume_rtt_low, resume_rtt_high] x the
 //!        |           remembered one, memory under resume_max_age_us--> Unvalidated
 //!        +--otherwise, or the jump no faster than Startup already is--> Ignored
 //!   Unvalidated: pace resume_jump_gain x the remembered rate (less if the RTT is longer
@@ -92,7 +94,7 @@
 //!
 //! | state | condition | next state | what changes |
 //! |---|---|---|---|
-//! | Startup (Reconnaissance) | the first RTT sample is comparable with the remembered one, the memory is fresh, the jump is faster than Startup's pace | Startup (Unvalidated) | pace and in-flight cap at least the jump's |
+//! | Startup (Reconnaissance) | the first RTT sample (the handshake's, or else the first data's) is comparable with the remembered one, the memory is fresh, the jump is faster than Startup's pace | Startup (Unvalidated) | pace and in-flight cap at least the jump's |
 //! | Startup (Reconnaissance) | otherwise | Startup | the memory is ignored |
 //! | Startup (Unvalidated) | a feedback acknowledges a packet sent since the jump began | Startup (Validating) | Startup's rules pace, no slower than the jump |
 //! | Startup (Validating) | a feedback acknowledges a packet sent since validation began | Startup | the jump is validated |
@@ -474,6 +476,10 @@ impl RateControl for Adaptive {
 
     fn remember(&mut self, path: RememberedPath) {
         self.remember_path(path);
+    }
+
+    fn on_handshake_rtt(&mut self, now_us: u64, rtt_us: u64) {
+        self.resume_on_handshake(now_us, rtt_us);
     }
 
     fn measured(&self) -> Option<PathMeasurement> {

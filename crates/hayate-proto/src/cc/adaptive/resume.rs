@@ -123,17 +123,26 @@ impl Adaptive {
     pub(super) fn resume_on_feedback(&mut self, fb: &Feedback) {
         match self.resume.phase {
             ResumePhase::Reconnaissance if fb.rtt_us.is_some() && fb.min_rtt_us > 0 => {
-                self.reconnoitre(fb)
+                self.reconnoitre(fb.now_us, fb.min_rtt_us)
             }
             ResumePhase::Unvalidated | ResumePhase::Validating => self.validate(fb),
             _ => {}
         }
     }
 
-    /// The first RTT sample: jump if it matches the remembered path.
-    fn reconnoitre(&mut self, fb: &Feedback) {
+    /// The handshake's round trip, before any data: the first RTT sample of the path (as
+    /// QUIC's careful resume takes its handshake's), so a confirmed jump starts with the
+    /// first data packet instead of a round trip later.
+    pub(super) fn resume_on_handshake(&mut self, now_us: u64, rtt_us: u64) {
+        if self.resume.phase == ResumePhase::Reconnaissance && rtt_us > 0 {
+            self.reconnoitre(now_us, rtt_us);
+        }
+    }
+
+    /// The first RTT sample, `rtt_us` at `now_us`: jump if it matches the remembered path.
+    fn reconnoitre(&mut self, now_us: u64, rtt_us: u64) {
         let saved = self.resume.saved.expect("a remembered path");
-        let rtt = fb.min_rtt_us as f64;
+        let rtt = rtt_us as f64;
         let saved_rtt = saved.min_rtt_us.max(1) as f64;
         let same = saved.age_us <= self.p.resume_max_age_us
             && rtt >= self.p.resume_rtt_low * saved_rtt
@@ -148,8 +157,8 @@ impl Adaptive {
         }
         self.resume.jump = jump;
         self.resume.jump_cap =
-            bytes_in(jump, fb.min_rtt_us.max(self.p.rtt_floor_us)) + self.p.cap_burst_bytes;
-        self.resume.since_us = fb.now_us;
+            bytes_in(jump, rtt_us.max(self.p.rtt_floor_us)) + self.p.cap_burst_bytes;
+        self.resume.since_us = now_us;
         self.resume.phase = ResumePhase::Unvalidated;
         self.rate = jump;
     }

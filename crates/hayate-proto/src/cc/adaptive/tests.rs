@@ -652,3 +652,40 @@ fn a_jump_waits_for_the_path_and_retreats_on_a_queue() {
     assert_eq!(other.resume_phase(), ResumePhase::Ignored);
     assert!(other.pacing_rate().unwrap() <= start);
 }
+
+/// The handshake's round trip is the first RTT sample careful resume waits for: comparable
+/// with the remembered one, the jump is on before any data feedback (so it paces the first
+/// data packet); not comparable, the memory is ignored and Startup goes on as it would.
+#[test]
+fn the_handshakes_round_trip_confirms_the_path_before_any_data() {
+    let saved = RememberedPath {
+        rate: 100_000_000,
+        min_rtt_us: 50_000,
+        age_us: 1_000_000,
+    };
+    let mut a = Adaptive::new(None, 0);
+    a.remember(saved);
+    a.on_handshake_rtt(52_000, 52_000);
+    assert_eq!(a.resume_phase(), ResumePhase::Unvalidated);
+    // Half the remembered rate, over the (slightly longer) RTT now.
+    let jump = a.pacing_rate().unwrap();
+    assert!(
+        (saved.rate / 2 * 50 / 52..=saved.rate / 2).contains(&jump),
+        "jump {jump}"
+    );
+    // The first data feedback takes the jump on to its validation, not to a second look.
+    a.on_feedback(&fb(110_000, 52_000, 52_000, 1_000_000));
+    assert_ne!(a.resume_phase(), ResumePhase::Reconnaissance);
+    // An RTT ten times over the remembered one: another path.
+    let mut other = Adaptive::new(None, 0);
+    other.remember(saved);
+    let start = other.pacing_rate().unwrap();
+    other.on_handshake_rtt(600_000, 600_000);
+    assert_eq!(other.resume_phase(), ResumePhase::Ignored);
+    assert_eq!(other.pacing_rate(), Some(start));
+    // Without a memory the handshake's round trip changes nothing.
+    let mut plain = Adaptive::new(None, 0);
+    plain.on_handshake_rtt(50_000, 50_000);
+    assert_eq!(plain.resume_phase(), ResumePhase::Off);
+    assert_eq!(plain.pacing_rate(), Some(start));
+}
