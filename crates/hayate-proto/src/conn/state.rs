@@ -182,6 +182,9 @@ impl Connection {
                         if !h.due.contains(&i) {
                             h.due.push(i);
                         }
+                        // The server answers the hello with the token: its round trip
+                        // starts with that sending.
+                        h.first_sent_us[i] = None;
                         self.stats.hello_retries += 1;
                         return Some(false);
                     }
@@ -296,5 +299,102 @@ impl Connection {
             until_us: now_us + DRAIN_US,
         };
         self.events.push_back(Event::Closed { error });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use crate::cc::RateControl;
+    use crate::conn::{Config, Connection, NoFiles};
+    use crate::crypto::Psk;
+    use crate::endpoint::{Endpoint, Route};
+    use crate::handshake::ClientHandshake;
+    use crate::rng::Rng;
+    use crate::wire::AddrFamily;
+
+    /// A controller that only records the handshake's round trip it is told.
+    #[derive(Debug)]
+    struct Recorder(Arc<Mutex<Option<u64>>>);
+
+    impl RateControl for Recorder {
+        fn pacing_rate(&self) -> Option<u64> {
+            Some(10_000_000)
+        }
+        fn name(&self) -> &'static str {
+            "recorder"
+        }
+        fn on_handshake_rtt(&mut self, _now_us: u64, rtt_us: u64) {
+            *self.0.lock().unwrap() = Some(rtt_us);
+        }
+    }
+
+    fn hello(c: &mut Connection, now: Instant) -> Vec<u8> {
+        let mut buf = vec![0u8; c.max_datagram()];
+        let n = c
+            .poll_transmit(now, &mut buf, &mut NoFiles)
+            .expect("a hello");
+        buf.truncate(n);
+        buf
+    }
+
+    /// The controller learns the handshake's round trip: from the hello's sending to the
+    /// server's answer, and, when the server asked for a retry first, from the hello that
+    /// carried the token (the answer is to that one).
+    #[test]
+    fn the_handshakes_round_trip_is_timed_from_the_hello_it_answers() {
+        let psk = Psk::from_bytes([9; 32]);
+        let t0 = Instant::now();
+        let from: SocketAddr = "192.0.2.7:4000".parse().unwrap();
+        for over_budget in [false, true] {
+            let mut ep = Endpoint::with_rng(psk.clone(), Config::default(), t0, Rng::seeded(2));
+            if over_budget {
+                // Other clients spend the key-exchange budget (a burst of 32) just before
+                // our hello arrives.
+                let mut rng = Rng::seeded(3);
+                for i in 0..40u16 {
+                    let hs = ClientHandshake::with_rng(&psk, 1500, &mut rng);
+                    let other = SocketAddr::from(([10, 0, 0, i as u8], 2000 + i));
+                    ep.route(t0 + Duration::from_millis(40), other, hs.hello());
+                }
+            }
+            let seen = Arc::new(Mutex::new(None));
+            let mut c = Connection::client_with_rng(
+                Config::default(),
+                &psk,
+                AddrFamily::V4,
+                t0,
+                &mut Rng::seeded(4),
+            );
+            c.path.cc = Box::new(Recorder(seen.clone()));
+            let mut h = hello(&mut c, t0);
+            let mut now = t0;
+            let mut sent = t0;
+            let reply = loop {
+                now += Duration::from_millis(40);
+                match ep.route(now, from, &h) {
+                    Route::NewConn(_, r) => break r,
+                    Route::Reply(mut retry) => {
+                        now += Duration::from_millis(40);
+                        assert!(!c.handle_datagram(now, &mut retry, &mut NoFiles));
+                        h = hello(&mut c, now);
+                        sent = now;
+                    }
+                    r => panic!("{r:?}"),
+                }
+            };
+            assert_eq!(over_budget, sent > t0, "a retry only over the budget");
+            now += Duration::from_millis(40);
+            assert!(c.handle_datagram(now, &mut reply.clone(), &mut NoFiles));
+            let rtt = seen.lock().unwrap().expect("told the round trip");
+            assert_eq!(
+                rtt,
+                (now - sent).as_micros() as u64,
+                "over budget: {over_budget}"
+            );
+        }
     }
 }
