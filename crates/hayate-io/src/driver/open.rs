@@ -353,7 +353,7 @@ mod tests {
                 (o, want) => panic!("datagram {i}: {o:?}, not {want:?}"),
             }
         }
-        // Session 10 is gone: its datagrams pass as they came.
+        // Once the loop forgets cid 10 (its session reaped), its datagrams pass as they came.
         t.forget(10);
         let (d, _) = sealed(&keys[0], 10, 42, 64);
         tx.send_to(to, &d).unwrap();
