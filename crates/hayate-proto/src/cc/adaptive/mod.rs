@@ -95,10 +95,17 @@
 //! | state | condition | next state | what changes |
 //! |---|---|---|---|
 //! | Startup (Reconnaissance) | the first RTT sample (the handshake's, or else the first data's) is comparable with the remembered one, the memory is fresh, the jump is faster than Startup's pace | Startup (Unvalidated) | pace and in-flight cap at least the jump's |
-//! | Startup (Reconnaissance) | otherwise | Startup | the memory is ignored |
+//! | Startup (Reconnaissance) | otherwise | Startup | the memory is ignored (but for the base RTT, below) |
 //! | Startup (Unvalidated) | a feedback acknowledges a packet sent since the jump began | Startup (Validating) | Startup's rules pace, no slower than the jump |
 //! | Startup (Validating) | a feedback acknowledges a packet sent since validation began | Startup | the jump is validated |
 //! | Startup (Unvalidated, Validating) | the path's queue over `resume_retreat_queue` targets on `grow_queue_samples` samples, standing `grow_queue_persist`; the jump's packets lost over `resume_retreat_loss`; the receiver's OS dropped datagrams | Drain | estimate = the jump's delivery rate (safe retreat) |
+//!
+//! A remembered path whose first RTT sample is comparable (age and RTT as above, whether or
+//! not the jump is made) also lends its minimum RTT as the floor the contention detector
+//! measures the queue from, for `resume_base_us` (the RTT estimator's window), or until the
+//! flow gets `resume_alone_share` of the remembered rate delivered (then it has the path to
+//! itself, and the floor was a route that got longer since): a flow that joins behind
+//! another's standing queue never sees the path's floor by itself (see `policy.rs`).
 //!
 //! What a session measured is worth remembering ([`RateControl::measured`]) after
 //! `remember_min_rounds` rounds in ProbeBw, unless the sender had nothing to send for over
@@ -400,6 +407,7 @@ impl RateControl for Adaptive {
         self.tally_for_memory(fb, ends_round);
         if ends_round {
             self.end_round(fb.now_us);
+            self.drop_base_when_alone();
             if let Some(part) = carried {
                 self.add_to_round(part);
             }

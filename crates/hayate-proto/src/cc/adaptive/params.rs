@@ -87,6 +87,13 @@ pub struct Params {
     /// ... and at most this many times it, or the path is another one and the jump is not
     /// made (the RFC's check).
     pub resume_rtt_high: f64,
+    /// The contention detector measures the queue from such a path's minimum RTT for this
+    /// long, µs: as long as the RTT estimator keeps a sample (its window, 10 s). Joining
+    /// behind another flow's standing queue, no sample of our own shows the path's floor.
+    pub resume_base_us: u64,
+    /// ... unless the flow gets this share of the remembered rate delivered before: then
+    /// it has the path to itself, and the floor was a route that got longer since.
+    pub resume_alone_share: f64,
     /// The jump paces at this share of the remembered rate (the RFC's half of the saved
     /// window), and less if the RTT is longer now (the same window over a longer RTT); in
     /// flight at most this share of the remembered rate over the remembered RTT.
@@ -456,6 +463,8 @@ impl Default for Params {
             resume_max_age_us: 3_600_000_000,
             resume_rtt_low: 0.5,
             resume_rtt_high: 10.0,
+            resume_base_us: 10_000_000,
+            resume_alone_share: 0.9,
             resume_jump_gain: 0.5,
             resume_retreat_queue: 1.5,
             resume_retreat_loss: 0.05,

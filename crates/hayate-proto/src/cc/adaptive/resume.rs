@@ -52,6 +52,9 @@ pub(super) struct Resume {
     /// RTT samples in a row over the retreat's queue limit, and when the first came.
     queued_samples: u32,
     queued_since_us: u64,
+    /// A comparable remembered path's minimum RTT, and until when the contention detector
+    /// measures the queue from it (µs; see `Params::resume_base_us`).
+    base: Option<(u64, u64)>,
     /// Past Startup: rounds, bytes delivered, and sending time with nothing to send.
     pub(super) probe_rounds: u32,
     probe_delivered: u64,
@@ -73,6 +76,7 @@ impl Resume {
             rx_w: 0.0,
             queued_samples: 0,
             queued_since_us: 0,
+            base: None,
             probe_rounds: 0,
             probe_delivered: 0,
             probe_app_idle: 0,
@@ -139,6 +143,37 @@ impl Adaptive {
         }
     }
 
+    /// How far the minimum RTT is over a comparable remembered path's, while that counts
+    /// (`Params::resume_base_us`), µs. A flow that joins behind another's standing queue
+    /// never sees the path's floor by itself: its minimum RTT has that queue in it, its
+    /// yields push the queue just under a target measured from there, and it finds the
+    /// other flow only once it has given most of its share away. The contention detector
+    /// measures the queue from the remembered floor instead (the rest of the controller
+    /// from its own minimum: a floor that is wrong must not size its drains).
+    pub(super) fn floor_offset_us(&self, now_us: u64) -> u64 {
+        match self.resume.base {
+            Some((floor, until_us)) if now_us < until_us => self.min_rtt_us.saturating_sub(floor),
+            _ => 0,
+        }
+    }
+
+    /// At a round's end: the remembered floor stops counting once this flow gets delivered
+    /// what the path carried then (`Params::resume_alone_share` of the remembered rate). A
+    /// path that carries as much as before has no one else's queue on it: a floor under
+    /// what it shows now is a route that got longer since, and the contention found over
+    /// that floor (a queue that never went) was our own queue, and ends with it.
+    pub(super) fn drop_base_when_alone(&mut self) {
+        let Some(saved) = self.resume.saved else {
+            return;
+        };
+        if self.resume.base.is_some()
+            && self.bottleneck() as f64 >= self.p.resume_alone_share * saved.rate as f64
+        {
+            self.resume.base = None;
+            self.contention = Default::default();
+        }
+    }
+
     /// The first RTT sample, `rtt_us` at `now_us`: jump if it matches the remembered path.
     fn reconnoitre(&mut self, now_us: u64, rtt_us: u64) {
         let saved = self.resume.saved.expect("a remembered path");
@@ -148,6 +183,9 @@ impl Adaptive {
             && rtt >= self.p.resume_rtt_low * saved_rtt
             && rtt <= self.p.resume_rtt_high * saved_rtt
             && self.state == State::Startup;
+        if same {
+            self.resume.base = Some((saved.min_rtt_us, now_us + self.p.resume_base_us));
+        }
         // The RFC's jump is half the saved window: over a longer RTT that is a lower rate.
         let jump =
             self.clamp(self.p.resume_jump_gain * saved.rate as f64 * (saved_rtt / rtt).min(1.0));

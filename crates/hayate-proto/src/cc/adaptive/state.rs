@@ -390,10 +390,16 @@ impl Adaptive {
                 self.queue.round_max_path_queue_us,
             ));
             let target = self.queue_target_us();
-            if self
-                .contention
-                .end_round(&self.p, now_us, queues, self.min_rtt_us, target, yielded)
-            {
+            let floor = self.floor_offset_us(now_us);
+            if self.contention.end_round(
+                &self.p,
+                now_us,
+                queues,
+                floor,
+                self.min_rtt_us,
+                target,
+                yielded,
+            ) {
                 let rate = self.bottleneck();
                 self.contention
                     .start_epoch(&self.p, now_us, rate, self.srtt_us, false);

@@ -689,3 +689,54 @@ fn the_handshakes_round_trip_confirms_the_path_before_any_data() {
     assert_eq!(plain.resume_phase(), ResumePhase::Off);
     assert_eq!(plain.pacing_rate(), Some(start));
 }
+
+/// A comparable remembered path lends its minimum RTT as the floor the contention detector
+/// measures queues from, for `Params::resume_base_us`, whether or not the jump is made;
+/// then the path's own minimum rules again. Getting delivered what the path carried then
+/// drops it sooner. An RTT that is not comparable lends nothing.
+#[test]
+fn a_remembered_paths_minimum_rtt_is_the_floor_for_a_while() {
+    let saved = RememberedPath {
+        rate: 100_000_000,
+        min_rtt_us: 50_000,
+        age_us: 1_000_000,
+    };
+    // A slow remembered rate: no jump (Startup is faster already), the floor all the same.
+    for rate in [saved.rate, 6_000_000] {
+        let mut a = Adaptive::new(None, 0);
+        a.remember(RememberedPath { rate, ..saved });
+        // Joining behind another flow's 30 ms standing queue: the path's own minimum is 80 ms.
+        a.on_handshake_rtt(80_000, 80_000);
+        a.on_feedback(&fb(160_000, 80_000, 80_000, 1_000_000));
+        assert_eq!(a.floor_offset_us(160_000), 30_000, "remembered rate {rate}");
+        let until = 80_000 + a.p.resume_base_us;
+        assert_eq!(a.floor_offset_us(until - 1), 30_000);
+        assert_eq!(a.floor_offset_us(until), 0, "the memory aged out");
+    }
+    // Delivered what the path carried then: the path is ours alone, and the floor a route
+    // that got longer since (80 ms now, 50 then). It goes at once.
+    let mut a = Adaptive::new(None, 0);
+    a.remember(saved);
+    a.on_handshake_rtt(80_000, 80_000);
+    let mut now = 80_000;
+    while a.floor_offset_us(now) > 0 && now < 3_000_000 {
+        now += 5_000;
+        let rate = a.pacing_rate().unwrap();
+        a.on_sent(now, rate * 5_000 / 1_000_000);
+        a.on_feedback(&Feedback {
+            delivered: saved.rate * 5_000 / 1_000_000,
+            ..fb(now, 80_000, 80_000, saved.rate)
+        });
+    }
+    assert!(now < 1_000_000, "still the remembered floor at {now} µs");
+    // Its own minimum under the memory's: no offset.
+    let mut a = Adaptive::new(None, 0);
+    a.remember(saved);
+    a.on_feedback(&fb(50_000, 45_000, 45_000, 1_000_000));
+    assert_eq!(a.floor_offset_us(50_000), 0);
+    // Not comparable: ten times the RTT is another path.
+    let mut other = Adaptive::new(None, 0);
+    other.remember(saved);
+    other.on_feedback(&fb(600_000, 600_000, 600_000, 1_000_000));
+    assert_eq!(other.floor_offset_us(600_000), 0);
+}
