@@ -21,11 +21,13 @@ share_series() { # LOG LAUNCH T0
 
 # hayate_bg NAME [ARGS...]: a `hayate cp` of the source file to share-NAME.bin, in the
 # background, with ARGS; without the remembered path (each flow starts as a stranger's
-# would, whatever ran before).
+# would, whatever ran before), unless SHARE_CACHE names the cache directory to use.
 hayate_bg() {
-    local name=$1
+    local name=$1 cache=(--no-cache)
     shift
-    HAYATE_CC_TRACE=$WAN_LOG/share-cc-$name.tsv ip netns exec "$WAN_NS_C" "$HAYATE_BIN" cp --key-file "$HAYATE_KEY" --json --interval 1 --no-cache "$@" \
+    [ -n "${SHARE_CACHE:-}" ] && cache=()
+    HAYATE_CC_TRACE=$WAN_LOG/share-cc-$name.tsv XDG_CACHE_HOME=${SHARE_CACHE:-$WORK/cache} \
+        ip netns exec "$WAN_NS_C" "$HAYATE_BIN" cp --key-file "$HAYATE_KEY" --json --interval 1 "${cache[@]}" "$@" \
         "$SRC_FILE" "hayate://$WAN_SERVER_IP:$HAYATE_PORT/share-$name.bin" \
         >"$WAN_LOG/share-$name.json" 2>"$WAN_LOG/share-$name.err" &
     BG_PID=$!
@@ -82,7 +84,18 @@ run_share() { # RATE RTT LOSS BUF_BDP
             continue
         fi
         c=c-$pol
-        echo "   hayate --policy $pol next to a TCP CUBIC stream ..." >&2
+        local args=(--policy "$pol")
+        SHARE_CACHE=
+        if [ "$pol" = fair-remembered ]; then
+            # `fair` with the path remembered: a lone transfer just before primes the cache.
+            args=(--policy fair)
+            SHARE_CACHE=$WORK/share-cache
+            rm -rf "$SHARE_CACHE"
+            echo "   a lone hayate transfer, for the path to be remembered ..." >&2
+            hayate_bg prime; wait "$BG_PID"
+            rm -f "$WORK/fs/dst/share-prime.bin"
+        fi
+        echo "   hayate ${args[*]} next to a TCP CUBIC stream${SHARE_CACHE:+ (the path remembered)} ..." >&2
         set_tcp_bufs raised
         warm_pages "$WORK/fs/dst" "$(stat -c %s "$SRC_FILE")"
         ip netns exec "$WAN_NS_S" iperf3 -s -1 -p "$IPERF_PORT" -B "$WAN_SERVER_IP" >"$WAN_LOG/share-iperf3-server.log" 2>&1 &
@@ -93,7 +106,8 @@ run_share() { # RATE RTT LOSS BUF_BDP
             >"$WAN_LOG/share-iperf3.json" 2>"$WAN_LOG/share-iperf3.err" &
         ipc=$!
         sleep 5
-        la=$(now_s); hayate_bg "$c" --policy "$pol"; pa=$BG_PID
+        la=$(now_s); hayate_bg "$c" "${args[@]}"; pa=$BG_PID
+        SHARE_CACHE=
         timeout 120 bash -c "while kill -0 $pa 2>/dev/null; do sleep 0.2; done"
         wait "$pa" 2>/dev/null
         wait "$ipc" 2>/dev/null
