@@ -329,22 +329,12 @@ fn run_row(row: &Row, trace: Option<&Path>) -> Outcome {
         "cubic" | "cubic-late" | "bbr" => mean_over(&r.tcp_rx_trace[0]),
         _ => 0.0,
     };
-    let hist = &r.fwd_queue_delay_hist;
-    let total: u64 = hist.iter().sum();
-    let mut acc = 0;
-    let q50 = hist
-        .iter()
-        .position(|&n| {
-            acc += n;
-            acc * 2 >= total
-        })
-        .unwrap_or(0);
     let c = &up.stats;
     Outcome {
         ok: r.ok,
         steady_pct: 100.0 * steady / (capacity * payload_share() * (1.0 - loss)),
         retx_pct: 100.0 * c.data_packets_retransmitted as f64 / c.data_packets_sent.max(1) as f64,
-        q50_ms: q50 as f64 * 0.1,
+        q50_ms: r.fwd_queue_delay_median_ms(),
         drops: r.fwd_queue_drops + r.fwd_aqm_drops + r.fwd_policer_drops,
         cross_pct: 100.0 * cross / (capacity * TCP_DATA_SHARE * (1.0 - loss)),
         compete_s,

@@ -405,6 +405,24 @@ pub struct SimResult {
     pub short_offered_bytes: u64,
 }
 
+impl SimResult {
+    /// The median time the forward link's datagrams waited in its queue, ms.
+    pub fn fwd_queue_delay_median_ms(&self) -> f64 {
+        let total: u64 = self.fwd_queue_delay_hist.iter().sum();
+        let mut acc = 0;
+        let bucket = self
+            .fwd_queue_delay_hist
+            .iter()
+            .position(|&n| {
+                acc += n;
+                acc * 2 >= total
+            })
+            .unwrap_or(0);
+        // 100 µs buckets.
+        bucket as f64 * 0.1
+    }
+}
+
 /// splitmix64: deterministic, dependency-free randomness for the network model.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);

@@ -52,21 +52,6 @@ fn mbit(trace: &[u64], from_s: f64, to_s: f64) -> f64 {
     sum as f64 * 8.0 / 1e6 / (to_s - from_s)
 }
 
-/// Median of the forward link's queueing delay histogram, ms.
-fn q50_ms(r: &sim::SimResult) -> f64 {
-    let hist = &r.fwd_queue_delay_hist;
-    let total: u64 = hist.iter().sum();
-    let mut acc = 0;
-    let q = hist
-        .iter()
-        .position(|&n| {
-            acc += n;
-            acc * 2 >= total
-        })
-        .unwrap_or(0);
-    q as f64 * 0.1
-}
-
 /// A BBR-like flow alone fills ≥ 90 % of a clean link and keeps the queue short: its median
 /// queueing delay is well under the 1-BDP buffer's (one RTT), through a ProbeRtt (10 s).
 #[test]
@@ -77,7 +62,7 @@ fn bbr_alone_fills_a_clean_link_with_a_short_queue() {
         let r = sim::run(&sc);
         assert!(r.ok, "{:?}", r.error);
         let rate = mbit(&r.tcp_rx_trace[0], 3.0, 24.0);
-        let q50 = q50_ms(&r);
+        let q50 = r.fwd_queue_delay_median_ms();
         eprintln!(
             "BBR alone, {rtt_ms} ms: {rate:.1} Mbit/s, q50 {q50:.1} ms, drops {}, loss events {}",
             r.fwd_queue_drops, r.tcp_loss_events[0]
@@ -107,7 +92,7 @@ fn two_bbr_flows_share_a_link() {
             ];
             eprintln!(
                 "two BBR, {rtt_ms} ms, seed {seed}: {shares:.1?} Mbit/s, q50 {:.1} ms, loss events {:?}",
-                q50_ms(&r),
+                r.fwd_queue_delay_median_ms(),
                 r.tcp_loss_events
             );
             assert!(shares.iter().all(|&s| s >= 20.0), "{shares:.1?}");
@@ -153,7 +138,7 @@ fn on_off_flows_carry_the_asked_load() {
             r.short_offered_bytes as f64 * 8e-6 / 60.0,
             r.short_flows_started,
             r.short_flows_finished,
-            q50_ms(&r),
+            r.fwd_queue_delay_median_ms(),
             r.fwd_queue_drops
         );
         assert!(

@@ -4,8 +4,8 @@
 
 use hayate_proto::cc::{AdaptiveParams, Policy, RateConfig, RememberedPath};
 use hayate_proto::sim::{
-    self, CoDelParams, GilbertElliott, JitterDist, JitterParams, LinkParams, PolicerParams,
-    RateStep, ReceiverParams, Scenario, TcpSpec,
+    self, ClientSpec, CoDelParams, GilbertElliott, JitterDist, JitterParams, LinkParams,
+    PolicerParams, RateStep, ReceiverParams, Scenario, TcpSpec,
 };
 use hayate_proto::wire::{block_size, AddrFamily};
 
@@ -1059,21 +1059,25 @@ fn beside_cubic(rate_mbit: u64, rtt_ms: u64, seed: u64, policy: Policy) -> (f64,
     beside_tcp(rate_mbit, rtt_ms, seed, policy, false, |_| {})
 }
 
-/// The same beside a TCP stream paced by a BBR-like controller (`bbr`) or CUBIC.
-/// `host` sets up the hayate sender's host (stalls).
-fn beside_tcp(
+/// An upload joining a TCP stream (BBR-like if `bbr`, else CUBIC) `join_s` into it, on a
+/// 1-BDP path, for up to `secs`: the upload is the second client's (`late` sets it up),
+/// `host` sets up the scenario (the hayate sender's host).
+#[allow(clippy::too_many_arguments)]
+fn joining_tcp(
     rate_mbit: u64,
     rtt_ms: u64,
     seed: u64,
-    policy: Policy,
     bbr: bool,
+    join_s: u64,
+    secs: u64,
     host: impl FnOnce(&mut Scenario),
-) -> (f64, f64) {
+    late: impl FnOnce(&mut ClientSpec),
+) -> sim::SimResult {
     let mut sc = Scenario::new(seed);
     (sc.forward, sc.reverse) = path(rate_mbit * MBIT, rtt_ms, 0.0, 1.0);
     adaptive(&mut sc);
     host(&mut sc);
-    sc.limit_us = 40_000_000;
+    sc.limit_us = secs * 1_000_000;
     let flow = TcpSpec {
         start_us: 0,
         stop_us: u64::MAX,
@@ -1085,16 +1089,32 @@ fn beside_tcp(
     }
     // The scenario's own client only keeps the simulation going.
     sc.uploads = vec![("tiny".into(), data(1000))];
-    let mut late = sc.another_client(3_000_000);
-    late.uploads = vec![("f".into(), data((rate_mbit * MBIT * 40) as usize))];
-    late.cc_params = Some(AdaptiveParams {
-        policy,
-        ..AdaptiveParams::default()
-    });
-    sc.extra_clients.push(late);
+    let mut up = sc.another_client(join_s * 1_000_000);
+    up.uploads = vec![("f".into(), data((rate_mbit * MBIT * secs) as usize))];
+    late(&mut up);
+    sc.extra_clients.push(up);
     let r = sim::run(&sc);
     let limit = Some("simulation time limit reached".to_string());
     assert!(r.ok || r.error == limit, "{:?}", r.error);
+    r
+}
+
+/// The same beside a TCP stream paced by a BBR-like controller (`bbr`) or CUBIC.
+/// `host` sets up the hayate sender's host (stalls).
+fn beside_tcp(
+    rate_mbit: u64,
+    rtt_ms: u64,
+    seed: u64,
+    policy: Policy,
+    bbr: bool,
+    host: impl FnOnce(&mut Scenario),
+) -> (f64, f64) {
+    let r = joining_tcp(rate_mbit, rtt_ms, seed, bbr, 3, 40, host, |late| {
+        late.cc_params = Some(AdaptiveParams {
+            policy,
+            ..AdaptiveParams::default()
+        });
+    });
     let (h, t) = (&r.clients[1].server_rx_trace, &r.tcp_rx_trace[0]);
     let end = h.len().min(t.len()).min(395);
     let (hayate, tcp) = (trace_mean_mbit(h, 50, end), trace_mean_mbit(t, 50, end));
@@ -1625,24 +1645,19 @@ fn bursty_loss_is_treated_as_noise() {
 /// its first 2, when it began to compete, s after it joined).
 fn joining_cubic(rtt_ms: u64, seed: u64, remembered: Option<RememberedPath>) -> (f64, f64) {
     let rate_mbit = 300;
-    let mut sc = Scenario::new(seed);
-    (sc.forward, sc.reverse) = path(rate_mbit * MBIT, rtt_ms, 0.0, 1.0);
-    adaptive(&mut sc);
-    sc.limit_us = 30_000_000;
-    sc.tcp_flows = vec![TcpSpec {
-        start_us: 0,
-        stop_us: u64::MAX,
-    }];
-    // The scenario's own client only keeps the simulation going.
-    sc.uploads = vec![("tiny".into(), data(1000))];
-    let mut late = sc.another_client(5_000_000);
-    late.uploads = vec![("f".into(), data((rate_mbit * MBIT * 30) as usize))];
-    late.config.remembered = remembered;
-    late.cc_trace = true;
-    sc.extra_clients.push(late);
-    let r = sim::run(&sc);
-    let limit = Some("simulation time limit reached".to_string());
-    assert!(r.ok || r.error == limit, "{:?}", r.error);
+    let r = joining_tcp(
+        rate_mbit,
+        rtt_ms,
+        seed,
+        false,
+        5,
+        30,
+        |_| {},
+        |late| {
+            late.config.remembered = remembered;
+            late.cc_trace = true;
+        },
+    );
     let (h, t) = (&r.clients[1].server_rx_trace, &r.tcp_rx_trace[0]);
     let (hayate, tcp) = (trace_mean_mbit(h, 70, 270), trace_mean_mbit(t, 70, 270));
     let compete_s = r.clients[1]
@@ -1714,18 +1729,7 @@ fn a_remembered_floor_under_a_longer_route_is_dropped() {
         .iter()
         .rfind(|t| t.state == "compete")
         .map_or(0.0, |t| t.feedback.now_us as f64 / 1e6);
-    let hist = &r.fwd_queue_delay_hist;
-    let total: u64 = hist.iter().sum();
-    let mut acc = 0;
-    // 100 µs buckets.
-    let q50_ms = hist
-        .iter()
-        .position(|&n| {
-            acc += n;
-            acc * 2 >= total
-        })
-        .unwrap_or(0) as f64
-        / 10.0;
+    let q50_ms = r.fwd_queue_delay_median_ms();
     let steady = trace_mean_mbit(&c.server_rx_trace, 20, c.server_rx_trace.len() - 5);
     eprintln!(
         "route 60 ms, 50 remembered: competed until {last_compete:.1} s, median queue \
