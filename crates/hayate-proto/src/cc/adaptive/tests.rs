@@ -604,16 +604,19 @@ fn a_measurement_is_remembered_only_when_it_found_the_path() {
     assert_eq!(idle.measured(), None);
 }
 
+/// A path an earlier session measured a second ago: 100 MB/s over 50 ms.
+const SAVED: RememberedPath = RememberedPath {
+    rate: 100_000_000,
+    min_rtt_us: 50_000,
+    age_us: 1_000_000,
+};
+
 /// Careful resume in the controller alone: the jump waits for the first RTT sample, paces
 /// at half the remembered rate, and a queue standing during its validation retreats to what
 /// it got delivered.
 #[test]
 fn a_jump_waits_for_the_path_and_retreats_on_a_queue() {
-    let saved = RememberedPath {
-        rate: 100_000_000,
-        min_rtt_us: 50_000,
-        age_us: 1_000_000,
-    };
+    let saved = SAVED;
     let mut a = Adaptive::new(None, 0);
     a.remember(saved);
     assert_eq!(a.resume_phase(), ResumePhase::Reconnaissance);
@@ -658,11 +661,7 @@ fn a_jump_waits_for_the_path_and_retreats_on_a_queue() {
 /// data packet); not comparable, the memory is ignored and Startup goes on as it would.
 #[test]
 fn the_handshakes_round_trip_confirms_the_path_before_any_data() {
-    let saved = RememberedPath {
-        rate: 100_000_000,
-        min_rtt_us: 50_000,
-        age_us: 1_000_000,
-    };
+    let saved = SAVED;
     let mut a = Adaptive::new(None, 0);
     a.remember(saved);
     a.on_handshake_rtt(52_000, 52_000);
@@ -696,11 +695,7 @@ fn the_handshakes_round_trip_confirms_the_path_before_any_data() {
 /// drops it sooner. An RTT that is not comparable lends nothing.
 #[test]
 fn a_remembered_paths_minimum_rtt_is_the_floor_for_a_while() {
-    let saved = RememberedPath {
-        rate: 100_000_000,
-        min_rtt_us: 50_000,
-        age_us: 1_000_000,
-    };
+    let saved = SAVED;
     // A slow remembered rate: no jump (Startup is faster already), the floor all the same.
     for rate in [saved.rate, 6_000_000] {
         let mut a = Adaptive::new(None, 0);
