@@ -95,7 +95,7 @@
 //! | state | condition | next state | what changes |
 //! |---|---|---|---|
 //! | Startup (Reconnaissance) | the first RTT sample (the handshake's, or else the first data's) is comparable with the remembered one, the memory is fresh, the jump is faster than Startup's pace | Startup (Unvalidated) | pace and in-flight cap at least the jump's |
-//! | Startup (Reconnaissance) | otherwise | Startup | the memory is ignored (but for the base RTT, below) |
+//! | Startup (Reconnaissance) | otherwise | Startup | the memory is ignored (but for the contention detector's floor, below) |
 //! | Startup (Unvalidated) | a feedback acknowledges a packet sent since the jump began | Startup (Validating) | Startup's rules pace, no slower than the jump |
 //! | Startup (Validating) | a feedback acknowledges a packet sent since validation began | Startup | the jump is validated |
 //! | Startup (Unvalidated, Validating) | the path's queue over `resume_retreat_queue` targets on `grow_queue_samples` samples, standing `grow_queue_persist`; the jump's packets lost over `resume_retreat_loss`; the receiver's OS dropped datagrams | Drain | estimate = the jump's delivery rate (safe retreat) |
