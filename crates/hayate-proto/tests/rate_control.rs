@@ -1682,7 +1682,7 @@ fn joining_cubic(rtt_ms: u64, seed: u64, remembered: Option<RememberedPath>) -> 
 /// competing by CUBIC's rules holds (0.38 and 0.32 at 50 and 100 ms over the 20 s after the
 /// join). Without the memory it reads 0.62 and 0.54 over those 20 s, but falls all along
 /// (the simulated CUBIC erodes it slower than Linux's does on the emulated WAN, where the
-/// memory took `fair` from 25-29 % to 54-57 % at 50 ms).
+/// memory took `fair` from 25-30 % to 54-60 % at 50 ms).
 #[test]
 fn a_remembered_path_finds_the_loss_based_flow_it_joins_sooner() {
     for (rtt, seed) in [(50, 71), (100, 72)] {
