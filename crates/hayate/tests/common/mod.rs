@@ -17,7 +17,7 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_hayate");
 
 /// A command for the binary with a clean environment as far as hayate is concerned: no
 /// key file from the environment, and the paths `cp` remembers kept out of the user's own
-/// cache (in a directory of this test process's, under the temp dir).
+/// cache (in a directory of this test process's, see [`test_cache_home`]).
 pub fn hayate() -> Command {
     let mut c = Command::new(BIN);
     c.env_remove("HAYATE_KEY_FILE")
@@ -26,9 +26,11 @@ pub fn hayate() -> Command {
     c
 }
 
-/// This test process's `XDG_CACHE_HOME` for hayate (see [`hayate`]).
+/// This test process's `XDG_CACHE_HOME` for hayate (see [`hayate`]): under the target
+/// directory's scratch space, which `cargo clean` empties, not the system's temp dir.
 pub fn test_cache_home() -> PathBuf {
-    std::env::temp_dir().join(format!("hayate-test-cache-{}", std::process::id()))
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("hayate-test-cache-{}", std::process::id()))
 }
 
 /// A UDP port on 127.0.0.1 that was free a moment ago (the caller must cope with a race).
