@@ -611,14 +611,20 @@ const SAVED: RememberedPath = RememberedPath {
     age_us: 1_000_000,
 };
 
+/// A controller given `path` as remembered, as a session starts.
+fn remembering(path: RememberedPath) -> Adaptive {
+    let mut a = Adaptive::new(None, 0);
+    a.remember(path);
+    a
+}
+
 /// Careful resume in the controller alone: the jump waits for the first RTT sample, paces
 /// at half the remembered rate, and a queue standing during its validation retreats to what
 /// it got delivered.
 #[test]
 fn a_jump_waits_for_the_path_and_retreats_on_a_queue() {
     let saved = SAVED;
-    let mut a = Adaptive::new(None, 0);
-    a.remember(saved);
+    let mut a = remembering(saved);
     assert_eq!(a.resume_phase(), ResumePhase::Reconnaissance);
     let start = a.pacing_rate().unwrap();
     assert!(start < saved.rate / 2);
@@ -646,8 +652,7 @@ fn a_jump_waits_for_the_path_and_retreats_on_a_queue() {
     let b = a.bottleneck();
     assert!((15_000_000..=25_000_000).contains(&b), "estimate {b}");
     // An RTT that is not comparable: ignored.
-    let mut other = Adaptive::new(None, 0);
-    other.remember(RememberedPath {
+    let mut other = remembering(RememberedPath {
         min_rtt_us: 4_000,
         ..saved
     });
@@ -662,8 +667,7 @@ fn a_jump_waits_for_the_path_and_retreats_on_a_queue() {
 #[test]
 fn the_handshakes_round_trip_confirms_the_path_before_any_data() {
     let saved = SAVED;
-    let mut a = Adaptive::new(None, 0);
-    a.remember(saved);
+    let mut a = remembering(saved);
     a.on_handshake_rtt(52_000, 52_000);
     assert_eq!(a.resume_phase(), ResumePhase::Unvalidated);
     // Half the remembered rate, over the (slightly longer) RTT now.
@@ -676,8 +680,7 @@ fn the_handshakes_round_trip_confirms_the_path_before_any_data() {
     a.on_feedback(&fb(110_000, 52_000, 52_000, 1_000_000));
     assert_ne!(a.resume_phase(), ResumePhase::Reconnaissance);
     // An RTT ten times over the remembered one: another path.
-    let mut other = Adaptive::new(None, 0);
-    other.remember(saved);
+    let mut other = remembering(saved);
     let start = other.pacing_rate().unwrap();
     other.on_handshake_rtt(600_000, 600_000);
     assert_eq!(other.resume_phase(), ResumePhase::Ignored);
@@ -698,8 +701,7 @@ fn a_remembered_paths_minimum_rtt_is_the_floor_for_a_while() {
     let saved = SAVED;
     // A slow remembered rate: no jump (Startup is faster already), the floor all the same.
     for rate in [saved.rate, 6_000_000] {
-        let mut a = Adaptive::new(None, 0);
-        a.remember(RememberedPath { rate, ..saved });
+        let mut a = remembering(RememberedPath { rate, ..saved });
         // Joining behind another flow's 30 ms standing queue: the path's own minimum is 80 ms.
         a.on_handshake_rtt(80_000, 80_000);
         a.on_feedback(&fb(160_000, 80_000, 80_000, 1_000_000));
@@ -710,8 +712,7 @@ fn a_remembered_paths_minimum_rtt_is_the_floor_for_a_while() {
     }
     // Delivered what the path carried then: the path is ours alone, and the floor a route
     // that got longer since (80 ms now, 50 then). It goes at once.
-    let mut a = Adaptive::new(None, 0);
-    a.remember(saved);
+    let mut a = remembering(saved);
     a.on_handshake_rtt(80_000, 80_000);
     let mut now = 80_000;
     while a.floor_offset_us(now) > 0 && now < 3_000_000 {
@@ -725,13 +726,11 @@ fn a_remembered_paths_minimum_rtt_is_the_floor_for_a_while() {
     }
     assert!(now < 1_000_000, "still the remembered floor at {now} µs");
     // Its own minimum under the memory's: no offset.
-    let mut a = Adaptive::new(None, 0);
-    a.remember(saved);
+    let mut a = remembering(saved);
     a.on_feedback(&fb(50_000, 45_000, 45_000, 1_000_000));
     assert_eq!(a.floor_offset_us(50_000), 0);
     // Not comparable: ten times the RTT is another path.
-    let mut other = Adaptive::new(None, 0);
-    other.remember(saved);
+    let mut other = remembering(saved);
     other.on_feedback(&fb(600_000, 600_000, 600_000, 1_000_000));
     assert_eq!(other.floor_offset_us(600_000), 0);
 }
