@@ -2365,12 +2365,14 @@ fn delta_copy(
     );
     assert_eq!(j["reused_bytes"].as_u64(), Some(reused), "{j}");
     if upload {
-        // What went new is what was moved, but for the few blocks that may leave before
-        // the receiver's request for leaf hashes arrives: once it has, the sender holds
-        // its data until `Ready` (it sent up to 2 MiB more when it did not).
+        // What went new is what was moved, but for the blocks that leave with the offer,
+        // before the receiver's request for leaf hashes arrives: at most the eager
+        // allowance (2 MiB); how much of it goes is a race with the receiver, wide on a
+        // loaded host. That nothing goes beyond an answer once the request
+        // is in is tested exactly in hayate-proto's `tests/delta.rs`.
         let sent = j["data_bytes_sent"].as_u64().unwrap();
         let again = j["data_bytes_retransmitted"].as_u64().unwrap();
-        assert!(sent - again <= moved + (128 << 10), "{j}");
+        assert!(sent - again <= moved + (2 << 20), "{j}");
     }
     f
 }
@@ -2494,9 +2496,8 @@ fn delta_upload_sends_only_what_changed() {
 }
 
 /// A file big enough that hashing it takes a while, answered in parts as it is compared
-/// (`Compared`): the sender sends no block the receiver has not answered (it sent 200-350
-/// KB of them here when it went on until the answer), the parts' accounts add up; both
-/// ways.
+/// (`Compared`): only the changed pages are moved, the parts' accounts add up, and an
+/// upload sends no more than the offer's eager allowance beyond what was moved; both ways.
 #[test]
 fn a_big_delta_sends_only_what_it_was_answered_both_ways() {
     let fx = Fx::new();
