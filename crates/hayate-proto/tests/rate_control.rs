@@ -1133,7 +1133,7 @@ fn beside_tcp(
 /// a cut to 0.7 when the buffer overflows and CUBIC's curve between) instead of yielding to
 /// nothing. Yielding to that queue left it 1.8-2.7 Mbit/s of 100 (shares 0.02-0.03).
 /// Measured (the simulated CUBIC has Linux's fast convergence): shares 0.64 (100 Mbit/s,
-/// 10 ms), 0.45 (100, 50), 0.61 (300, 10), 0.48 (300, 50).
+/// 10 ms), 0.45 (100, 50), 0.69 (300, 10), 0.62 (300, 50).
 #[test]
 fn fair_holds_a_share_beside_cubic() {
     for (rate, rtt, seed) in [(100, 10, 32), (100, 50, 33), (300, 10, 34), (300, 50, 35)] {
@@ -1679,10 +1679,11 @@ fn joining_cubic(rtt_ms: u64, seed: u64, remembered: Option<RememberedPath>) -> 
 /// from there, and it finds the other flow only once it gave most of its share away. A
 /// path remembered from an earlier session gives it the path's floor, and the queue that
 /// stands over it through its yields is found within seconds. The share is then what
-/// competing by CUBIC's rules holds (0.38 and 0.32 at 50 and 100 ms over the 20 s after the
-/// join). Without the memory it reads 0.62 and 0.54 over those 20 s, but falls all along
-/// (the simulated CUBIC erodes it slower than Linux's does on the emulated WAN, where the
-/// memory took `fair` from 25-30 % to 54-60 % at 50 ms).
+/// competing by CUBIC's rules holds, in the 35-65 % (0.51 and 0.41 at 50 and 100 ms
+/// over the 20 s after the join; 0.38 and 0.32 when one overflow cut twice). Without the
+/// memory it reads more over those 20 s, but falls all along (the simulated CUBIC erodes it
+/// slower than Linux's does on the emulated WAN, where the memory took `fair` from 29-35 %
+/// to 63-64 % at 50 ms).
 #[test]
 fn a_remembered_path_finds_the_loss_based_flow_it_joins_sooner() {
     for (rtt, seed) in [(50, 71), (100, 72)] {
@@ -1698,7 +1699,7 @@ fn a_remembered_path_finds_the_loss_based_flow_it_joins_sooner() {
             "{rtt} ms: competing from {at:.1} s, {at_blind:.1} s without the memory"
         );
         assert!(
-            (0.3..=0.65).contains(&share),
+            (0.35..=0.65).contains(&share),
             "{rtt} ms: share {share:.2} ({share_blind:.2} without)"
         );
     }

@@ -321,7 +321,9 @@ pub struct Params {
     pub contend_beta: f64,
     /// Contention began: pace this times the estimate until the first overflow.
     pub contend_search_gain: f64,
-    /// ... at most once in this many rounds (a loss-based flow cuts once per overflow) ...
+    /// ... at most once in this many rounds (a loss-based flow cuts once per overflow; the
+    /// rounds after a cut still hold the full buffer's samples, so none of them shows the
+    /// buffer full again) ...
     pub contend_cut_rounds: u32,
     /// ... or when the RTT falls from full by this share of it (at least a queue target):
     /// the other flow lost what overflowed and cut ...

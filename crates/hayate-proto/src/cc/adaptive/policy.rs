@@ -34,7 +34,10 @@
 //!   by `Params::contend_drop` of it: that flow lost what overflowed and cut. A paced flow
 //!   beside a bursty one rarely loses at those moments (the bursts meet the full buffer),
 //!   and cutting only on its own losses it kept the buffer full and left CUBIC nothing.
-//!   Our own cut's fall does not count: after a cut the RTT must fall and fill again first.
+//!   Our own cut's fall does not count: after a cut the RTT must fall and fill again first,
+//!   and the `Params::contend_cut_rounds` rounds after a cut, which still hold samples of
+//!   the buffer full before it, do not show it full again (read so, one overflow made two
+//!   cuts, each flow cutting to 0.49 where CUBIC cuts to 0.7).
 //!
 //!   A rate-based flow (BBR) keeps a queue standing too, but never cuts: it paces at the
 //!   largest delivery rate of its last round trips, probes over it a round in 8 and drains
@@ -243,9 +246,14 @@ impl Contention {
             self.fell = fall && !self.rate_based;
             // After our own cut the queue falls first (if the cut was big enough to show):
             // that fall is ours, and the buffer must fill again before the next one counts.
+            // Not in the rounds right after the cut: the fall takes them (the cut shows a
+            // round trip late, then the queue drains), and their largest queue is the
+            // full buffer's, from before it.
             self.low_since_cut |= low;
-            self.reached_full |=
-                !fall && self.low_since_cut && min_rtt_us + most + band / 2 >= self.full_rtt_us;
+            self.reached_full |= !fall
+                && self.low_since_cut
+                && self.since_cut >= p.contend_cut_rounds
+                && min_rtt_us + most + band / 2 >= self.full_rtt_us;
         }
         !was
     }
@@ -338,6 +346,52 @@ mod tests {
             }
         }
         None
+    }
+
+    /// One overflow, one cut. After the cut the RTT falls over a round or two, and the
+    /// first round of the fall still holds the full buffer's samples: its largest queue is
+    /// near full while its least is low. Read as the buffer full again, that round made the
+    /// next one a second fall, and the flow cut twice for one overflow (to 0.49 of its pace:
+    /// 124 to 61 Mbit/s beside CUBIC at 100 ms on the emulated WAN). The rounds right after
+    /// a cut do not show the buffer full again.
+    #[test]
+    fn a_fall_spread_over_rounds_is_one_overflow() {
+        let p = Params::default();
+        let (min_rtt, target) = (80_000, 4_000);
+        let mut c = Contention::default();
+        let standing = |i: u32| if i % 3 == 1 { 3_000 } else { 5_000 };
+        let now =
+            std::cell::Cell::new(feed(&mut c, &p, 0, 90_000, 100, standing).expect("contended"));
+        let round = |c: &mut Contention, least: u64, most: u64| {
+            now.set(now.get() + 120_000);
+            c.end_round(
+                &p,
+                now.get(),
+                Some((least, most)),
+                0,
+                min_rtt,
+                target,
+                false,
+            );
+            c.overflowed(&p, false)
+        };
+        // The buffer fills (130 ms full), and stands full a round.
+        for (least, most) in [(27_000, 30_000), (37_000, 40_000), (47_000, 50_000)] {
+            assert!(!round(&mut c, least, most));
+        }
+        assert!(!round(&mut c, 48_000, 50_000));
+        // The other flow cuts: the RTT falls, and both cut (as `state.rs` does).
+        assert!(round(&mut c, 20_000, 50_000), "the fall is an overflow");
+        c.start_epoch(&p, now.get(), 10_000_000, 130_000, true);
+        // Our cut shows a round later, the fall spread over two rounds: the first still
+        // holds samples of the full buffer.
+        assert!(!round(&mut c, 30_000, 49_000), "cut twice");
+        assert!(!round(&mut c, 10_000, 20_000), "cut twice");
+        // Both grow back into the buffer; once a round stood full, the next fall counts.
+        for (least, most) in [(27_000, 30_000), (37_000, 40_000), (47_000, 50_000)] {
+            assert!(!round(&mut c, least, most));
+        }
+        assert!(round(&mut c, 15_000, 50_000), "the next overflow");
     }
 
     /// Behind a loss-based flow's standing queue our yields push the queue just under the
