@@ -1680,10 +1680,9 @@ fn joining_cubic(rtt_ms: u64, seed: u64, remembered: Option<RememberedPath>) -> 
 /// path remembered from an earlier session gives it the path's floor, and the queue that
 /// stands over it through its yields is found within seconds. The share is then what
 /// competing by CUBIC's rules holds, in the 35-65 % (0.51 and 0.41 at 50 and 100 ms
-/// over the 20 s after the join; 0.38 and 0.32 when one overflow cut twice). Without the
-/// memory it reads more over those 20 s, but falls all along (the simulated CUBIC erodes it
-/// slower than Linux's does on the emulated WAN, where the memory took `fair` from 29-35 %
-/// to 63-64 % at 50 ms).
+/// over the 20 s after the join). Without the memory it reads more over those 20 s, but
+/// falls all along (the simulated CUBIC erodes it slower than Linux's does on the emulated
+/// WAN, where the memory takes `fair` from 29-35 % to 63-64 % at 50 ms).
 #[test]
 fn a_remembered_path_finds_the_loss_based_flow_it_joins_sooner() {
     for (rtt, seed) in [(50, 71), (100, 72)] {

@@ -37,7 +37,7 @@
 //!   Our own cut's fall does not count: after a cut the RTT must fall and fill again first,
 //!   and the `Params::contend_cut_rounds` rounds after a cut, which still hold samples of
 //!   the buffer full before it, do not show it full again (read so, one overflow made two
-//!   cuts, each flow cutting to 0.49 where CUBIC cuts to 0.7).
+//!   cuts, to 0.49 of the pace where CUBIC cuts to 0.7).
 //!
 //!   A rate-based flow (BBR) keeps a queue standing too, but never cuts: it paces at the
 //!   largest delivery rate of its last round trips, probes over it a round in 8 and drains
@@ -351,9 +351,8 @@ mod tests {
     /// One overflow, one cut. After the cut the RTT falls over a round or two, and the
     /// first round of the fall still holds the full buffer's samples: its largest queue is
     /// near full while its least is low. Read as the buffer full again, that round made the
-    /// next one a second fall, and the flow cut twice for one overflow (to 0.49 of its pace:
-    /// 124 to 61 Mbit/s beside CUBIC at 100 ms on the emulated WAN). The rounds right after
-    /// a cut do not show the buffer full again.
+    /// next one a second fall, and the flow cut twice for one overflow (to 0.49 of its
+    /// pace). The rounds right after a cut do not show the buffer full again.
     #[test]
     fn a_fall_spread_over_rounds_is_one_overflow() {
         let p = Params::default();
