@@ -1132,27 +1132,30 @@ fn beside_tcp(
 /// stands through hayate's yields, so it competes as a loss-based flow does (a search, then
 /// a cut to 0.7 when the buffer overflows and CUBIC's curve between) instead of yielding to
 /// nothing. Yielding to that queue left it 1.8-2.7 Mbit/s of 100 (shares 0.02-0.03).
-/// Measured (the simulated CUBIC has Linux's fast convergence): shares 0.64 (100 Mbit/s,
-/// 10 ms), 0.45 (100, 50), 0.69 (300, 10), 0.62 (300, 50).
+/// Measured (the simulated CUBIC has Linux's fast convergence): shares 0.50 (100 Mbit/s,
+/// 10 ms), 0.44 (100, 50), 0.51 (300, 10), 0.61 (300, 50). With the delivery estimate
+/// holding the pace up between cuts, 0.64 and 0.69 at 10 ms: the pace came back within a
+/// few round trips of each cut.
 #[test]
 fn fair_holds_a_share_beside_cubic() {
     for (rate, rtt, seed) in [(100, 10, 32), (100, 50, 33), (300, 10, 34), (300, 50, 35)] {
         let (hayate, tcp) = beside_cubic(rate, rtt, seed, Policy::Fair);
         let share = hayate / (hayate + tcp);
         assert!(
-            (0.3..=0.7).contains(&share),
+            (0.35..=0.65).contains(&share),
             "{rate} Mbit/s, {rtt} ms: hayate {hayate:.1}, CUBIC {tcp:.1}"
         );
         assert!(hayate + tcp >= 0.9 * rate as f64, "{hayate:.1} + {tcp:.1}");
     }
 }
 
-/// The same on a host that holds the hayate sender 20 ms every 200 ms. Competing, the
-/// pacer makes that time up afterwards (`RateControl::makes_up_stalls`): CUBIC takes
-/// whatever is left unsent and keeps it, as hayate's own cuts then read its smaller
-/// deliveries as its share. Lost instead, hayate held 0.17 of a 300 Mbit/s, 10 ms path
-/// (0.82 made up; 0.35 and 0.37 at 50 and 100 ms either way, where the stalls cost before
-/// contention is detected).
+/// The same on a host that holds the hayate sender 20 ms every 200 ms. Each stall drains
+/// the queue by what hayate did not send, a fall of the RTT as deep as CUBIC's cuts make
+/// on this path: read as CUBIC's, hayate cut every half second where CUBIC cut every two
+/// to four, and held 0.18 of a 300 Mbit/s, 10 ms path. A fall within
+/// `Params::contend_stall_rounds` of a stall is hayate's own, and while the pace follows
+/// CUBIC's curve the pacer does not make the stalls up (`RateControl::makes_up_stalls`;
+/// made up, 0.27). Measured: 0.44.
 #[test]
 fn fair_holds_a_share_beside_cubic_on_a_stalling_host() {
     let (hayate, tcp) = beside_tcp(300, 10, 34, Policy::Fair, false, |sc| {
@@ -1161,7 +1164,7 @@ fn fair_holds_a_share_beside_cubic_on_a_stalling_host() {
     });
     let share = hayate / (hayate + tcp);
     assert!(
-        (0.3..=0.9).contains(&share),
+        (0.35..=0.65).contains(&share),
         "hayate {hayate:.1}, CUBIC {tcp:.1}"
     );
 }
@@ -1172,8 +1175,8 @@ fn fair_holds_a_share_beside_cubic_on_a_stalling_host() {
 /// cutting at each of them left hayate 1-2 % of the link; its overflows are not answered
 /// by a cut of its own. Seen as rate-based (`Contention::rate_based`), hayate holds its
 /// estimate and probes as such a flow does.
-/// Measured: shares 0.41-0.43 (100 Mbit/s, 50 ms), 0.39 (300, 50), 0.14-0.22 (300, 100: it
-/// moves with small changes elsewhere); 0.01-0.03 before. (On a 10 ms path hayate takes
+/// Measured: shares 0.41-0.43 (100 Mbit/s, 50 ms), 0.39-0.41 (300, 50), 0.14-0.26 (300,
+/// 100: it moves with small changes elsewhere); 0.01-0.03 before. (On a 10 ms path hayate takes
 /// 0.96, as before: it never sees that flow's drains there, and competes as beside CUBIC,
 /// whose cuts never come.)
 #[test]
@@ -1679,7 +1682,7 @@ fn joining_cubic(rtt_ms: u64, seed: u64, remembered: Option<RememberedPath>) -> 
 /// from there, and it finds the other flow only once it gave most of its share away. A
 /// path remembered from an earlier session gives it the path's floor, and the queue that
 /// stands over it through its yields is found within seconds. The share is then what
-/// competing by CUBIC's rules holds, in the 35-65 % (0.51 and 0.41 at 50 and 100 ms
+/// competing by CUBIC's rules holds, in the 35-65 % (0.50 and 0.41 at 50 and 100 ms
 /// over the 20 s after the join). Without the memory it reads more over those 20 s, but
 /// falls all along (the simulated CUBIC erodes it slower than Linux's does on the emulated
 /// WAN, where the memory takes `fair` from 29-35 % to 63-64 % at 50 ms).

@@ -23,6 +23,8 @@ pub(super) struct Estimator {
     pub(super) round_raw_sum: f64,
     /// When a delivery sample last covered a stall of the sender's host, µs.
     pub(super) stall_seen_us: Option<u64>,
+    /// Rounds since a round had such a sample (`u32::MAX`: none yet).
+    pub(super) rounds_since_stall: u32,
     /// The last round's `round_raw_sum`, `round_rx_w` and `round_rx_n`.
     pub(super) last_round_sum: f64,
     pub(super) last_round_w: f64,
@@ -50,6 +52,7 @@ impl Estimator {
             round_rx_n: 0,
             round_raw_sum: 0.0,
             stall_seen_us: None,
+            rounds_since_stall: u32::MAX,
             last_round_sum: 0.0,
             last_round_w: 0.0,
             last_round_n: 0,
@@ -283,6 +286,7 @@ impl Adaptive {
     ) -> Option<(f64, f64, f64)> {
         if fb.rx_rate.is_some_and(|rx| host_stalled(&self.p, fb, rx)) {
             self.est.stall_seen_us = Some(fb.now_us);
+            self.est.rounds_since_stall = 0;
         }
         let mut carried = None;
         let gap = |rx: u64| {

@@ -328,6 +328,12 @@ pub struct Params {
     /// ... or when the RTT falls from full by this share of it (at least a queue target):
     /// the other flow lost what overflowed and cut ...
     pub contend_drop: f64,
+    /// ... but not within this many rounds of a delivery sample that covered a stall of
+    /// our sender's host: while it was held the queue drained by what it did not send, and
+    /// that fall is ours (a sender held 20 ms every 200 ms beside CUBIC cut every half
+    /// second, CUBIC every two to four). The stall's samples come in the round that ends
+    /// with them; the refill's, over which the RTT climbs back, in the next two.
+    pub contend_stall_rounds: u32,
     /// ... unless the other flow is rate-based (`Contention::rate_based`). Then nothing
     /// cuts: the estimate is held, and probed `contend_search_gain` over for two rounds
     /// after this many at it, then `drain_gain` under it for one (BBR's cycle: 6 rounds at
@@ -548,6 +554,7 @@ impl Default for Params {
             contend_cubic_c: 0.4,
             contend_cut_rounds: 3,
             contend_drop: 0.08,
+            contend_stall_rounds: 2,
             contend_cruise_rounds: 7,
             contend_fall_spacing: 16,
             contend_quick_falls: 2,

@@ -28,10 +28,16 @@
 //!   `Params::contend_search_gain` times what it gets through, as a TCP newcomer's slow
 //!   start does (what our yields gave away while the detector made sure is taken back in a
 //!   few round trips); when the buffer overflows the estimate is cut to
-//!   `Params::contend_beta` of the share; between overflows the rate follows CUBIC's window
-//!   curve over the RTT (`curve_rate`), so that beside a CUBIC flow both grow alike. The overflow is ours when a round loses more than random loss explains; the
-//!   other flow's when the RTT, having stood at the deepest seen (the buffer full), falls
-//!   by `Params::contend_drop` of it: that flow lost what overflowed and cut. A paced flow
+//!   `Params::contend_beta` of the share; between overflows the pace is CUBIC's window
+//!   curve over the RTT (`curve_rate`), so that beside a CUBIC flow both grow alike. It is
+//!   a window's pace: as the queue drains after a cut the RTT falls and the pace rises, as
+//!   a window flow's does, and nothing else holds it up (held at what gets delivered, the
+//!   pace was back within a few round trips of each cut, and kept whatever share it had).
+//!   Nor is a stall of our host made up meanwhile (`RateControl::makes_up_stalls`). The
+//!   overflow is ours when a round loses more than random loss explains; the other flow's
+//!   when the RTT, having stood at the deepest seen (the buffer full), falls by
+//!   `Params::contend_drop` of it: that flow lost what overflowed and cut. Not within
+//!   `Params::contend_stall_rounds` of our host holding our sender: that fall is ours. A paced flow
 //!   beside a bursty one rarely loses at those moments (the bursts meet the full buffer),
 //!   and cutting only on its own losses it kept the buffer full and left CUBIC nothing.
 //!   Our own cut's fall does not count: after a cut the RTT must fall and fill again first,
@@ -158,8 +164,8 @@ impl Contention {
     /// At a round's end: its least path queue and the largest that stood (`None` without
     /// RTT samples), how far the minimum RTT is over a remembered path's floor (the tests
     /// of whether the queue is another flow's add it), the minimum RTT, the queue target,
-    /// whether the round was one of our yields. Returns whether contention began with this
-    /// round.
+    /// whether the round was one of our yields, whether our sender's host held it lately.
+    /// Returns whether contention began with this round.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn end_round(
         &mut self,
@@ -170,6 +176,7 @@ impl Contention {
         min_rtt_us: u64,
         target_us: u64,
         yielded: bool,
+        stalled: bool,
     ) -> bool {
         self.since_cut = self.since_cut.saturating_add(1);
         self.since_fall = self.since_fall.saturating_add(1);
@@ -230,7 +237,9 @@ impl Contention {
             // at least a queue target (under it is the queue's jitter).
             let band = ((p.contend_drop * self.full_rtt_us as f64) as u64).max(target_us);
             let low = min_rtt_us + least + band <= self.full_rtt_us;
-            let fall = self.reached_full && low;
+            // Not just after our host held our sender: the queue fell by what we did not
+            // send (see `Params::contend_stall_rounds`).
+            let fall = self.reached_full && low && !stalled;
             if fall {
                 // Soon after the last fall: maybe a rate-based flow's drain (see
                 // `rate_based`); the buffer must be full again before the next fall counts.
@@ -341,6 +350,7 @@ mod tests {
                 min_rtt,
                 target,
                 i % 3 == 0,
+                false,
             ) {
                 return Some(now_us);
             }
@@ -371,6 +381,7 @@ mod tests {
                 min_rtt,
                 target,
                 false,
+                false,
             );
             c.overflowed(&p, false)
         };
@@ -391,6 +402,52 @@ mod tests {
             assert!(!round(&mut c, least, most));
         }
         assert!(round(&mut c, 15_000, 50_000), "the next overflow");
+    }
+
+    /// A fall from full just after our host held our sender is ours: the queue drained by
+    /// what we did not send. It is not the other flow's cut, and the buffer full before it
+    /// still counts for the next fall, which is.
+    #[test]
+    fn a_fall_while_our_host_held_us_is_not_the_other_flows_cut() {
+        let p = Params::default();
+        let (min_rtt, target) = (80_000, 4_000);
+        let mut c = Contention::default();
+        let standing = |i: u32| if i % 3 == 1 { 3_000 } else { 5_000 };
+        let now =
+            std::cell::Cell::new(feed(&mut c, &p, 0, 90_000, 100, standing).expect("contended"));
+        let round = |c: &mut Contention, least: u64, most: u64, stalled: bool| {
+            now.set(now.get() + 120_000);
+            c.end_round(
+                &p,
+                now.get(),
+                Some((least, most)),
+                0,
+                min_rtt,
+                target,
+                false,
+                stalled,
+            );
+            c.overflowed(&p, false)
+        };
+        for (least, most) in [(27_000, 30_000), (37_000, 40_000), (47_000, 50_000)] {
+            assert!(!round(&mut c, least, most, false));
+        }
+        assert!(!round(&mut c, 48_000, 50_000, false));
+        // Our host held us: the queue falls as far as a cut would make it, and refills.
+        assert!(
+            !round(&mut c, 20_000, 50_000, true),
+            "our stall read as a cut"
+        );
+        assert!(
+            !round(&mut c, 30_000, 49_000, true),
+            "our stall read as a cut"
+        );
+        assert!(!round(&mut c, 47_000, 50_000, false));
+        // The other flow's cut, the buffer still full from before.
+        assert!(
+            round(&mut c, 20_000, 50_000, false),
+            "the cut after the stall"
+        );
     }
 
     /// Behind a loss-based flow's standing queue our yields push the queue just under the

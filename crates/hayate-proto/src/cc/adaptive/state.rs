@@ -351,12 +351,13 @@ impl Adaptive {
                 } else if self.competing() && self.contention.searching {
                     bw * self.p.contend_search_gain
                 } else if self.competing() {
-                    // CUBIC's curve instead of the increment (see `policy.rs`).
-                    bw.max(
-                        self.contention
-                            .curve_rate(&self.p, self.now_us, self.srtt_us)
-                            as f64,
-                    )
+                    // CUBIC's curve instead of the increment (see `policy.rs`): its window
+                    // over the RTT, and nothing under it. Not held at what gets delivered
+                    // as well: the rounds after a cut still deliver the share from before
+                    // it, and with that as a floor the pace was back within a few round
+                    // trips of every cut, a constant rate that kept whatever share it had.
+                    self.contention
+                        .curve_rate(&self.p, self.now_us, self.srtt_us) as f64
                 } else {
                     bw + self.increment(k).min(bw * self.p.max_grow)
                 }
@@ -399,6 +400,7 @@ impl Adaptive {
                 self.min_rtt_us,
                 target,
                 yielded,
+                self.est.rounds_since_stall <= self.p.contend_stall_rounds,
             ) {
                 let rate = self.bottleneck();
                 self.contention
