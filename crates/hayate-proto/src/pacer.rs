@@ -18,9 +18,10 @@
 //! 0.98-1.00 without). The rate controller leaves a stall's samples out of its estimate
 //! (`cc::adaptive`), so what the host takes away costs that time's sending, not the rate.
 //! Beside a flow that keeps the buffer full (TCP), sending time left unused is taken by
-//! that flow and never given back, as a window-based sender's ACK clock would not let it
-//! be: there the controller has the pacer make it up, owed and paid back a little faster
-//! than the rate.
+//! that flow and never given back: where the controller paces at what it gets delivered
+//! there (a newcomer's search, or beside a rate-based flow), it has the pacer make it up,
+//! owed and paid back a little faster than the rate. Not while it follows a window curve
+//! over the RTT (see `RateControl::makes_up_stalls`).
 
 /// A wake-up later than this is a stall, not lateness the credit should cover, seconds;
 /// also the most sending time owed when it is made up.

@@ -328,6 +328,13 @@ pub struct Params {
     /// ... or when the RTT falls from full by this share of it (at least a queue target):
     /// the other flow lost what overflowed and cut ...
     pub contend_drop: f64,
+    /// ... full being the largest RTT that stood over this many rounds: longer than a
+    /// rate-based flow's cycle (BBR's 8), long enough that a loss-based flow's growth
+    /// between cuts keeps its top. Not the largest since contention began: one early spike
+    /// (22 ms of queue beside a BBR-like flow whose queue then ran at 7-18 ms with 1 %
+    /// loss) left the buffer never full again but for rare spikes, its drains went unseen,
+    /// and hayate cut at each spike (9-11 % of a 300 Mbit/s, 50 ms path; 44-53 % now).
+    pub contend_full_rounds: usize,
     /// ... but not within this many rounds of a delivery sample that covered a stall of
     /// our sender's host: while it was held the queue drained by what it did not send, and
     /// that fall is ours (a sender held 20 ms every 200 ms beside CUBIC cut every half
@@ -554,6 +561,7 @@ impl Default for Params {
             contend_cubic_c: 0.4,
             contend_cut_rounds: 3,
             contend_drop: 0.08,
+            contend_full_rounds: 48,
             contend_stall_rounds: 2,
             contend_cruise_rounds: 7,
             contend_fall_spacing: 16,

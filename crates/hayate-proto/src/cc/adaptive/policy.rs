@@ -35,7 +35,7 @@
 //!   pace was back within a few round trips of each cut, and kept whatever share it had).
 //!   Nor is a stall of our host made up meanwhile (`RateControl::makes_up_stalls`). The
 //!   overflow is ours when a round loses more than random loss explains; the other flow's
-//!   when the RTT, having stood at the deepest seen (the buffer full), falls by
+//!   when the RTT, having stood at the deepest seen lately (the buffer full), falls by
 //!   `Params::contend_drop` of it: that flow lost what overflowed and cut. Not within
 //!   `Params::contend_stall_rounds` of our host holding our sender: that fall is ours. A paced flow
 //!   beside a bursty one rarely loses at those moments (the bursts meet the full buffer),
@@ -123,10 +123,13 @@ pub(super) struct Contention {
     /// ... until the queue was gone this many rounds in a row, with the curve back at the
     /// window before the last cut (the other flow no longer takes its part).
     gone_rounds: u32,
-    /// The largest RTT that stood while contended (the minimum plus the path's queue),
-    /// µs: the buffer is full there. An RTT, not a queue: where a queue never goes, the
-    /// minimum RTT drifts up as its window forgets the emptier past.
+    /// The largest RTT that stood over the last `Params::contend_full_rounds` rounds while
+    /// contended (the minimum plus the path's queue), µs: the buffer is full there. An RTT,
+    /// not a queue: where a queue never goes, the minimum RTT drifts up as its window
+    /// forgets the emptier past.
     full_rtt_us: u64,
+    /// Those rounds' largest RTTs, oldest first.
+    recent_full_us: std::collections::VecDeque<u64>,
     /// The minimum RTT at the last round's end: a round in which it moved measured its
     /// queues against two minimums, and says nothing of the buffer.
     last_min_rtt_us: u64,
@@ -227,12 +230,17 @@ impl Contention {
             self.quick_falls = 0;
             self.rate_based = false;
             self.full_rtt_us = 0;
+            self.recent_full_us.clear();
             self.low_since_cut = true;
             self.reached_full = false;
         }
         let steady = std::mem::replace(&mut self.last_min_rtt_us, min_rtt_us) == min_rtt_us;
         if steady {
-            self.full_rtt_us = self.full_rtt_us.max(min_rtt_us + most);
+            if self.recent_full_us.len() >= p.contend_full_rounds {
+                self.recent_full_us.pop_front();
+            }
+            self.recent_full_us.push_back(min_rtt_us + most);
+            self.full_rtt_us = self.recent_full_us.iter().copied().max().unwrap_or(0);
             // Full within half a band, fallen by a band: a band is a share of the RTT, and
             // at least a queue target (under it is the queue's jitter).
             let band = ((p.contend_drop * self.full_rtt_us as f64) as u64).max(target_us);
@@ -448,6 +456,42 @@ mod tests {
             round(&mut c, 20_000, 50_000, false),
             "the cut after the stall"
         );
+    }
+
+    /// Beside a rate-based flow the buffer is "full" at the top of its recent cycles, not at
+    /// a spike long past: after one early spike (30 ms of queue) its cycles (a probe to 20
+    /// ms every 8 rounds, then a drain to 5) still show as quick falls, and it is taken for
+    /// rate-based. Measured from the spike, the buffer was never full again and its drains
+    /// went unseen.
+    #[test]
+    fn a_rate_based_flow_is_found_after_an_early_spike() {
+        let p = Params::default();
+        let (min_rtt, target) = (80_000, 4_000);
+        let mut c = Contention::default();
+        let standing = |i: u32| if i % 3 == 1 { 3_000 } else { 5_000 };
+        let mut now = feed(&mut c, &p, 0, 90_000, 100, standing).expect("contended");
+        let mut round = |c: &mut Contention, least: u64, most: u64| {
+            now += 90_000;
+            c.end_round(
+                &p,
+                now,
+                Some((least, most)),
+                0,
+                min_rtt,
+                target,
+                false,
+                false,
+            );
+        };
+        round(&mut c, 20_000, 30_000);
+        for i in 0..120 {
+            match i % 8 {
+                6 => round(&mut c, 16_000, 20_000),
+                7 => round(&mut c, 5_000, 9_000),
+                _ => round(&mut c, 14_000, 17_000),
+            }
+        }
+        assert!(c.rate_based(), "its drains went unseen");
     }
 
     /// Behind a loss-based flow's standing queue our yields push the queue just under the
