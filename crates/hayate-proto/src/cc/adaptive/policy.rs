@@ -366,6 +366,34 @@ mod tests {
         None
     }
 
+    /// A flow contended behind a standing queue (80 ms minimum RTT, a 4 ms target), fed
+    /// one 120 ms round at a time.
+    struct Contest {
+        c: Contention,
+        p: Params,
+        now_us: u64,
+    }
+
+    impl Contest {
+        fn new() -> Contest {
+            let (mut c, p) = (Contention::default(), Params::default());
+            let standing = |i: u32| if i % 3 == 1 { 3_000 } else { 5_000 };
+            let now_us = feed(&mut c, &p, 0, 90_000, 100, standing).expect("contended");
+            Contest { c, p, now_us }
+        }
+
+        /// A round whose path queue went from `least` to `most`, µs, our sender held
+        /// lately or not: whether it shows the buffer overflowed.
+        fn round(&mut self, least: u64, most: u64, stalled: bool) -> bool {
+            self.now_us += 120_000;
+            let queues = Some((least, most));
+            let (p, now) = (&self.p, self.now_us);
+            self.c
+                .end_round(p, now, queues, 0, 80_000, 4_000, false, stalled);
+            self.c.overflowed(p, false)
+        }
+    }
+
     /// One overflow, one cut. After the cut the RTT falls over a round or two, and the
     /// first round of the fall still holds the full buffer's samples: its largest queue is
     /// near full while its least is low. Read as the buffer full again, that round made the
@@ -373,43 +401,24 @@ mod tests {
     /// pace). The rounds right after a cut do not show the buffer full again.
     #[test]
     fn a_fall_spread_over_rounds_is_one_overflow() {
-        let p = Params::default();
-        let (min_rtt, target) = (80_000, 4_000);
-        let mut c = Contention::default();
-        let standing = |i: u32| if i % 3 == 1 { 3_000 } else { 5_000 };
-        let now =
-            std::cell::Cell::new(feed(&mut c, &p, 0, 90_000, 100, standing).expect("contended"));
-        let round = |c: &mut Contention, least: u64, most: u64| {
-            now.set(now.get() + 120_000);
-            c.end_round(
-                &p,
-                now.get(),
-                Some((least, most)),
-                0,
-                min_rtt,
-                target,
-                false,
-                false,
-            );
-            c.overflowed(&p, false)
-        };
+        let mut t = Contest::new();
         // The buffer fills (130 ms full), and stands full a round.
         for (least, most) in [(27_000, 30_000), (37_000, 40_000), (47_000, 50_000)] {
-            assert!(!round(&mut c, least, most));
+            assert!(!t.round(least, most, false));
         }
-        assert!(!round(&mut c, 48_000, 50_000));
+        assert!(!t.round(48_000, 50_000, false));
         // The other flow cuts: the RTT falls, and both cut (as `state.rs` does).
-        assert!(round(&mut c, 20_000, 50_000), "the fall is an overflow");
-        c.start_epoch(&p, now.get(), 10_000_000, 130_000, true);
+        assert!(t.round(20_000, 50_000, false), "the fall is an overflow");
+        t.c.start_epoch(&t.p, t.now_us, 10_000_000, 130_000, true);
         // Our cut shows a round later, the fall spread over two rounds: the first still
         // holds samples of the full buffer.
-        assert!(!round(&mut c, 30_000, 49_000), "cut twice");
-        assert!(!round(&mut c, 10_000, 20_000), "cut twice");
+        assert!(!t.round(30_000, 49_000, false), "cut twice");
+        assert!(!t.round(10_000, 20_000, false), "cut twice");
         // Both grow back into the buffer; once a round stood full, the next fall counts.
         for (least, most) in [(27_000, 30_000), (37_000, 40_000), (47_000, 50_000)] {
-            assert!(!round(&mut c, least, most));
+            assert!(!t.round(least, most, false));
         }
-        assert!(round(&mut c, 15_000, 50_000), "the next overflow");
+        assert!(t.round(15_000, 50_000, false), "the next overflow");
     }
 
     /// A fall from full just after our host held our sender is ours: the queue drained by
@@ -417,45 +426,17 @@ mod tests {
     /// still counts for the next fall, which is.
     #[test]
     fn a_fall_while_our_host_held_us_is_not_the_other_flows_cut() {
-        let p = Params::default();
-        let (min_rtt, target) = (80_000, 4_000);
-        let mut c = Contention::default();
-        let standing = |i: u32| if i % 3 == 1 { 3_000 } else { 5_000 };
-        let now =
-            std::cell::Cell::new(feed(&mut c, &p, 0, 90_000, 100, standing).expect("contended"));
-        let round = |c: &mut Contention, least: u64, most: u64, stalled: bool| {
-            now.set(now.get() + 120_000);
-            c.end_round(
-                &p,
-                now.get(),
-                Some((least, most)),
-                0,
-                min_rtt,
-                target,
-                false,
-                stalled,
-            );
-            c.overflowed(&p, false)
-        };
+        let mut t = Contest::new();
         for (least, most) in [(27_000, 30_000), (37_000, 40_000), (47_000, 50_000)] {
-            assert!(!round(&mut c, least, most, false));
+            assert!(!t.round(least, most, false));
         }
-        assert!(!round(&mut c, 48_000, 50_000, false));
+        assert!(!t.round(48_000, 50_000, false));
         // Our host held us: the queue falls as far as a cut would make it, and refills.
-        assert!(
-            !round(&mut c, 20_000, 50_000, true),
-            "our stall read as a cut"
-        );
-        assert!(
-            !round(&mut c, 30_000, 49_000, true),
-            "our stall read as a cut"
-        );
-        assert!(!round(&mut c, 47_000, 50_000, false));
+        assert!(!t.round(20_000, 50_000, true), "our stall read as a cut");
+        assert!(!t.round(30_000, 49_000, true), "our stall read as a cut");
+        assert!(!t.round(47_000, 50_000, false));
         // The other flow's cut, the buffer still full from before.
-        assert!(
-            round(&mut c, 20_000, 50_000, false),
-            "the cut after the stall"
-        );
+        assert!(t.round(20_000, 50_000, false), "the cut after the stall");
     }
 
     /// Beside a rate-based flow the buffer is "full" at the top of its recent cycles, not at
@@ -465,33 +446,16 @@ mod tests {
     /// went unseen.
     #[test]
     fn a_rate_based_flow_is_found_after_an_early_spike() {
-        let p = Params::default();
-        let (min_rtt, target) = (80_000, 4_000);
-        let mut c = Contention::default();
-        let standing = |i: u32| if i % 3 == 1 { 3_000 } else { 5_000 };
-        let mut now = feed(&mut c, &p, 0, 90_000, 100, standing).expect("contended");
-        let mut round = |c: &mut Contention, least: u64, most: u64| {
-            now += 90_000;
-            c.end_round(
-                &p,
-                now,
-                Some((least, most)),
-                0,
-                min_rtt,
-                target,
-                false,
-                false,
-            );
-        };
-        round(&mut c, 20_000, 30_000);
+        let mut t = Contest::new();
+        t.round(20_000, 30_000, false);
         for i in 0..120 {
             match i % 8 {
-                6 => round(&mut c, 16_000, 20_000),
-                7 => round(&mut c, 5_000, 9_000),
-                _ => round(&mut c, 14_000, 17_000),
-            }
+                6 => t.round(16_000, 20_000, false),
+                7 => t.round(5_000, 9_000, false),
+                _ => t.round(14_000, 17_000, false),
+            };
         }
-        assert!(c.rate_based(), "its drains went unseen");
+        assert!(t.c.rate_based(), "its drains went unseen");
     }
 
     /// Behind a loss-based flow's standing queue our yields push the queue just under the
