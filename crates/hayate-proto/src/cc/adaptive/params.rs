@@ -333,7 +333,8 @@ pub struct Params {
     /// between cuts keeps its top. Not the largest since contention began: one early spike
     /// (22 ms of queue beside a BBR-like flow whose queue then ran at 7-18 ms with 1 %
     /// loss) left the buffer never full again but for rare spikes, its drains went unseen,
-    /// and hayate cut at each spike (9-11 % of a 300 Mbit/s, 50 ms path; 44-53 % now).
+    /// and hayate cut at each spike: 9-11 % of a 300 Mbit/s, 50 ms path, 44-53 % with the
+    /// window.
     pub contend_full_rounds: usize,
     /// ... but not within this many rounds of a delivery sample that covered a stall of
     /// our sender's host: while it was held the queue drained by what it did not send, and
