@@ -37,9 +37,10 @@
 //!   overflow is ours when a round loses more than random loss explains; the other flow's
 //!   when the RTT, having stood at the deepest seen lately (the buffer full), falls by
 //!   `Params::contend_drop` of it: that flow lost what overflowed and cut. Not within
-//!   `Params::contend_stall_rounds` of our host holding our sender: that fall is ours. A paced flow
-//!   beside a bursty one rarely loses at those moments (the bursts meet the full buffer),
-//!   and cutting only on its own losses it kept the buffer full and left CUBIC nothing.
+//!   `Params::contend_stall_rounds` of our host holding our sender: that fall is ours. A
+//!   paced flow beside a bursty one rarely loses at those moments (the bursts meet the full
+//!   buffer), and cutting only on its own losses it kept the buffer full and left CUBIC
+//!   nothing.
 //!   Our own cut's fall does not count: after a cut the RTT must fall and fill again first,
 //!   and the `Params::contend_cut_rounds` rounds after a cut, which still hold samples of
 //!   the buffer full before it, do not show it full again (read so, one overflow made two
