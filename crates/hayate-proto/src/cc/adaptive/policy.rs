@@ -393,6 +393,13 @@ mod tests {
                 .end_round(p, now, queues, 0, 80_000, 4_000, false, stalled);
             self.c.overflowed(p, false)
         }
+
+        /// The buffer fills over three rounds (130 ms full), and no round overflows.
+        fn fill(&mut self) {
+            for (least, most) in [(27_000, 30_000), (37_000, 40_000), (47_000, 50_000)] {
+                assert!(!self.round(least, most, false), "overflowed while filling");
+            }
+        }
     }
 
     /// One overflow, one cut. After the cut the RTT falls over a round or two, and the
@@ -403,10 +410,8 @@ mod tests {
     #[test]
     fn a_fall_spread_over_rounds_is_one_overflow() {
         let mut t = Contest::new();
-        // The buffer fills (130 ms full), and stands full a round.
-        for (least, most) in [(27_000, 30_000), (37_000, 40_000), (47_000, 50_000)] {
-            assert!(!t.round(least, most, false));
-        }
+        // The buffer fills, and stands full a round.
+        t.fill();
         assert!(!t.round(48_000, 50_000, false));
         // The other flow cuts: the RTT falls, and both cut (as `state.rs` does).
         assert!(t.round(20_000, 50_000, false), "the fall is an overflow");
@@ -416,9 +421,7 @@ mod tests {
         assert!(!t.round(30_000, 49_000, false), "cut twice");
         assert!(!t.round(10_000, 20_000, false), "cut twice");
         // Both grow back into the buffer; once a round stood full, the next fall counts.
-        for (least, most) in [(27_000, 30_000), (37_000, 40_000), (47_000, 50_000)] {
-            assert!(!t.round(least, most, false));
-        }
+        t.fill();
         assert!(t.round(15_000, 50_000, false), "the next overflow");
     }
 
@@ -428,9 +431,7 @@ mod tests {
     #[test]
     fn a_fall_while_our_host_held_us_is_not_the_other_flows_cut() {
         let mut t = Contest::new();
-        for (least, most) in [(27_000, 30_000), (37_000, 40_000), (47_000, 50_000)] {
-            assert!(!t.round(least, most, false));
-        }
+        t.fill();
         assert!(!t.round(48_000, 50_000, false));
         // Our host held us: the queue falls as far as a cut would make it, and refills.
         assert!(!t.round(20_000, 50_000, true), "our stall read as a cut");
