@@ -765,8 +765,11 @@ fn two_flows_share_a_shallow_buffer_fairly() {
 /// A newcomer's search overflows a buffer too short for the queue at which flows yield to
 /// it on a deep one (`two_flows_share_the_link_fairly`): the flow already there must take
 /// those losses for what they are (its own pace lost nothing before) and make room, not
-/// read them as random loss and leave the newcomer at what its search found (before: 25-30
-/// of 95 Mbit/s, Jain 0.815-0.886; now 0.907-1.000, mean 0.966).
+/// read them as random loss and leave the newcomer at what its search found (25-30 of 95
+/// Mbit/s, Jain 0.815-0.886). Past that, the two flows' shares even out only by the cycles of
+/// yields and equal increments, each about a second here: cutting to 0.95 when shares
+/// move, the newcomer still had 36 Mbit/s to the first flow's 58 after 13 s (Jain
+/// 0.943-0.960, mean 0.952); the 0.98 takes the deeper `converge_gain`.
 #[test]
 fn a_newcomer_is_let_in_on_a_short_buffer() {
     let js: Vec<f64> = [(0, 16), (37_000, 17), (74_000, 18), (111_000, 19)]
@@ -774,7 +777,8 @@ fn a_newcomer_is_let_in_on_a_short_buffer() {
         .map(|&(off, seed)| two_flows_at(100, 100, 0.0, 0.1, 3, off, 150, seed, 0.8))
         .collect();
     let mean = js.iter().sum::<f64>() / js.len() as f64;
-    assert!(mean >= 0.95, "Jain {js:.3?}");
+    assert!(mean >= 0.98, "Jain {js:.3?}");
+    assert!(js.iter().all(|&j| j >= 0.95), "Jain {js:.3?}");
 }
 
 /// A newcomer on a long, lossy path behind a flow that fills it: the queue that flow keeps

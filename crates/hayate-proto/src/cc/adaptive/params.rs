@@ -202,7 +202,13 @@ pub struct Params {
     /// ... and when it is apart from this many remembered shares (one odd reading is a host's
     /// hiccup, not shares moving) ...
     pub shares_apart: usize,
-    /// ... the flow yields this deeper gain instead, so uneven shares even out quickly.
+    /// ... the flow yields this deeper gain instead, so uneven shares even out quickly. Each
+    /// such cycle leaves the gap between two flows at this fraction of what it was (both
+    /// cut by it, equal increments refill the room), and a cycle lasts about ten round
+    /// trips: at 0.95 a newcomer on a 100 ms path still had 0.6-0.8 of the first flow's
+    /// rate 13 s in (Jain 0.94-0.99 in the simulator), at 0.9 0.8-0.95 (0.98-1.00). Deeper
+    /// (0.85) evens flows faster still, but leaves more of the link idle while they do
+    /// (94 % of it where 0.9 fills 96 %) and whenever on/off cross traffic moves the shares.
     pub converge_gain: f64,
     /// Shares remembered for that, one per yield.
     pub share_history: usize,
@@ -518,7 +524,7 @@ impl Default for Params {
             share_gain: 0.99,
             share_moving: 0.9,
             shares_apart: 2,
-            converge_gain: 0.95,
+            converge_gain: 0.9,
             share_history: 4,
             share_min_samples: 3,
             share_floor_div: 2,
