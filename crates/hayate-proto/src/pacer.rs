@@ -42,6 +42,12 @@ const LOSS_MARGIN: f64 = 0.002;
 const REST_KEPT: f64 = 0.9;
 /// The least share of a full catch-up kept (some, so that its fate keeps being judged).
 const MIN_ROOM: f64 = 1.0 / 16.0;
+/// Without a verdict for this many datagrams of the rest, the room grows a step as after a
+/// clean one: catch-ups too small to be judged (under a sending rate of about 200 Mbit/s,
+/// `MIN_ROOM` of the credit is less than a datagram past the quantum, and none is a
+/// catch-up) tell nothing against the path, and a room stuck at its floor makes the host's
+/// late wake-ups cost their sending time for good.
+const REGROW_DATAGRAMS: f64 = 16.0 * JUDGE_DATAGRAMS;
 /// A late wake-up's credit covers at least this long of sending, seconds ...
 const CREDIT_S: f64 = 1e-3;
 /// ... or the host's usual lateness plus this many times how much it varies (see
@@ -87,6 +93,8 @@ pub struct Pacer {
     /// Bytes (lost, settled) of catch-ups and of the rest since they were last judged.
     catch_up_fates: (f64, f64),
     paced_fates: (f64, f64),
+    /// Bytes of the rest settled since the last verdict (see `REGROW_DATAGRAMS`).
+    unjudged: f64,
     /// The last call found too little credit: the sender waits for the next burst (see
     /// [`Pacer::lateness_us`]).
     held: bool,
@@ -117,6 +125,7 @@ impl Pacer {
             room: 1.0,
             catch_up_fates: (0.0, 0.0),
             paced_fates: (0.0, 0.0),
+            unjudged: 0.0,
             held: false,
             lateness_us: 0.0,
             lateness_spread_us: 0.0,
@@ -196,7 +205,7 @@ impl Pacer {
     /// [`Pacer::catching_up`]) and of the rest. A catch-up that loses more than the rest
     /// overflows the bottleneck's buffer (a 1 ms buffer takes no 1 ms burst, nor a debt
     /// paid at 1.25 times the rate): each such verdict halves the catch-up, each clean one
-    /// lets it grow back.
+    /// lets it grow back, and so does a long stretch without a verdict.
     pub fn on_fates(&mut self, catch_up: (u64, u64), rest: (u64, u64)) {
         let add = |f: &mut (f64, f64), (lost, settled): (u64, u64)| {
             f.0 += lost as f64;
@@ -204,11 +213,17 @@ impl Pacer {
         };
         add(&mut self.catch_up_fates, catch_up);
         add(&mut self.paced_fates, rest);
+        self.unjudged += rest.1 as f64;
         let mtu = self.mtu as f64;
         let n = self.catch_up_fates.1 / mtu;
         if n < JUDGE_DATAGRAMS || self.paced_fates.1 / mtu < JUDGE_DATAGRAMS {
+            if self.unjudged / mtu >= REGROW_DATAGRAMS {
+                self.unjudged = 0.0;
+                self.room = (self.room + MIN_ROOM).min(1.0);
+            }
             return;
         }
+        self.unjudged = 0.0;
         let m = self.paced_fates.1 / mtu;
         let p = self.paced_fates.0 / self.paced_fates.1;
         let q = self.catch_up_fates.0 / self.catch_up_fates.1;
@@ -596,6 +611,53 @@ mod tests {
             p.on_fates((0, 100_000), (0, 1_000_000));
         }
         assert_eq!(p.catch_up_room(), 1.0);
+    }
+
+    /// At its floor the room leaves a flow under about 200 Mbit/s no catch-up to judge: a
+    /// newcomer whose startup bursts into another flow's full buffer had lost more and sent
+    /// 10-15 % under its pace for the 20 s both ran, its late wake-ups lost for good (on
+    /// the harness, two flows at 100 ms: 67 against 230 Mbit/s). The rest's fates let the
+    /// room grow back, and the catch-ups are judged again.
+    #[test]
+    fn a_room_too_small_to_judge_grows_back() {
+        let rate = 70_000_000 / 8;
+        let mut p = Pacer::new(1500);
+        p.set_rate(Some(rate));
+        for _ in 0..8 {
+            p.on_fates((15_000, 100_000), (0, 1_000_000));
+        }
+        assert_eq!(p.catch_up_room(), MIN_ROOM);
+        // Woken 1 ms late every time: nothing goes as a catch-up, and most of the late
+        // time is lost.
+        let (mut now, mut tagged, mut sent) = (0u64, 0usize, 0usize);
+        while now < 1_000_000 {
+            while p.can_send(now, 1500) {
+                tagged += usize::from(p.catching_up());
+                p.on_sent(1500);
+                sent += 1500;
+            }
+            now = p.next_send_time(now).unwrap().max(now + 1) + 1_000;
+        }
+        assert_eq!(tagged, 0);
+        assert!((sent as f64) < 0.6 * rate as f64, "sent {sent} of {rate}");
+        // The rest keeps settling, with no catch-up among it (12,000 datagrams, 2 s at
+        // this rate): the room grows a step per `REGROW_DATAGRAMS`, back to all of it.
+        for _ in 0..120 {
+            p.on_fates((0, 0), (0, 100 * 1500));
+        }
+        assert_eq!(p.catch_up_room(), 1.0);
+        let (mut tagged, mut sent) = (0usize, 0usize);
+        let end = now + 1_000_000;
+        while now < end {
+            while p.can_send(now, 1500) {
+                tagged += usize::from(p.catching_up());
+                p.on_sent(1500);
+                sent += 1500;
+            }
+            now = p.next_send_time(now).unwrap().max(now + 1) + 1_000;
+        }
+        assert!(tagged > 0);
+        assert!((sent as f64) > 0.95 * rate as f64, "sent {sent} of {rate}");
     }
 
     /// Random loss hits catch-ups and the rest alike, whatever their sizes: the rest's
