@@ -140,8 +140,7 @@
 //! converge (additive increase, multiplicative decrease, with the queue as the signal instead
 //! of loss). Down's estimate is what this flow was delivered over the two rounds the queue
 //! built in (its share of a FIFO bottleneck) times `share_gain`; while shares keep moving,
-//! `converge_gain` (not if the queue stood through our last yield: whoever keeps it does
-//! not yield as we do, and a deeper cut only hands it more); a queue far over the target (a newcomer's search, a slower path),
+//! `converge_gain`; a queue far over the target (a newcomer's search, a slower path),
 //! `big_queue_gain`. Past Startup, samples count at most what the flow sends, so the burst a
 //! draining queue delivers does not undo a yield. A newcomer's Startup does not stop at the
 //! queue the flows already there keep: while its deliveries still grow by a quarter per round

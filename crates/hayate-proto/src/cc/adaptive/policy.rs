@@ -276,12 +276,6 @@ impl Contention {
         !was
     }
 
-    /// The queue stood through our last yield: whoever keeps it does not yield as we do
-    /// (another hayate flow's goes within two of ours).
-    pub(super) fn stood_through_a_yield(&self) -> bool {
-        self.yields > 0 || self.standing_yields > 0
-    }
-
     /// `Policy::Fair`: the buffer overflowed, once since the last cut: for us (`lost`, a
     /// round losing more than random loss), or for the other flow, whose cut shows as the
     /// RTT falling from full. A paced flow beside a loss-based one loses little when the

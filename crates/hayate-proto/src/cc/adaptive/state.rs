@@ -230,10 +230,7 @@ impl Adaptive {
     /// the link full. Moving means apart from more than one remembered share: one odd
     /// reading (a host's hiccup while the queue stood) would otherwise make the next
     /// `Params::share_history` cuts deep too (a lone flow on the harness's 100 ms path then spent
-    /// most drains at the deeper cut). Not where the queue stood through our last yield:
-    /// whoever keeps it does not yield as we do (TCP, or BBR, while the contention detector
-    /// makes sure), and a deeper cut only hands it more (beside a BBR-like flow at 250 ms,
-    /// 20 s: 14-26 % of the link, where the shallow cut there holds 32-33 %).
+    /// most drains at 0.95 of the link).
     pub(super) fn share_gain(&self, share: u64) -> f64 {
         let s = share as f64;
         let apart = self
@@ -243,7 +240,6 @@ impl Adaptive {
             .count();
         if !self.shares.is_empty()
             && apart >= self.p.shares_apart.min(self.shares.len())
-            && !self.contention.stood_through_a_yield()
             && self.p.ablation.on(Rule::ConvergeGain)
         {
             self.p.converge_gain

@@ -367,35 +367,6 @@ fn one_odd_share_is_not_shares_moving() {
     assert_eq!(a.share_gain(60), Params::default().share_gain);
 }
 
-/// Moving shares beside a queue that stood through our last yield (TCP, or BBR, while the
-/// contention detector makes sure) keep the shallow cut: a deeper one only hands that flow
-/// more. Once the queue goes when we yield, the flows beside us yield too, and moving
-/// shares cut deep again.
-#[test]
-fn a_queue_that_stands_through_a_yield_gets_no_deeper_cut() {
-    let p = Params::default();
-    let mut a = Adaptive::new(None, 0);
-    a.shares = vec![60_000_000; 4];
-    assert_eq!(a.share_gain(52_000_000), p.converge_gain);
-    let round = |a: &mut Adaptive, t: u64, least: u64, yielded: bool| {
-        a.contention.end_round(
-            &p,
-            t,
-            Some((least, least + 5_000)),
-            0,
-            50_000,
-            5_000,
-            yielded,
-            false,
-        );
-    };
-    round(&mut a, 1_000_000, 3_000, false);
-    round(&mut a, 1_050_000, 20_000, true);
-    assert_eq!(a.share_gain(52_000_000), p.share_gain);
-    round(&mut a, 1_100_000, 0, false);
-    assert_eq!(a.share_gain(52_000_000), p.converge_gain);
-}
-
 /// A flow growing (a few rounds in) from an estimate of `cap` bytes/s, at the start of a
 /// round; and the time.
 fn growing_at(cap: u64) -> (Adaptive, u64) {
