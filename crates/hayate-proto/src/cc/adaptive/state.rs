@@ -230,7 +230,7 @@ impl Adaptive {
     /// the link full. Moving means apart from more than one remembered share: one odd
     /// reading (a host's hiccup while the queue stood) would otherwise make the next
     /// `Params::share_history` cuts deep too (a lone flow on the harness's 100 ms path then spent
-    /// most drains at 0.95 of the link).
+    /// most drains at the deeper cut).
     pub(super) fn share_gain(&self, share: u64) -> f64 {
         let s = share as f64;
         let apart = self
