@@ -627,17 +627,23 @@ mod tests {
             p.on_fates((15_000, 100_000), (0, 1_000_000));
         }
         assert_eq!(p.catch_up_room(), MIN_ROOM);
-        // Woken 1 ms late every time: nothing goes as a catch-up, and most of the late
-        // time is lost.
-        let (mut now, mut tagged, mut sent) = (0u64, 0usize, 0usize);
-        while now < 1_000_000 {
-            while p.can_send(now, 1500) {
-                tagged += usize::from(p.catching_up());
-                p.on_sent(1500);
-                sent += 1500;
+        // Woken 1 ms late every time, for a second from `now`: the bytes sent, and how many
+        // datagrams went as catch-ups.
+        let woken_late = |p: &mut Pacer, now: &mut u64| {
+            let (end, mut tagged, mut sent) = (*now + 1_000_000, 0usize, 0usize);
+            while *now < end {
+                while p.can_send(*now, 1500) {
+                    tagged += usize::from(p.catching_up());
+                    p.on_sent(1500);
+                    sent += 1500;
+                }
+                *now = p.next_send_time(*now).unwrap().max(*now + 1) + 1_000;
             }
-            now = p.next_send_time(now).unwrap().max(now + 1) + 1_000;
-        }
+            (tagged, sent)
+        };
+        // Nothing goes as a catch-up, and most of the late time is lost.
+        let mut now = 0u64;
+        let (tagged, sent) = woken_late(&mut p, &mut now);
         assert_eq!(tagged, 0);
         assert!((sent as f64) < 0.6 * rate as f64, "sent {sent} of {rate}");
         // The rest keeps settling, with no catch-up among it (12,000 datagrams, 2 s at
@@ -646,16 +652,7 @@ mod tests {
             p.on_fates((0, 0), (0, 100 * 1500));
         }
         assert_eq!(p.catch_up_room(), 1.0);
-        let (mut tagged, mut sent) = (0usize, 0usize);
-        let end = now + 1_000_000;
-        while now < end {
-            while p.can_send(now, 1500) {
-                tagged += usize::from(p.catching_up());
-                p.on_sent(1500);
-                sent += 1500;
-            }
-            now = p.next_send_time(now).unwrap().max(now + 1) + 1_000;
-        }
+        let (tagged, sent) = woken_late(&mut p, &mut now);
         assert!(tagged > 0);
         assert!((sent as f64) > 0.95 * rate as f64, "sent {sent} of {rate}");
     }
