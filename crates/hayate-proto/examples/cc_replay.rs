@@ -67,6 +67,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         a.on_feedback(&Feedback {
             now_us,
             rtt_us: Some(num(rtt)),
+            // Not kept in the trace: taken as arrived when read.
+            rtt_sent_us: now_us.saturating_sub(num(rtt) + num(lag)),
             rx_lag_us: num(lag),
             srtt_us: num(srtt),
             min_rtt_us: num(min_rtt),

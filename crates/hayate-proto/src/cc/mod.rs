@@ -17,6 +17,10 @@ pub struct Feedback {
     pub now_us: u64,
     /// RTT measured on this ACK, if it acknowledged a newer packet than before.
     pub rtt_us: Option<u64>,
+    /// When the packet `rtt_us` was measured on was sent, sender's clock, µs (0 without an
+    /// RTT sample). Not `now_us` less the RTT: a sender its host woke late reads the ACKs
+    /// that came in meanwhile all at once, each later than it arrived.
+    pub rtt_sent_us: u64,
     /// The receiver's delay between the arrival of the newest datagram it acknowledges and
     /// the ACK (its backlog plus deliberate ACK delay), µs; not part of `rtt_us`.
     pub rx_lag_us: u64,

@@ -163,6 +163,7 @@ impl Connection {
                 };
                 self.path.rtt.on_sample(now_us, rtt);
                 fb.rtt_us = Some(rtt);
+                fb.rtt_sent_us = sent.at_us;
                 fb.rx_lag_us = a.ack_delay_us;
                 // A data packet whose bytes the ACK newly counts was dated on arrival by the
                 // receiver (`rx_time_us`): the RTT less that one-way delay is the way back,

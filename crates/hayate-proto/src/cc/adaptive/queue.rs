@@ -283,7 +283,7 @@ impl Adaptive {
             .saturating_sub(fb.back_queue_us.unwrap_or(0));
         self.queue
             .spread
-            .push(fb.now_us.saturating_sub(rtt), rtt, self.p.spread_samples);
+            .push(fb.rtt_sent_us, rtt, self.p.spread_samples);
         let calm = if self.queue.rx_room >= self.congestion_cap {
             self.p.rx_buffer_calm_roomy
         } else {

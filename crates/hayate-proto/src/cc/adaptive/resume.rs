@@ -92,11 +92,9 @@ impl Resume {
     }
 }
 
-/// When the newest packet `fb` acknowledges was sent, µs (its RTT sample less the
-/// receiver's delay), if it has an RTT sample.
+/// When the newest packet `fb` acknowledges was sent, µs, if it has an RTT sample.
 fn sent_at(fb: &Feedback) -> Option<u64> {
-    fb.rtt_us
-        .map(|rtt| fb.now_us.saturating_sub(rtt + fb.rx_lag_us))
+    fb.rtt_us.map(|_| fb.rtt_sent_us)
 }
 
 impl Adaptive {

@@ -585,8 +585,7 @@ impl Adaptive {
         // estimate to 0.67 of the link, and growing back took 3 s).
         let fresh = if self.state == State::Drain {
             let since = *self.drain_from_us.get_or_insert(fb.now_us);
-            fb.rtt_us
-                .is_some_and(|rtt| fb.now_us.saturating_sub(rtt) >= since)
+            fb.rtt_us.is_some() && fb.rtt_sent_us >= since
         } else {
             self.drain_from_us = None;
             true

@@ -7,6 +7,7 @@ fn fb(now_us: u64, rtt: u64, min: u64, rx: u64) -> Feedback {
     Feedback {
         now_us,
         rtt_us: Some(rtt),
+        rtt_sent_us: now_us.saturating_sub(rtt),
         srtt_us: rtt,
         min_rtt_us: min,
         rx_rate: Some(rx),
