@@ -629,6 +629,9 @@ fn both_running_until(a: &[u64], b: &[u64]) -> usize {
     last(a).min(last(b)).saturating_sub(5)
 }
 
+/// Hosts that neither stall nor wake their senders late.
+fn quiet(_: &mut Scenario) {}
+
 /// Two uploads of `mb` MB through one `rate_mbit` Mbit/s, `rtt_ms`, 1-BDP bottleneck, the
 /// second `after_s` seconds after the first. From 2 s after the second starts until the
 /// first winds down they share the link: fairly (Jain's index of their means ≥ 0.95, and of
@@ -636,35 +639,18 @@ fn both_running_until(a: &[u64], b: &[u64]) -> usize {
 /// the newcomer's startup and drain fixes gave 0.67–0.89 here), and together they still fill
 /// it (≥ 90 %).
 fn two_flows(rate_mbit: u64, rtt_ms: u64, loss: f64, after_s: u64, mb: usize, seed: u64) {
-    let fairness = two_flows_at(rate_mbit, rtt_ms, loss, 1.0, after_s, 0, mb, seed, 0.9);
+    let fairness = two_flows_at(
+        rate_mbit, rtt_ms, loss, 1.0, after_s, 0, mb, seed, 0.9, quiet,
+    );
     assert!(fairness >= 0.95, "Jain {fairness:.3}");
 }
 
 /// Two flows, the second `after_s` s and `offset_us` µs into the first, behind a buffer of
-/// `buffer_bdp` BDPs; checks they both ran long enough, used the link and stayed close to
-/// even every second (Jain at least `worst_floor`); returns the Jain index of their mean
-/// rates.
+/// `buffer_bdp` BDPs, on hosts `hosts` describes (how they stall, or wake the senders);
+/// checks they both ran long enough, used the link and stayed close to even every second
+/// (Jain at least `worst_floor`); returns the Jain index of their mean rates.
 #[allow(clippy::too_many_arguments)]
 fn two_flows_at(
-    rate_mbit: u64,
-    rtt_ms: u64,
-    loss: f64,
-    buffer_bdp: f64,
-    after_s: u64,
-    offset_us: u64,
-    mb: usize,
-    seed: u64,
-    worst_floor: f64,
-) -> f64 {
-    let quiet_hosts = |_: &mut Scenario| {};
-    #[rustfmt::skip]
-    let j = two_flows_on(rate_mbit, rtt_ms, loss, buffer_bdp, after_s, offset_us, mb, seed, worst_floor, quiet_hosts);
-    j
-}
-
-/// [`two_flows_at`] on hosts `hosts` describes (how they stall, or wake the senders).
-#[allow(clippy::too_many_arguments)]
-fn two_flows_on(
     rate_mbit: u64,
     rtt_ms: u64,
     loss: f64,
@@ -760,7 +746,7 @@ fn two_flows_share_a_lossy_link_fairly() {
 fn two_flows_share_a_short_path_fairly() {
     let js: Vec<f64> = [0, 37_000, 74_000]
         .iter()
-        .map(|&off| two_flows_at(300, 10, 0.0, 1.0, 2, off, 200, 14, 0.9))
+        .map(|&off| two_flows_at(300, 10, 0.0, 1.0, 2, off, 200, 14, 0.9, quiet))
         .collect();
     let mean = js.iter().sum::<f64>() / js.len() as f64;
     assert!(mean >= 0.95, "Jain {js:.3?}");
@@ -778,7 +764,7 @@ fn two_flows_share_a_short_path_fairly() {
 fn two_flows_share_a_shallow_buffer_fairly() {
     let js: Vec<f64> = [0, 37_000, 74_000]
         .iter()
-        .map(|&off| two_flows_at(300, 10, 0.0, 0.1, 2, off, 260, 15, 0.7))
+        .map(|&off| two_flows_at(300, 10, 0.0, 0.1, 2, off, 260, 15, 0.7, quiet))
         .collect();
     assert!(js.iter().all(|&j| j >= 0.9), "Jain {js:.3?}");
 }
@@ -795,7 +781,7 @@ fn two_flows_share_a_shallow_buffer_fairly() {
 fn a_newcomer_is_let_in_on_a_short_buffer() {
     let js: Vec<f64> = [(0, 16), (37_000, 17), (74_000, 18), (111_000, 19)]
         .iter()
-        .map(|&(off, seed)| two_flows_at(100, 100, 0.0, 0.1, 3, off, 150, seed, 0.8))
+        .map(|&(off, seed)| two_flows_at(100, 100, 0.0, 0.1, 3, off, 150, seed, 0.8, quiet))
         .collect();
     let mean = js.iter().sum::<f64>() / js.len() as f64;
     assert!(mean >= 0.98, "Jain {js:.3?}");
@@ -811,7 +797,7 @@ fn a_newcomer_is_let_in_on_a_short_buffer() {
 #[test]
 fn a_newcomer_gets_in_on_a_long_lossy_path() {
     for (off, seed) in [(37_000, 201), (74_000, 202), (111_000, 203)] {
-        let j = two_flows_at(300, 100, 0.01, 1.0, 5, off, 469, seed, 0.8);
+        let j = two_flows_at(300, 100, 0.01, 1.0, 5, off, 469, seed, 0.8, quiet);
         assert!(j >= 0.95, "offset {off} µs: Jain {j:.3}");
     }
 }
@@ -890,10 +876,9 @@ fn two_flows_behind_stalling_senders_stay_even() {
 #[test]
 fn two_flows_behind_senders_woken_late_stay_even() {
     let late = |sc: &mut Scenario| sc.client_wake_late_us = 4_000;
-    #[rustfmt::skip]
     let js: Vec<f64> = [(0, 21), (37_000, 22), (74_000, 23)]
         .iter()
-        .map(|&(off, seed)| two_flows_on(300, 50, 0.0, 1.0, 5, off, 400, seed, 0.8, late))
+        .map(|&(off, seed)| two_flows_at(300, 50, 0.0, 1.0, 5, off, 400, seed, 0.8, late))
         .collect();
     let mean = js.iter().sum::<f64>() / js.len() as f64;
     assert!(mean >= 0.96, "Jain {js:.3?}");
