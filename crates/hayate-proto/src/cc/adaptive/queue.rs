@@ -83,8 +83,8 @@ impl QueueSignal {
 /// bottleneck's), so three consecutive samples of it, growing or draining, lie on a line
 /// (by their send times, as the sender recorded them: a sender woken late reads a batch of
 /// ACKs at once, and the reading time less the RTT puts each off the line by how late the
-/// batch was read, more often the more ACKs a flow gets); delay the path adds by itself (a radio's retries, a scheduler, a
-/// shared medium) varies from one datagram to the next. Each sample's distance from the line
+/// batch was read, more often the more ACKs a flow gets); delay the path adds by itself (a
+/// radio's retries, a scheduler, a shared medium) varies from one datagram to the next. Each sample's distance from the line
 /// through its neighbours, as a median over the latest `Params::spread_samples`, measures
 /// that variation; ACKs that bunch (a reverse path that holds them) fall on lines too
 /// (samples taken in one release fall evenly) and barely count. The queue target is raised
