@@ -37,9 +37,9 @@ pub(super) struct Estimator {
     pub(super) round_sent: u64,
     /// Startup: the delivery rate over the latest quarter round.
     pub(super) recent: RecentRate,
-    /// Startup: the delivery samples since the queue began (see `queued_samples`), as sums
-    /// of rate × µs and of µs.
-    pub(super) queued_rx: (f64, f64),
+    /// Startup: the delivery samples of the last round trip while a queue stood (see
+    /// `queued_samples`).
+    pub(super) queued_rx: RecentRate,
 }
 
 impl Estimator {
@@ -60,7 +60,7 @@ impl Estimator {
             round_pace: u64::MAX,
             round_sent: 0,
             recent: RecentRate::default(),
-            queued_rx: (0.0, 0.0),
+            queued_rx: RecentRate::default(),
         }
     }
 }
@@ -356,8 +356,9 @@ impl Adaptive {
                     .max(self.p.startup_recent_min_us) as f64;
                 self.est.recent.push(w, sample as f64, span);
                 if self.queue.queued_samples > 0 {
-                    self.est.queued_rx.0 += sample as f64 * w;
-                    self.est.queued_rx.1 += w;
+                    self.est
+                        .queued_rx
+                        .push(w, sample as f64, self.min_rtt_us as f64);
                 }
             }
         }

@@ -38,7 +38,7 @@
 //! | state | condition | next state | what changes |
 //! |---|---|---|---|
 //! | Startup | RTT samples show our own queue beginning (not another flow's, not a host stall's late ACKs) | Startup | the in-flight cap holds at what was in flight (`hold_at_queue`), until the queue goes |
-//! | Startup | `startup_exit_samples` RTT samples over the queue target, standing `grow_queue_persist`, and deliveries no longer growing | Drain | estimate = deliveries of the latest quarter round, or since the queue began if more (`leave_startup`) |
+//! | Startup | `startup_exit_samples` RTT samples over the queue target, standing `grow_queue_persist`, and deliveries no longer growing | Drain | estimate = deliveries of the latest quarter round, or of the last round trip under a queue if more (`leave_startup`) |
 //! | Startup | round end: `startup_full_rounds` rounds without `startup_full_growth`, or the round lost over `startup_exit_loss` | Drain | as above |
 //! | Startup | the receiver's OS dropped datagrams | Drain | estimate = what the receiver took in |
 //! | Drain | an RTT sample of what was sent since the drain began shows the queue gone (`drain_floor` of the target) | ProbeBw(Refill) | a new round starts |

@@ -326,7 +326,7 @@ impl Adaptive {
             self.queue.queued_samples += 1;
         } else {
             self.queue.queued_samples = 0;
-            self.est.queued_rx = (0.0, 0.0);
+            self.est.queued_rx.clear();
         }
         if self.queue.path_queue_us as f64 > self.p.grow_queue * target as f64 {
             if self.queue.grow_queued_samples == 0 {

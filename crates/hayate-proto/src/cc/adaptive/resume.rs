@@ -265,7 +265,7 @@ impl Adaptive {
         self.est.bw_rounds.clear();
         self.push_bw_round(delivered);
         self.est.recent.clear();
-        self.est.queued_rx = (0.0, 0.0);
+        self.est.queued_rx.clear();
         self.hold_in_flight = None;
         self.drain_rounds = 0;
         self.state = State::Drain;

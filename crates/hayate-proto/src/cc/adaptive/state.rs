@@ -251,14 +251,16 @@ impl Adaptive {
     /// The search found the bottleneck: drain its queue. What gets through now is the
     /// estimate (the means of the rounds lag a rate that doubled within them: a 100 ms path
     /// then drained to 0.55 of the link and took a second to grow back). Or what arrived
-    /// since the queue began, if more: while it stands the bottleneck is busy, and what
-    /// arrives is what it carries. On a long path the quarter round is longer than startup
-    /// waits for its queue to stand (a 250 ms path: 62 ms, 25), and part of it still went
-    /// out under the link (the harness: left at 0.81 of a 1 Gbit/s link, and 3 s of growing
-    /// to make up for it).
+    /// over the last round trip while a queue stood, if more: while it stands the bottleneck
+    /// is busy, and what arrives is what it carries. On a long path the quarter round is
+    /// longer than startup waits for its queue to stand (a 250 ms path: 62 ms, 25), and part
+    /// of it still went out under the link (the harness: left at 0.81 of a 1 Gbit/s link,
+    /// and 3 s of growing to make up for it). Not since the queue began: another flow's
+    /// queue may have stood for rounds while a newcomer's share of it doubled (300 Mbit/s,
+    /// 100 ms: it left at 75 Mbit/s, its last round trip carried 111, and the two flows
+    /// read Jain 0.924).
     pub(super) fn leave_startup(&mut self) {
-        let (sum, w) = std::mem::take(&mut self.est.queued_rx);
-        let queued = (sum / w.max(1.0)) as u64;
+        let queued = std::mem::take(&mut self.est.queued_rx).rate() as u64;
         self.push_bw_round(self.recent_rate().max(queued.min(self.startup_cap())));
         self.est.recent.clear();
         self.state = State::Drain;
