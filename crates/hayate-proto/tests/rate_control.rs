@@ -815,6 +815,20 @@ fn a_newcomer_searching_under_a_probe_keeps_its_latest_share() {
     }
 }
 
+/// A newcomer on a 250 ms path that starts while the first flow's probe raises the queue
+/// within rounds: its flight meets startup's cap and waits, and the gap comes back a round
+/// trip later as a dip in its deliveries. Its cap is sized on the most a quarter round
+/// carried in the last round trip, so the dip does not shrink it (sized on the latest
+/// quarter round, each dip made the next gap longer: its search ended at 76 Mbit/s where
+/// its last rounds carried 107-144, and these starts read Jain 0.897 and 0.844).
+#[test]
+fn a_newcomer_whose_flight_waits_on_a_long_path_keeps_its_cap() {
+    for off in [500_000, 800_000] {
+        let j = two_flows_at(300, 250, 0.0, 1.0, 5, off, 800, 31, 0.5, quiet);
+        assert!(j >= 0.92, "offset {off} µs: Jain {j:.3}");
+    }
+}
+
 /// The shape of `bench/wan --share`: a long path, the second flow 5 s into the first.
 #[test]
 fn two_flows_share_a_long_path_fairly() {

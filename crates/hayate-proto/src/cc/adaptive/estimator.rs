@@ -40,6 +40,10 @@ pub(super) struct Estimator {
     /// Startup: the delivery samples of the last round trip while a queue stood (see
     /// `queued_samples`).
     pub(super) queued_rx: RecentRate,
+    /// Startup: the quarter round's rate of paced samples only (none mostly a catch-up's),
+    /// and the most it read over the last round trip (see `recent_peak`).
+    pub(super) paced_recent: RecentRate,
+    pub(super) recent_peak: WindowedMax,
 }
 
 impl Estimator {
@@ -61,6 +65,8 @@ impl Estimator {
             round_sent: 0,
             recent: RecentRate::default(),
             queued_rx: RecentRate::default(),
+            paced_recent: RecentRate::default(),
+            recent_peak: WindowedMax::default(),
         }
     }
 }
@@ -154,6 +160,40 @@ impl RecentRate {
     }
 }
 
+/// The largest of the readings over the latest stretch of time (BBR's max filter, exact:
+/// a falling sequence of the readings that could still become the largest).
+#[derive(Debug, Clone, Default)]
+pub(super) struct WindowedMax {
+    /// (µs, reading), the readings falling, the oldest first.
+    falling: VecDeque<(u64, u64)>,
+}
+
+impl WindowedMax {
+    /// Adds `value` read at `now_us`, keeping what was read over the last `span_us`.
+    pub(super) fn push(&mut self, now_us: u64, value: u64, span_us: u64) {
+        while self.falling.back().is_some_and(|&(_, v)| v <= value) {
+            self.falling.pop_back();
+        }
+        self.falling.push_back((now_us, value));
+        while self
+            .falling
+            .front()
+            .is_some_and(|&(t, _)| t + span_us < now_us)
+        {
+            self.falling.pop_front();
+        }
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.falling.clear();
+    }
+
+    /// The largest reading kept, 0 without any.
+    pub(super) fn max(&self) -> u64 {
+        self.falling.front().map_or(0, |&(_, v)| v)
+    }
+}
+
 impl Adaptive {
     /// Current bottleneck estimate, bytes/s.
     pub fn bottleneck(&self) -> u64 {
@@ -236,6 +276,12 @@ impl Adaptive {
     /// is timestamps bunching, see `sample_cap`).
     pub(super) fn recent_rate(&self) -> u64 {
         (self.est.recent.rate() as u64).min(self.startup_cap())
+    }
+
+    /// Startup: the most a quarter round carried over the last round trip, of samples that
+    /// were not mostly a catch-up's (see `in_flight_cap`).
+    pub(super) fn recent_peak(&self) -> u64 {
+        self.est.recent_peak.max()
     }
 
     /// The most startup believes arrives: a quarter over the pace, half over what it sent.
@@ -355,6 +401,11 @@ impl Adaptive {
                 let span = (self.min_rtt_us / self.p.startup_recent_rtt_div)
                     .max(self.p.startup_recent_min_us) as f64;
                 self.est.recent.push(w, sample as f64, span);
+                if !catching_up(&self.p, fb, rx) {
+                    self.est.paced_recent.push(w, sample as f64, span);
+                    let r = (self.est.paced_recent.rate() as u64).min(self.startup_cap());
+                    self.est.recent_peak.push(fb.now_us, r, self.min_rtt_us);
+                }
                 if self.queue.queued_samples > 0 {
                     self.est
                         .queued_rx

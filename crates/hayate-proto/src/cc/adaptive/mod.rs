@@ -438,7 +438,20 @@ impl RateControl for Adaptive {
             // ends on it), and our data waits in it too. A newcomer behind flows keeping 30-40
             // ms of queue on a 100 ms path, capped by the base RTT alone, could not double:
             // its deliveries stopped growing and its search ended at 30-50 of 300 Mbit/s.
-            let bw = self.bottleneck().max(self.p.initial_rate);
+            //
+            // While a queue stands, of the most a quarter round carried in the last round
+            // trip, not the latest one: another flow's probe raises the queue within rounds,
+            // the flight meets the cap and waits, and the gap that leaves comes back a round
+            // trip later as a dip in deliveries; a cap that follows the dip makes the next
+            // gap longer (two flows on a 250 ms path: a newcomer left its search at 76
+            // Mbit/s where its last rounds carried 107-144). Not of a catch-up's samples:
+            // a sender woken late bunches its datagrams, and their quarter round reads over
+            // the path (a newcomer took 232 of 300 Mbit/s that way). Not without a queue: a
+            // policer's burst reads over its rate too.
+            let mut bw = self.bottleneck().max(self.p.initial_rate);
+            if self.queue.queued_samples > 0 {
+                bw = bw.max(self.recent_peak());
+            }
             let rtt =
                 self.min_rtt_us.max(self.p.rtt_floor_us) + self.queue.last_round_min_path_queue_us;
             let cap = self.p.startup_in_flight_bdps * bytes_in(bw, rtt) as f64;

@@ -263,6 +263,8 @@ impl Adaptive {
         let queued = std::mem::take(&mut self.est.queued_rx).rate() as u64;
         self.push_bw_round(self.recent_rate().max(queued.min(self.startup_cap())));
         self.est.recent.clear();
+        self.est.paced_recent.clear();
+        self.est.recent_peak.clear();
         self.state = State::Drain;
     }
 
@@ -657,6 +659,8 @@ impl Adaptive {
         match self.state {
             State::Startup => {
                 self.est.recent.clear();
+                self.est.paced_recent.clear();
+                self.est.recent_peak.clear();
                 self.state = State::Drain;
             }
             State::Drain => {}
