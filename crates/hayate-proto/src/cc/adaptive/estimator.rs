@@ -69,6 +69,13 @@ impl Estimator {
             recent_peak: WindowedMax::default(),
         }
     }
+
+    /// Startup's readings of the latest deliveries, when it ends.
+    pub(super) fn clear_recent(&mut self) {
+        self.recent.clear();
+        self.paced_recent.clear();
+        self.recent_peak.clear();
+    }
 }
 
 /// The sender's host stalled it while it sent what `rx` (bytes/s) measures: a busy VM stops

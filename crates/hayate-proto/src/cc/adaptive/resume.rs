@@ -264,9 +264,7 @@ impl Adaptive {
         }
         self.est.bw_rounds.clear();
         self.push_bw_round(delivered);
-        self.est.recent.clear();
-        self.est.paced_recent.clear();
-        self.est.recent_peak.clear();
+        self.est.clear_recent();
         self.est.queued_rx.clear();
         self.hold_in_flight = None;
         self.drain_rounds = 0;

@@ -262,9 +262,7 @@ impl Adaptive {
     pub(super) fn leave_startup(&mut self) {
         let queued = std::mem::take(&mut self.est.queued_rx).rate() as u64;
         self.push_bw_round(self.recent_rate().max(queued.min(self.startup_cap())));
-        self.est.recent.clear();
-        self.est.paced_recent.clear();
-        self.est.recent_peak.clear();
+        self.est.clear_recent();
         self.state = State::Drain;
     }
 
@@ -658,9 +656,7 @@ impl Adaptive {
         self.est.round_rx_n = 1;
         match self.state {
             State::Startup => {
-                self.est.recent.clear();
-                self.est.paced_recent.clear();
-                self.est.recent_peak.clear();
+                self.est.clear_recent();
                 self.state = State::Drain;
             }
             State::Drain => {}
